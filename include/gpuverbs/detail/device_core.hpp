@@ -1,0 +1,32 @@
+// The shared state behind a Device: the ibv_context and the device's name.
+// Every object made from a Device holds a shared_ptr to its core, so the
+// context outlives all of them whatever order the user destroys things in.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <string>
+#include <utility>
+
+namespace gpuverbs::detail {
+
+class DeviceCore {
+public:
+    DeviceCore(ibv_context* context, std::string name) noexcept
+        : context_(context), name_(std::move(name)) {}
+    DeviceCore(const DeviceCore&) = delete;
+    DeviceCore& operator=(const DeviceCore&) = delete;
+    ~DeviceCore() {
+        // Nothing useful can be done if closing fails; the kernel reclaims it.
+        if (context_ != nullptr) (void)ibv_close_device(context_);
+    }
+
+    [[nodiscard]] ibv_context* context() const noexcept { return context_; }
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+private:
+    ibv_context* context_;
+    std::string name_;
+};
+
+}  // namespace gpuverbs::detail

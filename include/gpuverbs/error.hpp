@@ -1,0 +1,87 @@
+// Errors: one exception type that names the failing call, and error codes in
+// gpuverbs' own category next to std::system_category for errno values.
+//
+// Set-up calls come in two forms, as in fmt and Asio: one that throws
+// gpuverbs::Error, and one taking std::error_code& that never throws. The
+// throwing form carries the full explanation (which verb, which object, what
+// to do); the error_code form carries only the code.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace gpuverbs {
+
+/// Failures that are gpuverbs' own, not an errno from the kernel.
+enum class errc {
+    no_rdma_device = 1,   ///< the machine has no RDMA device at all
+    device_not_found,     ///< no RDMA device has the requested name
+    port_not_found,       ///< the device has no port with that number
+    gid_not_found,        ///< no GID of the wanted kind on that port
+    built_without_cuda,   ///< gpuverbs was compiled without the CUDA toolkit
+    no_gpu_driver,        ///< libcuda.so.1 could not be loaded or initialised
+    no_gpu,               ///< the driver is there but sees no GPU
+    cuda_error,           ///< a CUDA driver call failed (see the message)
+    unsupported,          ///< the operation is not supported by this device or system
+    invalid_argument,     ///< an argument is out of range or inconsistent
+};
+
+/// The category of gpuverbs::errc values; its name is "gpuverbs".
+const std::error_category& gpuverbs_category() noexcept;
+
+inline std::error_code make_error_code(errc e) noexcept {
+    return {static_cast<int>(e), gpuverbs_category()};
+}
+
+/// The error thrown by the throwing forms of gpuverbs calls.
+///
+/// what() reads "VERB: DETAIL", e.g. "ibv_open_device: no RDMA device named
+/// 'mlx5_9'; devices present: rxe0, rxe1". code() is the errno (system
+/// category) or a gpuverbs::errc.
+class Error : public std::system_error {
+public:
+    Error(std::error_code code, std::string_view verb, std::string_view detail);
+
+    /// The library or system call that failed, e.g. "ibv_query_port".
+    [[nodiscard]] const std::string& verb() const noexcept { return verb_; }
+
+    /// "VERB: DETAIL" (std::system_error would append the code's message again).
+    [[nodiscard]] const char* what() const noexcept override { return text_.c_str(); }
+
+private:
+    std::string verb_;
+    std::string text_;
+};
+
+namespace detail {
+
+/// The outcome of an internal call: the code plus the words for the user.
+/// Internals fill one of these; the public throwing form raises it and the
+/// error_code form keeps only the code, so each call is written once.
+struct Status {
+    std::error_code code;
+    std::string verb;
+    std::string detail;
+
+    [[nodiscard]] bool ok() const noexcept { return !code; }
+    void fail(std::error_code c, std::string_view v, std::string d) {
+        code = c;
+        verb = v;
+        detail = std::move(d);
+    }
+    /// Fails with errno: detail is "<what>: <strerror>".
+    void fail_errno(int err, std::string_view v, std::string_view what);
+    [[noreturn]] void raise() const;
+    /// Throws if failed, else does nothing.
+    void check() const {
+        if (!ok()) raise();
+    }
+};
+
+}  // namespace detail
+}  // namespace gpuverbs
+
+template <>
+struct std::is_error_code_enum<gpuverbs::errc> : std::true_type {};

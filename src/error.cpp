@@ -1,0 +1,72 @@
+#include "gpuverbs/error.hpp"
+
+#include <cstring>
+
+namespace gpuverbs {
+namespace {
+
+class GpuverbsCategory final : public std::error_category {
+public:
+    const char* name() const noexcept override { return "gpuverbs"; }
+
+    std::string message(int value) const override {
+        switch (static_cast<errc>(value)) {
+        case errc::no_rdma_device: return "no RDMA device on this machine";
+        case errc::device_not_found: return "no RDMA device has this name";
+        case errc::port_not_found: return "the RDMA device has no such port";
+        case errc::gid_not_found: return "no suitable GID on this port";
+        case errc::built_without_cuda: return "gpuverbs was built without CUDA";
+        case errc::no_gpu_driver: return "the NVIDIA GPU driver (libcuda.so.1) is not available";
+        case errc::no_gpu: return "no GPU is visible to the CUDA driver";
+        case errc::cuda_error: return "a CUDA driver call failed";
+        case errc::unsupported: return "not supported by this device or system";
+        case errc::invalid_argument: return "invalid argument";
+        }
+        return "unknown gpuverbs error " + std::to_string(value);
+    }
+
+    std::error_condition default_error_condition(int value) const noexcept override {
+        switch (static_cast<errc>(value)) {
+        case errc::unsupported: return std::errc::operation_not_supported;
+        case errc::invalid_argument: return std::errc::invalid_argument;
+        case errc::device_not_found:
+        case errc::no_rdma_device:
+        case errc::port_not_found: return std::errc::no_such_device;
+        default: return {value, *this};
+        }
+    }
+};
+
+std::string what_text(std::string_view verb, std::string_view detail, std::error_code code) {
+    std::string text(verb);
+    text += ": ";
+    text += detail.empty() ? code.message() : std::string(detail);
+    return text;
+}
+
+}  // namespace
+
+const std::error_category& gpuverbs_category() noexcept {
+    static const GpuverbsCategory category;
+    return category;
+}
+
+Error::Error(std::error_code code, std::string_view verb, std::string_view detail)
+    : std::system_error(code), verb_(verb), text_(what_text(verb, detail, code)) {}
+
+namespace detail {
+
+void Status::fail_errno(int err, std::string_view v, std::string_view what) {
+    std::string d(what);
+    d += ": ";
+    d += std::strerror(err);
+    d += " (errno ";
+    d += std::to_string(err);
+    d += ')';
+    fail({err, std::system_category()}, v, std::move(d));
+}
+
+void Status::raise() const { throw Error(code, verb, detail); }
+
+}  // namespace detail
+}  // namespace gpuverbs
