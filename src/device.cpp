@@ -14,38 +14,38 @@ namespace gpuverbs {
 
 std::string_view to_string(NodeType type) noexcept {
     switch (type) {
-    case NodeType::unknown: return "unknown";
-    case NodeType::ca: return "CA";
-    case NodeType::switch_node: return "switch";
-    case NodeType::router: return "router";
-    case NodeType::rnic: return "RNIC";
-    case NodeType::usnic: return "usNIC";
-    case NodeType::usnic_udp: return "usNIC UDP";
-    case NodeType::unspecified: return "unspecified";
+        case NodeType::unknown: return "unknown";
+        case NodeType::ca: return "CA";
+        case NodeType::switch_node: return "switch";
+        case NodeType::router: return "router";
+        case NodeType::rnic: return "RNIC";
+        case NodeType::usnic: return "usNIC";
+        case NodeType::usnic_udp: return "usNIC UDP";
+        case NodeType::unspecified: return "unspecified";
     }
     return "unknown";
 }
 
 std::string_view to_string(Transport transport) noexcept {
     switch (transport) {
-    case Transport::unknown: return "unknown";
-    case Transport::infiniband: return "InfiniBand";
-    case Transport::iwarp: return "iWARP";
-    case Transport::usnic: return "usNIC";
-    case Transport::usnic_udp: return "usNIC UDP";
-    case Transport::unspecified: return "unspecified";
+        case Transport::unknown: return "unknown";
+        case Transport::infiniband: return "InfiniBand";
+        case Transport::iwarp: return "iWARP";
+        case Transport::usnic: return "usNIC";
+        case Transport::usnic_udp: return "usNIC UDP";
+        case Transport::unspecified: return "unspecified";
     }
     return "unknown";
 }
 
 std::string_view to_string(PortState state) noexcept {
     switch (state) {
-    case PortState::nop: return "NOP";
-    case PortState::down: return "DOWN";
-    case PortState::init: return "INIT";
-    case PortState::armed: return "ARMED";
-    case PortState::active: return "ACTIVE";
-    case PortState::active_defer: return "ACTIVE_DEFER";
+        case PortState::nop: return "NOP";
+        case PortState::down: return "DOWN";
+        case PortState::init: return "INIT";
+        case PortState::armed: return "ARMED";
+        case PortState::active: return "ACTIVE";
+        case PortState::active_defer: return "ACTIVE_DEFER";
     }
     return "unknown";
 }
@@ -58,24 +58,24 @@ unsigned mtu_bytes(Mtu mtu) noexcept {
 double port_speed_gbps(std::uint8_t active_width, std::uint8_t active_speed) noexcept {
     double lanes = 0;
     switch (active_width) {
-    case 1: lanes = 1; break;
-    case 2: lanes = 4; break;
-    case 4: lanes = 8; break;
-    case 8: lanes = 12; break;
-    case 16: lanes = 2; break;
-    default: return 0;
+        case 1: lanes = 1; break;
+        case 2: lanes = 4; break;
+        case 4: lanes = 8; break;
+        case 8: lanes = 12; break;
+        case 16: lanes = 2; break;
+        default: return 0;
     }
     double lane_gbps = 0;
     switch (active_speed) {
-    case 1: lane_gbps = 2.5; break;   // SDR
-    case 2: lane_gbps = 5; break;     // DDR
-    case 4: lane_gbps = 10; break;    // QDR
-    case 8: lane_gbps = 10; break;    // FDR10
-    case 16: lane_gbps = 14; break;   // FDR
-    case 32: lane_gbps = 25; break;   // EDR
-    case 64: lane_gbps = 50; break;   // HDR
-    case 128: lane_gbps = 100; break; // NDR
-    default: return 0;
+        case 1: lane_gbps = 2.5; break;   // SDR
+        case 2: lane_gbps = 5; break;     // DDR
+        case 4: lane_gbps = 10; break;    // QDR
+        case 8: lane_gbps = 10; break;    // FDR10
+        case 16: lane_gbps = 14; break;   // FDR
+        case 32: lane_gbps = 25; break;   // EDR
+        case 64: lane_gbps = 50; break;   // HDR
+        case 128: lane_gbps = 100; break; // NDR
+        default: return 0;
     }
     return lanes * lane_gbps;
 }
@@ -91,41 +91,41 @@ namespace {
 
 NodeType node_type_from(ibv_node_type t) noexcept {
     switch (t) {
-    case IBV_NODE_CA: return NodeType::ca;
-    case IBV_NODE_SWITCH: return NodeType::switch_node;
-    case IBV_NODE_ROUTER: return NodeType::router;
-    case IBV_NODE_RNIC: return NodeType::rnic;
-    case IBV_NODE_USNIC: return NodeType::usnic;
-    case IBV_NODE_USNIC_UDP: return NodeType::usnic_udp;
-    case IBV_NODE_UNSPECIFIED: return NodeType::unspecified;
-    default: return NodeType::unknown;
+        case IBV_NODE_CA: return NodeType::ca;
+        case IBV_NODE_SWITCH: return NodeType::switch_node;
+        case IBV_NODE_ROUTER: return NodeType::router;
+        case IBV_NODE_RNIC: return NodeType::rnic;
+        case IBV_NODE_USNIC: return NodeType::usnic;
+        case IBV_NODE_USNIC_UDP: return NodeType::usnic_udp;
+        case IBV_NODE_UNSPECIFIED: return NodeType::unspecified;
+        default: return NodeType::unknown;
     }
 }
 
 Transport transport_from(ibv_transport_type t) noexcept {
     switch (t) {
-    case IBV_TRANSPORT_IB: return Transport::infiniband;
-    case IBV_TRANSPORT_IWARP: return Transport::iwarp;
-    case IBV_TRANSPORT_USNIC: return Transport::usnic;
-    case IBV_TRANSPORT_USNIC_UDP: return Transport::usnic_udp;
-    case IBV_TRANSPORT_UNSPECIFIED: return Transport::unspecified;
-    default: return Transport::unknown;
+        case IBV_TRANSPORT_IB: return Transport::infiniband;
+        case IBV_TRANSPORT_IWARP: return Transport::iwarp;
+        case IBV_TRANSPORT_USNIC: return Transport::usnic;
+        case IBV_TRANSPORT_USNIC_UDP: return Transport::usnic_udp;
+        case IBV_TRANSPORT_UNSPECIFIED: return Transport::unspecified;
+        default: return Transport::unknown;
     }
 }
 
 LinkLayer link_layer_from(std::uint8_t l) noexcept {
     switch (l) {
-    case IBV_LINK_LAYER_INFINIBAND: return LinkLayer::infiniband;
-    case IBV_LINK_LAYER_ETHERNET: return LinkLayer::ethernet;
-    default: return LinkLayer::unspecified;
+        case IBV_LINK_LAYER_INFINIBAND: return LinkLayer::infiniband;
+        case IBV_LINK_LAYER_ETHERNET: return LinkLayer::ethernet;
+        default: return LinkLayer::unspecified;
     }
 }
 
 GidType gid_type_from(std::uint32_t t) noexcept {
     switch (t) {
-    case IBV_GID_TYPE_ROCE_V1: return GidType::roce_v1;
-    case IBV_GID_TYPE_ROCE_V2: return GidType::roce_v2;
-    default: return GidType::ib;
+        case IBV_GID_TYPE_ROCE_V1: return GidType::roce_v1;
+        case IBV_GID_TYPE_ROCE_V2: return GidType::roce_v2;
+        default: return GidType::ib;
     }
 }
 
@@ -173,8 +173,8 @@ std::vector<DeviceInfo> list_impl(detail::Status& status) {
     std::vector<DeviceInfo> out;
     for (int i = 0; list && i < count; ++i) {
         ibv_device* d = list[i];
-        out.push_back(DeviceInfo{ibv_get_device_name(d), be64toh(ibv_get_device_guid(d)),
-                                 node_type_from(d->node_type), transport_from(d->transport_type)});
+        out.push_back(DeviceInfo{ibv_get_device_name(d), be64toh(ibv_get_device_guid(d)), node_type_from(d->node_type),
+                                 transport_from(d->transport_type)});
     }
     return out;
 }
@@ -184,14 +184,13 @@ const std::string& empty_name() {
     return empty;
 }
 
-bool fail_if_empty(const std::shared_ptr<detail::DeviceCore>& core, std::string_view verb,
-                   detail::Status& status) {
+bool fail_if_empty(const std::shared_ptr<detail::DeviceCore>& core, std::string_view verb, detail::Status& status) {
     if (core) return false;
     status.fail(errc::invalid_argument, verb, "the Device is empty (default-constructed or moved from)");
     return true;
 }
 
-}  // namespace
+} // namespace
 
 std::vector<DeviceInfo> Device::list() {
     detail::Status status;
@@ -272,9 +271,13 @@ Device Device::open_first(std::error_code& ec) {
     return d;
 }
 
-const std::string& Device::name() const noexcept { return core_ ? core_->name() : empty_name(); }
+const std::string& Device::name() const noexcept {
+    return core_ ? core_->name() : empty_name();
+}
 
-ibv_context* Device::native_handle() const noexcept { return core_ ? core_->context() : nullptr; }
+ibv_context* Device::native_handle() const noexcept {
+    return core_ ? core_->context() : nullptr;
+}
 
 DeviceAttributes Device::query_impl(detail::Status& status) const {
     DeviceAttributes a;
@@ -371,8 +374,7 @@ std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& 
     std::vector<ibv_gid_entry> raw(static_cast<std::size_t>(p.gid_table_length) * dev.phys_port_cnt);
     ssize_t n = ibv_query_gid_table(core_->context(), raw.data(), raw.size(), 0);
     if (n < 0) {
-        status.fail_errno(static_cast<int>(-n), "ibv_query_gid_table",
-                          "cannot read the GID table of " + name());
+        status.fail_errno(static_cast<int>(-n), "ibv_query_gid_table", "cannot read the GID table of " + name());
         return out;
     }
     for (ssize_t i = 0; i < n; ++i) {
@@ -399,8 +401,7 @@ std::vector<GidEntry> Device::gid_table(std::uint8_t port, std::error_code& ec) 
     return t;
 }
 
-GidEntry Device::select_gid_impl(std::uint8_t port, const GidPreference& preference,
-                                 detail::Status& status) const {
+GidEntry Device::select_gid_impl(std::uint8_t port, const GidPreference& preference, detail::Status& status) const {
     PortAttributes p = query_port_impl(port, status);
     if (!status.ok()) return {};
     std::vector<GidEntry> table = gid_table_impl(port, status);
@@ -414,14 +415,14 @@ GidEntry Device::select_gid_impl(std::uint8_t port, const GidPreference& prefere
     std::string wanted = p.link_layer == LinkLayer::ethernet ? "RoCE GID" : "InfiniBand GID";
     if (preference.ipv4) {
         const auto& a = *preference.ipv4;
-        wanted += " with address " + std::to_string(a[0]) + "." + std::to_string(a[1]) + "." +
-                  std::to_string(a[2]) + "." + std::to_string(a[3]);
+        wanted += " with address " + std::to_string(a[0]) + "." + std::to_string(a[1]) + "." + std::to_string(a[2]) +
+                  "." + std::to_string(a[3]);
     }
-    status.fail(errc::gid_not_found, "ibv_query_gid_table",
-                name() + " port " + std::to_string(port) + " has no " + wanted +
-                    "; its GID table holds: " + (have.empty() ? "nothing" : have) +
-                    (p.link_layer == LinkLayer::ethernet ? " (RoCE GIDs appear once the interface has an IP address)"
-                                                          : ""));
+    status.fail(
+        errc::gid_not_found, "ibv_query_gid_table",
+        name() + " port " + std::to_string(port) + " has no " + wanted +
+            "; its GID table holds: " + (have.empty() ? "nothing" : have) +
+            (p.link_layer == LinkLayer::ethernet ? " (RoCE GIDs appear once the interface has an IP address)" : ""));
     return {};
 }
 
@@ -439,4 +440,4 @@ GidEntry Device::select_gid(std::uint8_t port, const GidPreference& preference, 
     return g;
 }
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

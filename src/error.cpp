@@ -11,28 +11,28 @@ public:
 
     std::string message(int value) const override {
         switch (static_cast<errc>(value)) {
-        case errc::no_rdma_device: return "no RDMA device on this machine";
-        case errc::device_not_found: return "no RDMA device has this name";
-        case errc::port_not_found: return "the RDMA device has no such port";
-        case errc::gid_not_found: return "no suitable GID on this port";
-        case errc::built_without_cuda: return "gpuverbs was built without CUDA";
-        case errc::no_gpu_driver: return "the NVIDIA GPU driver (libcuda.so.1) is not available";
-        case errc::no_gpu: return "no GPU is visible to the CUDA driver";
-        case errc::cuda_error: return "a CUDA driver call failed";
-        case errc::unsupported: return "not supported by this device or system";
-        case errc::invalid_argument: return "invalid argument";
+            case errc::no_rdma_device: return "no RDMA device on this machine";
+            case errc::device_not_found: return "no RDMA device has this name";
+            case errc::port_not_found: return "the RDMA device has no such port";
+            case errc::gid_not_found: return "no suitable GID on this port";
+            case errc::built_without_cuda: return "gpuverbs was built without CUDA";
+            case errc::no_gpu_driver: return "the NVIDIA GPU driver (libcuda.so.1) is not available";
+            case errc::no_gpu: return "no GPU is visible to the CUDA driver";
+            case errc::cuda_error: return "a CUDA driver call failed";
+            case errc::unsupported: return "not supported by this device or system";
+            case errc::invalid_argument: return "invalid argument";
         }
         return "unknown gpuverbs error " + std::to_string(value);
     }
 
     std::error_condition default_error_condition(int value) const noexcept override {
         switch (static_cast<errc>(value)) {
-        case errc::unsupported: return std::errc::operation_not_supported;
-        case errc::invalid_argument: return std::errc::invalid_argument;
-        case errc::device_not_found:
-        case errc::no_rdma_device:
-        case errc::port_not_found: return std::errc::no_such_device;
-        default: return {value, *this};
+            case errc::unsupported: return std::errc::operation_not_supported;
+            case errc::invalid_argument: return std::errc::invalid_argument;
+            case errc::device_not_found:
+            case errc::no_rdma_device:
+            case errc::port_not_found: return std::errc::no_such_device;
+            default: return {value, *this};
         }
     }
 };
@@ -44,7 +44,7 @@ std::string what_text(std::string_view verb, std::string_view detail, std::error
     return text;
 }
 
-}  // namespace
+} // namespace
 
 const std::error_category& gpuverbs_category() noexcept {
     static const GpuverbsCategory category;
@@ -66,7 +66,9 @@ void Status::fail_errno(int err, std::string_view v, std::string_view what) {
     fail({err, std::system_category()}, v, std::move(d));
 }
 
-void Status::raise() const { throw Error(code, verb, detail); }
+void Status::raise() const {
+    throw Error(code, verb, detail);
+}
 
-}  // namespace detail
-}  // namespace gpuverbs
+} // namespace detail
+} // namespace gpuverbs

@@ -10,18 +10,18 @@ namespace gpuverbs {
 
 std::string_view to_string(GidType type) noexcept {
     switch (type) {
-    case GidType::ib: return "IB";
-    case GidType::roce_v1: return "RoCE v1";
-    case GidType::roce_v2: return "RoCE v2";
+        case GidType::ib: return "IB";
+        case GidType::roce_v1: return "RoCE v1";
+        case GidType::roce_v2: return "RoCE v2";
     }
     return "unknown";
 }
 
 std::string_view to_string(LinkLayer layer) noexcept {
     switch (layer) {
-    case LinkLayer::unspecified: return "unspecified";
-    case LinkLayer::infiniband: return "InfiniBand";
-    case LinkLayer::ethernet: return "Ethernet";
+        case LinkLayer::unspecified: return "unspecified";
+        case LinkLayer::infiniband: return "InfiniBand";
+        case LinkLayer::ethernet: return "Ethernet";
     }
     return "unknown";
 }
@@ -50,11 +50,13 @@ bool Gid::is_zero() const noexcept {
 }
 
 bool Gid::is_ipv4_mapped() const noexcept {
-    return std::all_of(bytes.begin(), bytes.begin() + 10, [](std::uint8_t b) { return b == 0; }) &&
-           bytes[10] == 0xff && bytes[11] == 0xff;
+    return std::all_of(bytes.begin(), bytes.begin() + 10, [](std::uint8_t b) { return b == 0; }) && bytes[10] == 0xff &&
+           bytes[11] == 0xff;
 }
 
-bool Gid::is_link_local() const noexcept { return bytes[0] == 0xfe && (bytes[1] & 0xc0) == 0x80; }
+bool Gid::is_link_local() const noexcept {
+    return bytes[0] == 0xfe && (bytes[1] & 0xc0) == 0x80;
+}
 
 std::optional<std::array<std::uint8_t, 4>> Gid::ipv4() const noexcept {
     if (!is_ipv4_mapped()) return std::nullopt;
@@ -80,7 +82,7 @@ unsigned rank(const GidEntry& e, LinkLayer link_layer, const GidPreference& pref
     return (e.type == GidType::roce_v2 ? 0 : 3) + address_rank;
 }
 
-}  // namespace
+} // namespace
 
 std::optional<GidEntry> select_gid(std::span<const GidEntry> table, LinkLayer link_layer,
                                    const GidPreference& preference) {
@@ -97,4 +99,4 @@ std::optional<GidEntry> select_gid(std::span<const GidEntry> table, LinkLayer li
     return *best;
 }
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

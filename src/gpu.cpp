@@ -50,11 +50,11 @@ std::vector<GpuInfo> list_impl(detail::Status& status) {
         std::size_t bytes = 0;
         if (failed(cu->cuDeviceTotalMem(&bytes, dev), "cuDeviceTotalMem", which, status)) return out;
         g.total_memory = bytes;
-        if (failed(cu->cuDeviceGetAttribute(&g.compute_capability_major,
-                                            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+        if (failed(cu->cuDeviceGetAttribute(&g.compute_capability_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                            dev),
                    "cuDeviceGetAttribute", which, status) ||
-            failed(cu->cuDeviceGetAttribute(&g.compute_capability_minor,
-                                            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+            failed(cu->cuDeviceGetAttribute(&g.compute_capability_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                            dev),
                    "cuDeviceGetAttribute", which, status)) {
             return out;
         }
@@ -77,7 +77,7 @@ int driver_version_impl(detail::Status& status) {
     return cu != nullptr ? cu->driver_version : 0;
 }
 
-}  // namespace
+} // namespace
 
 const std::error_category& cuda_category() noexcept {
     static const CudaCategory category;
@@ -120,4 +120,4 @@ std::vector<GpuInfo> list_gpus(std::error_code& ec) {
     return gpus;
 }
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

@@ -48,8 +48,8 @@ std::string format_guid(std::uint64_t guid);
 
 /// One entry of Device::list().
 struct DeviceInfo {
-    std::string name;              ///< e.g. "mlx5_0", "rxe0"
-    std::uint64_t node_guid = 0;   ///< host byte order
+    std::string name;            ///< e.g. "mlx5_0", "rxe0"
+    std::uint64_t node_guid = 0; ///< host byte order
     NodeType node_type = NodeType::unknown;
     Transport transport = Transport::unknown;
 };
@@ -57,21 +57,21 @@ struct DeviceInfo {
 /// The device attributes most programs look at, plus the full ibv_device_attr.
 struct DeviceAttributes {
     std::string firmware_version;
-    std::uint64_t node_guid = 0;   ///< host byte order
+    std::uint64_t node_guid = 0; ///< host byte order
     std::uint32_t vendor_id = 0;
     std::uint32_t vendor_part_id = 0;
     std::uint8_t port_count = 0;
     std::uint64_t max_mr_size = 0;
     int max_qp = 0;
-    int max_qp_wr = 0;             ///< work requests per queue
-    int max_sge = 0;               ///< scatter/gather entries per work request
+    int max_qp_wr = 0; ///< work requests per queue
+    int max_sge = 0;   ///< scatter/gather entries per work request
     int max_cq = 0;
-    int max_cqe = 0;               ///< entries per completion queue
+    int max_cqe = 0; ///< entries per completion queue
     int max_mr = 0;
     int max_pd = 0;
-    int max_qp_rd_atom = 0;        ///< RDMA reads/atomics a QP can have outstanding as target
-    int max_qp_init_rd_atom = 0;   ///< … and as initiator
-    bool atomics = false;          ///< atomic_cap is not IBV_ATOMIC_NONE
+    int max_qp_rd_atom = 0;      ///< RDMA reads/atomics a QP can have outstanding as target
+    int max_qp_init_rd_atom = 0; ///< … and as initiator
+    bool atomics = false;        ///< atomic_cap is not IBV_ATOMIC_NONE
     ibv_device_attr native{};
 };
 
@@ -82,8 +82,8 @@ struct PortAttributes {
     LinkLayer link_layer = LinkLayer::unspecified;
     Mtu max_mtu = Mtu::mtu_256;
     Mtu active_mtu = Mtu::mtu_256;
-    std::uint16_t lid = 0;         ///< 0 on Ethernet; must be non-zero on InfiniBand
-    double speed_gbps = 0;         ///< width × lane rate, see port_speed_gbps
+    std::uint16_t lid = 0; ///< 0 on Ethernet; must be non-zero on InfiniBand
+    double speed_gbps = 0; ///< width × lane rate, see port_speed_gbps
     int gid_table_length = 0;
     ibv_port_attr native{};
 };
@@ -91,7 +91,7 @@ struct PortAttributes {
 namespace detail {
 /// The opened ibv_context; shared by a Device and everything made from it.
 class DeviceCore;
-}
+} // namespace detail
 
 /// An opened RDMA device. Move-only; an empty (default or moved-from) Device
 /// has no context and every query on it fails with errc::invalid_argument.
@@ -134,8 +134,7 @@ public:
     /// The GID a connection on this port should use (see gpuverbs::select_gid).
     /// Fails with errc::gid_not_found, saying what the table holds, when none fits.
     [[nodiscard]] GidEntry select_gid(std::uint8_t port, const GidPreference& preference = {}) const;
-    [[nodiscard]] GidEntry select_gid(std::uint8_t port, const GidPreference& preference,
-                                      std::error_code& ec) const;
+    [[nodiscard]] GidEntry select_gid(std::uint8_t port, const GidPreference& preference, std::error_code& ec) const;
 
     /// The raw context, for verbs gpuverbs does not wrap. Owned by the Device.
     [[nodiscard]] ibv_context* native_handle() const noexcept;
@@ -149,10 +148,9 @@ private:
     DeviceAttributes query_impl(detail::Status& status) const;
     PortAttributes query_port_impl(std::uint8_t port, detail::Status& status) const;
     std::vector<GidEntry> gid_table_impl(std::uint8_t port, detail::Status& status) const;
-    GidEntry select_gid_impl(std::uint8_t port, const GidPreference& preference,
-                             detail::Status& status) const;
+    GidEntry select_gid_impl(std::uint8_t port, const GidPreference& preference, detail::Status& status) const;
 
     std::shared_ptr<detail::DeviceCore> core_;
 };
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

@@ -16,16 +16,16 @@ namespace gpuverbs {
 
 /// Failures that are gpuverbs' own, not an errno from the kernel.
 enum class errc {
-    no_rdma_device = 1,   ///< the machine has no RDMA device at all
-    device_not_found,     ///< no RDMA device has the requested name
-    port_not_found,       ///< the device has no port with that number
-    gid_not_found,        ///< no GID of the wanted kind on that port
-    built_without_cuda,   ///< gpuverbs was compiled without the CUDA toolkit
-    no_gpu_driver,        ///< libcuda.so.1 could not be loaded or initialised
-    no_gpu,               ///< the driver is there but sees no GPU
-    cuda_error,           ///< a CUDA driver call failed (see the message)
-    unsupported,          ///< the operation is not supported by this device or system
-    invalid_argument,     ///< an argument is out of range or inconsistent
+    no_rdma_device = 1, ///< the machine has no RDMA device at all
+    device_not_found,   ///< no RDMA device has the requested name
+    port_not_found,     ///< the device has no port with that number
+    gid_not_found,      ///< no GID of the wanted kind on that port
+    built_without_cuda, ///< gpuverbs was compiled without the CUDA toolkit
+    no_gpu_driver,      ///< libcuda.so.1 could not be loaded or initialised
+    no_gpu,             ///< the driver is there but sees no GPU
+    cuda_error,         ///< a CUDA driver call failed (see the message)
+    unsupported,        ///< the operation is not supported by this device or system
+    invalid_argument,   ///< an argument is out of range or inconsistent
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".
@@ -80,8 +80,8 @@ struct Status {
     }
 };
 
-}  // namespace detail
-}  // namespace gpuverbs
+} // namespace detail
+} // namespace gpuverbs
 
 template <>
 struct std::is_error_code_enum<gpuverbs::errc> : std::true_type {};

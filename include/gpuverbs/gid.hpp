@@ -18,9 +18,9 @@ enum class LinkLayer : std::uint8_t { unspecified, infiniband, ethernet };
 
 /// The protocol a GID table entry belongs to.
 enum class GidType : std::uint8_t {
-    ib,       ///< native InfiniBand
-    roce_v1,  ///< RoCE v1: Ethernet frames, not routable
-    roce_v2,  ///< RoCE v2: UDP/IP, routable; what RoCE users almost always want
+    ib,      ///< native InfiniBand
+    roce_v1, ///< RoCE v1: Ethernet frames, not routable
+    roce_v2, ///< RoCE v2: UDP/IP, routable; what RoCE users almost always want
 };
 
 std::string_view to_string(GidType type) noexcept;
@@ -74,4 +74,4 @@ struct GidPreference {
 std::optional<GidEntry> select_gid(std::span<const GidEntry> table, LinkLayer link_layer,
                                    const GidPreference& preference = {});
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

@@ -16,10 +16,10 @@ namespace gpuverbs {
 
 /// One GPU visible to the CUDA driver.
 struct GpuInfo {
-    int ordinal = 0;                  ///< CUDA device ordinal
-    std::string name;                 ///< e.g. "NVIDIA H100 80GB HBM3"
-    std::string pci_bus_id;           ///< "domain:bus:device.function", lower case, e.g. "0000:00:06.0"
-    std::uint64_t total_memory = 0;   ///< bytes
+    int ordinal = 0;                ///< CUDA device ordinal
+    std::string name;               ///< e.g. "NVIDIA H100 80GB HBM3"
+    std::string pci_bus_id;         ///< "domain:bus:device.function", lower case, e.g. "0000:00:06.0"
+    std::uint64_t total_memory = 0; ///< bytes
     int compute_capability_major = 0;
     int compute_capability_minor = 0;
 };
@@ -42,4 +42,4 @@ std::vector<GpuInfo> list_gpus(std::error_code& ec);
 /// is detected").
 const std::error_category& cuda_category() noexcept;
 
-}  // namespace gpuverbs
+} // namespace gpuverbs

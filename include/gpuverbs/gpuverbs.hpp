@@ -1,8 +1,8 @@
 // gpuverbs: GPUDirect RDMA from ordinary C++. Include this for everything.
 #pragma once
 
-#include "gpuverbs/version.hpp"
+#include "gpuverbs/device.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"
-#include "gpuverbs/device.hpp"
 #include "gpuverbs/gpu.hpp"
+#include "gpuverbs/version.hpp"

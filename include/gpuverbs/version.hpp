@@ -8,4 +8,4 @@
 namespace gpuverbs {
 /// "major.minor.patch"
 inline constexpr const char* version_string = "0.1.0";
-}  // namespace gpuverbs
+} // namespace gpuverbs

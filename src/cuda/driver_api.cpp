@@ -10,9 +10,11 @@ struct Loaded {
     Status status;
 };
 
-std::string version_text(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
-
 #ifdef GPUVERBS_WITH_CUDA
+
+std::string version_text(int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
 
 // Drivers older than 12.0 only have the first cuGetProcAddress.
 using LegacyGetProcAddress = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t);
@@ -103,7 +105,7 @@ const Loaded& loaded() {
     return instance;
 }
 
-}  // namespace
+} // namespace
 
 const DriverApi* driver_api(Status& status) {
     const Loaded& l = loaded();
@@ -129,4 +131,4 @@ std::string describe(int result) {
     return "CUresult " + std::to_string(result);
 }
 
-}  // namespace gpuverbs::detail::cuda
+} // namespace gpuverbs::detail::cuda

@@ -56,4 +56,4 @@ const DriverApi* driver_api(Status& status);
 /// "CUDA_ERROR_X (description)" for a CUresult, using the driver when loaded.
 std::string describe(int result);
 
-}  // namespace gpuverbs::detail::cuda
+} // namespace gpuverbs::detail::cuda

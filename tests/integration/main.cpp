@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
         std::printf("integration tests on %s and %s (port %u, %s rig)\n", rig->dev0.c_str(), rig->dev1.c_str(),
                     unsigned(rig->port), rig->rig.c_str());
     } else {
-        std::printf("integration tests SKIPPED: GPUVERBS_TEST_DEV0 is not set; run them through "
-                    "tests/softroce/run, which provides two RDMA devices\n");
+        std::printf(
+            "integration tests SKIPPED: GPUVERBS_TEST_DEV0 is not set; run them through "
+            "tests/softroce/run, which provides two RDMA devices\n");
     }
     doctest::Context context(argc, argv);
     return context.run();

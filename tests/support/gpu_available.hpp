@@ -20,11 +20,13 @@ inline const std::string& gpu_skip_reason() {
     return reason;
 }
 
-inline bool gpu_available() { return gpu_skip_reason().empty(); }
+inline bool gpu_available() {
+    return gpu_skip_reason().empty();
+}
 
 inline std::string first_gpu_name() {
     auto gpus = gpuverbs::list_gpus();
     return gpus.front().name + " (" + gpus.front().pci_bus_id + ")";
 }
 
-}  // namespace gpuverbs::test
+} // namespace gpuverbs::test

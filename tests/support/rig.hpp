@@ -11,10 +11,10 @@
 namespace gpuverbs::test {
 
 struct RigDevices {
-    std::string rig;      ///< host | native | vm
+    std::string rig; ///< host | native | vm
     std::string dev0, dev1;
     std::uint8_t port = 1;
-    std::optional<std::uint32_t> gid_index;  ///< the RoCE v2 IPv4-mapped GID, if RoCE
+    std::optional<std::uint32_t> gid_index; ///< the RoCE v2 IPv4-mapped GID, if RoCE
     std::string ip0, ip1;
 };
 
@@ -50,4 +50,4 @@ inline std::optional<std::array<std::uint8_t, 4>> parse_ipv4(const std::string& 
     return out;
 }
 
-}  // namespace gpuverbs::test
+} // namespace gpuverbs::test

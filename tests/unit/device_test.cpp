@@ -10,80 +10,78 @@ using gpuverbs::Device;
 using gpuverbs::errc;
 
 TEST_SUITE("device") {
-
-TEST_CASE("port speed is lanes times the per-lane rate") {
-    CHECK(gpuverbs::port_speed_gbps(1, 8) == doctest::Approx(10));    // 1X FDR10: what rxe on veth reports
-    CHECK(gpuverbs::port_speed_gbps(2, 32) == doctest::Approx(100));  // 4X EDR
-    CHECK(gpuverbs::port_speed_gbps(2, 64) == doctest::Approx(200));  // 4X HDR
-    CHECK(gpuverbs::port_speed_gbps(2, 128) == doctest::Approx(400)); // 4X NDR
-    CHECK(gpuverbs::port_speed_gbps(16, 128) == doctest::Approx(200)); // 2X NDR
-    CHECK(gpuverbs::port_speed_gbps(8, 1) == doctest::Approx(30));    // 12X SDR
-    CHECK(gpuverbs::port_speed_gbps(3, 8) == 0);
-    CHECK(gpuverbs::port_speed_gbps(1, 3) == 0);
-}
-
-TEST_CASE("MTU codes convert to bytes") {
-    CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_256) == 256);
-    CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_1024) == 1024);
-    CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_4096) == 4096);
-    CHECK(gpuverbs::mtu_bytes(static_cast<gpuverbs::Mtu>(0)) == 0);
-    CHECK(gpuverbs::mtu_bytes(static_cast<gpuverbs::Mtu>(6)) == 0);
-}
-
-TEST_CASE("GUIDs print as four groups of four hex digits") {
-    CHECK(gpuverbs::format_guid(0xe4784afffec3dd51ull) == "e478:4aff:fec3:dd51");
-    CHECK(gpuverbs::format_guid(0) == "0000:0000:0000:0000");
-}
-
-TEST_CASE("enumerations print the names users see in ibv_devinfo") {
-    CHECK(gpuverbs::to_string(gpuverbs::PortState::active) == "ACTIVE");
-    CHECK(gpuverbs::to_string(gpuverbs::PortState::down) == "DOWN");
-    CHECK(gpuverbs::to_string(gpuverbs::Transport::infiniband) == "InfiniBand");
-    CHECK(gpuverbs::to_string(gpuverbs::NodeType::ca) == "CA");
-}
-
-TEST_CASE("an empty Device fails every query with invalid_argument and never crashes") {
-    Device d;
-    CHECK_FALSE(d);
-    CHECK(d.native_handle() == nullptr);
-    CHECK(d.name().empty());
-    std::error_code ec;
-    (void)d.query(ec);
-    CHECK(ec == errc::invalid_argument);
-    (void)d.query_port(1, ec);
-    CHECK(ec == errc::invalid_argument);
-    (void)d.gid_table(1, ec);
-    CHECK(ec == errc::invalid_argument);
-    CHECK_THROWS_AS((void)d.select_gid(1), gpuverbs::Error);
-    try {
-        (void)d.query();
-    } catch (const gpuverbs::Error& e) {
-        CHECK(std::string(e.what()).find("empty") != std::string::npos);
+    TEST_CASE("port speed is lanes times the per-lane rate") {
+        CHECK(gpuverbs::port_speed_gbps(1, 8) == doctest::Approx(10));     // 1X FDR10: what rxe on veth reports
+        CHECK(gpuverbs::port_speed_gbps(2, 32) == doctest::Approx(100));   // 4X EDR
+        CHECK(gpuverbs::port_speed_gbps(2, 64) == doctest::Approx(200));   // 4X HDR
+        CHECK(gpuverbs::port_speed_gbps(2, 128) == doctest::Approx(400));  // 4X NDR
+        CHECK(gpuverbs::port_speed_gbps(16, 128) == doctest::Approx(200)); // 2X NDR
+        CHECK(gpuverbs::port_speed_gbps(8, 1) == doctest::Approx(30));     // 12X SDR
+        CHECK(gpuverbs::port_speed_gbps(3, 8) == 0);
+        CHECK(gpuverbs::port_speed_gbps(1, 3) == 0);
     }
-}
 
-TEST_CASE("opening a device that does not exist says which devices do, or why there are none") {
-    std::vector<gpuverbs::DeviceInfo> devices = Device::list();
-    std::error_code ec;
-    Device d = Device::open("gpuverbs_no_such_device", ec);
-    CHECK_FALSE(d);
-    try {
-        (void)Device::open("gpuverbs_no_such_device");
-        FAIL("open did not throw");
-    } catch (const gpuverbs::Error& e) {
-        std::string what = e.what();
-        if (devices.empty()) {
-            // This machine (like CI's) has no RDMA: the error must say so and what to do.
-            CHECK(ec == errc::no_rdma_device);
-            CHECK(e.code() == errc::no_rdma_device);
-            CHECK(what.find("no RDMA device") != std::string::npos);
-            CHECK(what.find("rdma link add") != std::string::npos);
-        } else {
-            CHECK(ec == errc::device_not_found);
-            CHECK(what.find("no RDMA device named 'gpuverbs_no_such_device'; devices present: " + devices[0].name) !=
-                  std::string::npos);
+    TEST_CASE("MTU codes convert to bytes") {
+        CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_256) == 256);
+        CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_1024) == 1024);
+        CHECK(gpuverbs::mtu_bytes(gpuverbs::Mtu::mtu_4096) == 4096);
+        CHECK(gpuverbs::mtu_bytes(static_cast<gpuverbs::Mtu>(0)) == 0);
+        CHECK(gpuverbs::mtu_bytes(static_cast<gpuverbs::Mtu>(6)) == 0);
+    }
+
+    TEST_CASE("GUIDs print as four groups of four hex digits") {
+        CHECK(gpuverbs::format_guid(0xe4784afffec3dd51ull) == "e478:4aff:fec3:dd51");
+        CHECK(gpuverbs::format_guid(0) == "0000:0000:0000:0000");
+    }
+
+    TEST_CASE("enumerations print the names users see in ibv_devinfo") {
+        CHECK(gpuverbs::to_string(gpuverbs::PortState::active) == "ACTIVE");
+        CHECK(gpuverbs::to_string(gpuverbs::PortState::down) == "DOWN");
+        CHECK(gpuverbs::to_string(gpuverbs::Transport::infiniband) == "InfiniBand");
+        CHECK(gpuverbs::to_string(gpuverbs::NodeType::ca) == "CA");
+    }
+
+    TEST_CASE("an empty Device fails every query with invalid_argument and never crashes") {
+        Device d;
+        CHECK_FALSE(d);
+        CHECK(d.native_handle() == nullptr);
+        CHECK(d.name().empty());
+        std::error_code ec;
+        (void)d.query(ec);
+        CHECK(ec == errc::invalid_argument);
+        (void)d.query_port(1, ec);
+        CHECK(ec == errc::invalid_argument);
+        (void)d.gid_table(1, ec);
+        CHECK(ec == errc::invalid_argument);
+        CHECK_THROWS_AS((void)d.select_gid(1), gpuverbs::Error);
+        try {
+            (void)d.query();
+        } catch (const gpuverbs::Error& e) {
+            CHECK(std::string(e.what()).find("empty") != std::string::npos);
         }
     }
-}
 
+    TEST_CASE("opening a device that does not exist says which devices do, or why there are none") {
+        std::vector<gpuverbs::DeviceInfo> devices = Device::list();
+        std::error_code ec;
+        Device d = Device::open("gpuverbs_no_such_device", ec);
+        CHECK_FALSE(d);
+        try {
+            (void)Device::open("gpuverbs_no_such_device");
+            FAIL("open did not throw");
+        } catch (const gpuverbs::Error& e) {
+            std::string what = e.what();
+            if (devices.empty()) {
+                // This machine (like CI's) has no RDMA: the error must say so and what to do.
+                CHECK(ec == errc::no_rdma_device);
+                CHECK(e.code() == errc::no_rdma_device);
+                CHECK(what.find("no RDMA device") != std::string::npos);
+                CHECK(what.find("rdma link add") != std::string::npos);
+            } else {
+                CHECK(ec == errc::device_not_found);
+                CHECK(what.find("no RDMA device named 'gpuverbs_no_such_device'; devices present: " +
+                                devices[0].name) != std::string::npos);
+            }
+        }
+    }
 }

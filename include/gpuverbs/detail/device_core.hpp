@@ -12,8 +12,7 @@ namespace gpuverbs::detail {
 
 class DeviceCore {
 public:
-    DeviceCore(ibv_context* context, std::string name) noexcept
-        : context_(context), name_(std::move(name)) {}
+    DeviceCore(ibv_context* context, std::string name) noexcept : context_(context), name_(std::move(name)) {}
     DeviceCore(const DeviceCore&) = delete;
     DeviceCore& operator=(const DeviceCore&) = delete;
     ~DeviceCore() {
@@ -29,4 +28,4 @@ private:
     std::string name_;
 };
 
-}  // namespace gpuverbs::detail
+} // namespace gpuverbs::detail
