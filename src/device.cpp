@@ -1,9 +1,9 @@
 #include "gpuverbs/device.hpp"
 
 #include "gpuverbs/detail/device_core.hpp"
+#include "gpuverbs/detail/rdma_presence.hpp"
 
 #include <endian.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -134,23 +134,6 @@ struct DeviceListDeleter {
 };
 using DeviceList = std::unique_ptr<ibv_device*[], DeviceListDeleter>;
 
-bool path_exists(const char* path) {
-    struct stat st {};
-    return ::stat(path, &st) == 0;
-}
-
-// Why ibv_get_device_list found nothing, in words a user can act on.
-std::string why_no_devices() {
-    if (!path_exists("/sys/class/infiniband")) {
-        return "no RDMA device on this machine: the kernel has no RDMA device loaded "
-               "(/sys/class/infiniband does not exist). Load the NIC's RDMA driver (e.g. mlx5_ib), "
-               "or create a Soft-RoCE device: rdma link add rxe0 type rxe netdev <interface>";
-    }
-    return "no RDMA device usable from user space: the kernel has RDMA devices in "
-           "/sys/class/infiniband but no libibverbs provider claimed them (install ibverbs-providers; "
-           "check that /dev/infiniband/uverbs* exist and ib_uverbs is loaded)";
-}
-
 // ibv_get_device_list, with "no kernel support" treated as an empty list.
 DeviceList get_device_list(int& count, detail::Status& status) {
     count = 0;
@@ -211,7 +194,7 @@ Device Device::open_impl(std::string_view name, bool first, detail::Status& stat
     DeviceList list = get_device_list(count, status);
     if (!status.ok()) return {};
     if (count == 0) {
-        status.fail(errc::no_rdma_device, "ibv_get_device_list", why_no_devices());
+        status.fail(errc::no_rdma_device, "ibv_get_device_list", detail::explain_no_rdma_devices());
         return {};
     }
     ibv_device* found = nullptr;
