@@ -19,12 +19,12 @@ std::string explain_no_rdma_devices(const std::string& class_infiniband) {
         names += entry.path().filename().string();
     }
     if (names.empty()) {
-        return "no RDMA device on this machine: the kernel supports RDMA but has no RDMA device (" +
-               class_infiniband + " is empty). Load the NIC's RDMA driver (e.g. mlx5_ib), or " + create_rxe;
+        return "no RDMA device on this machine: the kernel supports RDMA but has no RDMA device (" + class_infiniband +
+               " is empty). Load the NIC's RDMA driver (e.g. mlx5_ib), or " + create_rxe;
     }
     return "no RDMA device usable from user space: the kernel has " + names + " in " + class_infiniband +
            " but no libibverbs provider claimed them. Install the providers (Debian: ibverbs-providers) and "
            "check that ib_uverbs is loaded and /dev/infiniband/uverbs* exist";
 }
 
-}  // namespace gpuverbs::detail
+} // namespace gpuverbs::detail

@@ -22,9 +22,11 @@ struct ScratchDir {
     ~ScratchDir() { fs::remove_all(path); }
 };
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
 
-}  // namespace
+} // namespace
 
 TEST_SUITE("rdma presence") {
     TEST_CASE("a kernel without RDMA support is named as such, with the fixes") {

@@ -12,4 +12,4 @@ namespace gpuverbs::detail {
 /// can point it at fixture trees.
 std::string explain_no_rdma_devices(const std::string& class_infiniband = "/sys/class/infiniband");
 
-}  // namespace gpuverbs::detail
+} // namespace gpuverbs::detail
