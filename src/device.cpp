@@ -69,7 +69,7 @@ double port_speed_gbps(std::uint8_t active_width, std::uint8_t active_speed) noe
     switch (active_speed) {
         case 1: lane_gbps = 2.5; break;   // SDR
         case 2: lane_gbps = 5; break;     // DDR
-        case 4: lane_gbps = 10; break;    // QDR
+        case 4:                           // QDR
         case 8: lane_gbps = 10; break;    // FDR10
         case 16: lane_gbps = 14; break;   // FDR
         case 32: lane_gbps = 25; break;   // EDR

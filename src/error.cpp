@@ -1,7 +1,5 @@
 #include "gpuverbs/error.hpp"
 
-#include <cstring>
-
 namespace gpuverbs {
 namespace {
 
@@ -59,7 +57,7 @@ namespace detail {
 void Status::fail_errno(int err, std::string_view v, std::string_view what) {
     std::string d(what);
     d += ": ";
-    d += std::strerror(err);
+    d += std::error_code(err, std::system_category()).message(); // strerror is not thread-safe
     d += " (errno ";
     d += std::to_string(err);
     d += ')';

@@ -23,7 +23,8 @@ Loaded load() {
     Loaded out;
     void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
-        const char* err = ::dlerror();
+        // Runs once, inside the function-local static initialiser; glibc keeps dlerror per thread.
+        const char* err = ::dlerror(); // NOLINT(concurrency-mt-unsafe)
         out.status.fail(errc::no_gpu_driver, "dlopen(libcuda.so.1)",
                         std::string("no NVIDIA GPU driver: libcuda.so.1 could not be loaded (") +
                             (err != nullptr ? err : "unknown reason") +

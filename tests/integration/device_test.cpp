@@ -166,6 +166,7 @@ TEST_SUITE("device on real RDMA" * doctest::skip(!gpuverbs::test::rig_devices().
 
     TEST_CASE("many devices can be open at once and closed in any order") {
         std::vector<Device> devices;
+        devices.reserve(8);
         for (int i = 0; i < 8; ++i) devices.push_back(Device::open(i % 2 ? rig().dev1 : rig().dev0));
         devices.erase(devices.begin() + 3);
         devices.erase(devices.begin());

@@ -19,6 +19,7 @@ struct RigDevices {
 };
 
 inline std::string env_or(const char* name, const char* fallback = "") {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): tests read the environment before starting threads
     const char* v = std::getenv(name);
     return v != nullptr ? v : fallback;
 }
