@@ -176,17 +176,11 @@ bool fail_if_empty(const std::shared_ptr<detail::DeviceCore>& core, std::string_
 } // namespace
 
 std::vector<DeviceInfo> Device::list() {
-    detail::Status status;
-    auto out = list_impl(status);
-    status.check();
-    return out;
+    return detail::or_throw([&](detail::Status& status) { return list_impl(status); });
 }
 
 std::vector<DeviceInfo> Device::list(std::error_code& ec) {
-    detail::Status status;
-    auto out = list_impl(status);
-    ec = status.code;
-    return out;
+    return detail::or_code(ec, [&](detail::Status& status) { return list_impl(status); });
 }
 
 Device Device::open_impl(std::string_view name, bool first, detail::Status& status) {
@@ -227,31 +221,19 @@ Device Device::open_impl(std::string_view name, bool first, detail::Status& stat
 }
 
 Device Device::open(std::string_view name) {
-    detail::Status status;
-    Device d = open_impl(name, false, status);
-    status.check();
-    return d;
+    return detail::or_throw([&](detail::Status& status) { return open_impl(name, false, status); });
 }
 
 Device Device::open(std::string_view name, std::error_code& ec) {
-    detail::Status status;
-    Device d = open_impl(name, false, status);
-    ec = status.code;
-    return d;
+    return detail::or_code(ec, [&](detail::Status& status) { return open_impl(name, false, status); });
 }
 
 Device Device::open_first() {
-    detail::Status status;
-    Device d = open_impl({}, true, status);
-    status.check();
-    return d;
+    return detail::or_throw([&](detail::Status& status) { return open_impl({}, true, status); });
 }
 
 Device Device::open_first(std::error_code& ec) {
-    detail::Status status;
-    Device d = open_impl({}, true, status);
-    ec = status.code;
-    return d;
+    return detail::or_code(ec, [&](detail::Status& status) { return open_impl({}, true, status); });
 }
 
 const std::string& Device::name() const noexcept {
@@ -290,17 +272,11 @@ DeviceAttributes Device::query_impl(detail::Status& status) const {
 }
 
 DeviceAttributes Device::query() const {
-    detail::Status status;
-    auto a = query_impl(status);
-    status.check();
-    return a;
+    return detail::or_throw([&](detail::Status& status) { return query_impl(status); });
 }
 
 DeviceAttributes Device::query(std::error_code& ec) const {
-    detail::Status status;
-    auto a = query_impl(status);
-    ec = status.code;
-    return a;
+    return detail::or_code(ec, [&](detail::Status& status) { return query_impl(status); });
 }
 
 PortAttributes Device::query_port_impl(std::uint8_t port, detail::Status& status) const {
@@ -334,17 +310,11 @@ PortAttributes Device::query_port_impl(std::uint8_t port, detail::Status& status
 }
 
 PortAttributes Device::query_port(std::uint8_t port) const {
-    detail::Status status;
-    auto p = query_port_impl(port, status);
-    status.check();
-    return p;
+    return detail::or_throw([&](detail::Status& status) { return query_port_impl(port, status); });
 }
 
 PortAttributes Device::query_port(std::uint8_t port, std::error_code& ec) const {
-    detail::Status status;
-    auto p = query_port_impl(port, status);
-    ec = status.code;
-    return p;
+    return detail::or_code(ec, [&](detail::Status& status) { return query_port_impl(port, status); });
 }
 
 std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& status) const {
@@ -371,17 +341,11 @@ std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& 
 }
 
 std::vector<GidEntry> Device::gid_table(std::uint8_t port) const {
-    detail::Status status;
-    auto t = gid_table_impl(port, status);
-    status.check();
-    return t;
+    return detail::or_throw([&](detail::Status& status) { return gid_table_impl(port, status); });
 }
 
 std::vector<GidEntry> Device::gid_table(std::uint8_t port, std::error_code& ec) const {
-    detail::Status status;
-    auto t = gid_table_impl(port, status);
-    ec = status.code;
-    return t;
+    return detail::or_code(ec, [&](detail::Status& status) { return gid_table_impl(port, status); });
 }
 
 GidEntry Device::select_gid_impl(std::uint8_t port, const GidPreference& preference, detail::Status& status) const {
@@ -410,17 +374,11 @@ GidEntry Device::select_gid_impl(std::uint8_t port, const GidPreference& prefere
 }
 
 GidEntry Device::select_gid(std::uint8_t port, const GidPreference& preference) const {
-    detail::Status status;
-    auto g = select_gid_impl(port, preference, status);
-    status.check();
-    return g;
+    return detail::or_throw([&](detail::Status& status) { return select_gid_impl(port, preference, status); });
 }
 
 GidEntry Device::select_gid(std::uint8_t port, const GidPreference& preference, std::error_code& ec) const {
-    detail::Status status;
-    auto g = select_gid_impl(port, preference, status);
-    ec = status.code;
-    return g;
+    return detail::or_code(ec, [&](detail::Status& status) { return select_gid_impl(port, preference, status); });
 }
 
 } // namespace gpuverbs

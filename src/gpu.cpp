@@ -93,31 +93,19 @@ bool built_with_cuda() noexcept {
 }
 
 int cuda_driver_version() {
-    detail::Status status;
-    int v = driver_version_impl(status);
-    status.check();
-    return v;
+    return detail::or_throw([](detail::Status& status) { return driver_version_impl(status); });
 }
 
 int cuda_driver_version(std::error_code& ec) {
-    detail::Status status;
-    int v = driver_version_impl(status);
-    ec = status.code;
-    return v;
+    return detail::or_code(ec, [](detail::Status& status) { return driver_version_impl(status); });
 }
 
 std::vector<GpuInfo> list_gpus() {
-    detail::Status status;
-    auto gpus = list_impl(status);
-    status.check();
-    return gpus;
+    return detail::or_throw([&](detail::Status& status) { return list_impl(status); });
 }
 
 std::vector<GpuInfo> list_gpus(std::error_code& ec) {
-    detail::Status status;
-    auto gpus = list_impl(status);
-    ec = status.code;
-    return gpus;
+    return detail::or_code(ec, [&](detail::Status& status) { return list_impl(status); });
 }
 
 } // namespace gpuverbs

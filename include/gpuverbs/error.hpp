@@ -80,6 +80,24 @@ struct Status {
     }
 };
 
+/// Runs `impl(Status&)` as the throwing form of a call.
+template <class Impl>
+auto or_throw(Impl&& impl) {
+    Status status;
+    auto result = impl(status);
+    status.check();
+    return result;
+}
+
+/// Runs `impl(Status&)` as the error_code form of a call.
+template <class Impl>
+auto or_code(std::error_code& ec, Impl&& impl) {
+    Status status;
+    auto result = impl(status);
+    ec = status.code;
+    return result;
+}
+
 } // namespace detail
 } // namespace gpuverbs
 
