@@ -19,6 +19,27 @@ public:
             case errc::cuda_error: return "a CUDA driver call failed";
             case errc::unsupported: return "not supported by this device or system";
             case errc::invalid_argument: return "invalid argument";
+            case errc::local_range_outside_region:
+                return "the local buffer is not inside its memory region; nothing was posted";
+            case errc::remote_range_outside_region:
+                return "the remote range is not inside the remote memory it came from; nothing was posted";
+            case errc::inline_too_large:
+                return "inline data is longer than the queue pair's max_inline_data; nothing was posted";
+            case errc::too_many_sges:
+                return "more scatter/gather entries than the queue pair allows; nothing was posted";
+            case errc::send_queue_full:
+                return "the send queue is full: poll the completion queue (and signal at least one request per "
+                       "queue depth); nothing was posted";
+            case errc::receive_queue_full:
+                return "the receive queue is full: poll the completion queue; nothing was posted";
+            case errc::misaligned_atomic:
+                return "atomics need 8-byte aligned local and remote addresses and an 8-byte local buffer; "
+                       "nothing was posted";
+            case errc::batch_full: return "the send batch is full; post it and start another";
+            case errc::invalid_endpoint: return "the remote endpoint cannot be used with this queue pair";
+            case errc::malformed_record: return "the received record is truncated, oversized or not a gpuverbs record";
+            case errc::unsupported_version: return "the received record has a version this gpuverbs cannot read";
+            case errc::peer_closed: return "the peer closed the connection before the exchange completed";
         }
         return "unknown gpuverbs error " + std::to_string(value);
     }
@@ -26,7 +47,15 @@ public:
     std::error_condition default_error_condition(int value) const noexcept override {
         switch (static_cast<errc>(value)) {
             case errc::unsupported: return std::errc::operation_not_supported;
-            case errc::invalid_argument: return std::errc::invalid_argument;
+            case errc::invalid_argument:
+            case errc::local_range_outside_region:
+            case errc::remote_range_outside_region:
+            case errc::inline_too_large:
+            case errc::too_many_sges:
+            case errc::misaligned_atomic: return std::errc::invalid_argument;
+            case errc::send_queue_full:
+            case errc::receive_queue_full:
+            case errc::batch_full: return std::errc::no_buffer_space;
             case errc::device_not_found:
             case errc::no_rdma_device:
             case errc::port_not_found: return std::errc::no_such_device;

@@ -26,6 +26,20 @@ enum class errc {
     cuda_error,         ///< a CUDA driver call failed (see the message)
     unsupported,        ///< the operation is not supported by this device or system
     invalid_argument,   ///< an argument is out of range or inconsistent
+    // The data path's local checks: nothing was posted.
+    local_range_outside_region,  ///< a local buffer is not inside its memory region
+    remote_range_outside_region, ///< a remote range is not inside the RemoteMemory it came from
+    inline_too_large,            ///< inline data longer than the QP's max_inline_data
+    too_many_sges,               ///< more scatter/gather entries than the QP allows
+    send_queue_full,             ///< no free send slot: poll completions (or signal more often)
+    receive_queue_full,          ///< no free receive slot: poll completions
+    misaligned_atomic,           ///< an atomic's addresses are not 8-byte aligned, or its buffer is not 8 bytes
+    batch_full,                  ///< the SendBatch holds as many requests as it can
+    // Connection set-up and the wire format.
+    invalid_endpoint,    ///< a remote Endpoint cannot be used with this QP
+    malformed_record,    ///< a received record is truncated, oversized or not a gpuverbs record
+    unsupported_version, ///< a received record has a version this gpuverbs cannot read
+    peer_closed,         ///< the peer closed the connection before the exchange completed
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

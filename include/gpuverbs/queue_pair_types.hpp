@@ -1,0 +1,96 @@
+// The plain values around queue pairs: creation options, the Endpoint a peer
+// needs to connect, connection options and per-request send options.
+#pragma once
+
+#include "gpuverbs/device.hpp"
+#include "gpuverbs/gid.hpp"
+#include "gpuverbs/memory_region.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace gpuverbs {
+
+/// What a queue pair is created with. The device may round the depths and
+/// inline size up; QueuePair::capabilities() reports the real values.
+struct QueuePairOptions {
+    std::uint32_t max_send_wr = 256;   ///< send queue depth
+    std::uint32_t max_recv_wr = 256;   ///< receive queue depth (unused with a SharedReceiveQueue)
+    std::uint32_t max_send_sge = 1;    ///< scatter/gather entries per send-side request
+    std::uint32_t max_recv_sge = 1;    ///< … per receive
+    std::uint32_t max_inline_data = 0; ///< bytes a send or write may carry inline
+    std::uint8_t port = 1;
+    /// GID table index to use on RoCE; default: Device::select_gid's choice.
+    std::optional<std::uint32_t> gid_index;
+    /// When gid_index is not given: restricts select_gid (e.g. to one IPv4 address).
+    GidPreference gid_preference;
+};
+
+/// What the peer needs to connect to a queue pair; exchange it out of band
+/// (wire.hpp serializes it). gid is used on RoCE, lid on InfiniBand.
+struct Endpoint {
+    std::uint32_t qp_num = 0;
+    std::uint32_t psn = 0; ///< first packet sequence number (24 bits)
+    std::uint16_t lid = 0;
+    Gid gid;
+    Mtu mtu = Mtu::mtu_1024; ///< the port's active MTU
+    LinkLayer link_layer = LinkLayer::unspecified;
+
+    friend bool operator==(const Endpoint&, const Endpoint&) = default;
+};
+
+/// How connect() sets up the path. The defaults suit almost everyone.
+struct ConnectOptions {
+    /// Default: the smaller of both ports' active MTUs.
+    std::optional<Mtu> path_mtu;
+    /// Local ACK timeout, 4.096 µs × 2^timeout (14 ≈ 67 ms).
+    std::uint8_t timeout = 14;
+    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR (max 7).
+    std::uint8_t retry_count = 7;
+    /// Receiver-not-ready retries (7 = retry forever).
+    std::uint8_t rnr_retry = 7;
+    /// How long the peer waits before retrying a send we had no receive for (12 ≈ 0.64 ms).
+    std::uint8_t min_rnr_timer = 12;
+    /// RDMA reads/atomics outstanding as initiator; default: the device's limit (at most 16).
+    std::optional<std::uint8_t> max_rd_atomic;
+    /// … as target; default: the device's limit (at most 16).
+    std::optional<std::uint8_t> max_dest_rd_atomic;
+    std::uint8_t service_level = 0;
+    std::uint8_t traffic_class = 0;
+    std::uint8_t hop_limit = 64;
+    std::uint32_t flow_label = 0;
+    /// What the peer may do to our memory through this QP (the MR must allow it too).
+    Access remote_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+};
+
+/// Per-request options of the send-side data path.
+struct SendOptions {
+    /// Handed back in the Completion.
+    std::uint64_t context = 0;
+    /// Generate a completion. Unsignaled requests are finished when a later
+    /// signaled one completes: signal at least once per send-queue depth.
+    bool signaled = true;
+    /// Copy the payload into the request (up to max_inline_data): the buffer is
+    /// reusable when post returns and needs no memory region.
+    bool inline_data = false;
+    /// Wait for earlier reads and atomics to finish before starting this one.
+    bool fence = false;
+    /// Ask the peer's CQ to wake solicited-only waiters (sends, writes with immediate).
+    bool solicited = false;
+};
+
+/// A queue pair's state (ibv_qp_state).
+enum class QpState : std::uint8_t {
+    reset,
+    init,
+    ready_to_receive,
+    ready_to_send,
+    send_drained,
+    send_error,
+    error,
+    unknown
+};
+std::string_view to_string(QpState state) noexcept;
+
+} // namespace gpuverbs

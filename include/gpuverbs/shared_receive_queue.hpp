@@ -1,0 +1,57 @@
+// SharedReceiveQueue: one pool of receives that many queue pairs draw from
+// (ibv_srq), so a server with many peers need not post receives per peer.
+//
+//   gpuverbs::SharedReceiveQueue srq(pd, 1024);
+//   gpuverbs::PreparedQueuePair prepared(pd, cq, cq, srq);
+//   srq.post_receive(buffers.slice(i * size, size), i);
+#pragma once
+
+#include "gpuverbs/detail/queue_cores.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/memory_region.hpp"
+#include "gpuverbs/protection_domain.hpp"
+#include "gpuverbs/queue_pair.hpp"
+
+#include <memory>
+#include <span>
+#include <system_error>
+
+namespace gpuverbs {
+
+class SharedReceiveQueue {
+public:
+    SharedReceiveQueue() noexcept = default;
+    /// An SRQ holding up to `max_wr` receives of up to `max_sge` entries each.
+    SharedReceiveQueue(const ProtectionDomain& pd, std::uint32_t max_wr, std::uint32_t max_sge = 1);
+    static SharedReceiveQueue create(const ProtectionDomain& pd, std::uint32_t max_wr, std::uint32_t max_sge,
+                                     std::error_code& ec);
+
+    SharedReceiveQueue(SharedReceiveQueue&&) noexcept = default;
+    SharedReceiveQueue& operator=(SharedReceiveQueue&&) noexcept = default;
+    SharedReceiveQueue(const SharedReceiveQueue&) = delete;
+    SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
+    ~SharedReceiveQueue() = default;
+
+    explicit operator bool() const noexcept { return core_ != nullptr; }
+    [[nodiscard]] std::uint32_t capacity() const noexcept { return core_->receive.capacity(); }
+
+    /// Posts a receive any attached QP may consume; the Completion carries `context`.
+    std::error_code post_receive(const LocalBuffer& dst, std::uint64_t context = 0) noexcept {
+        return post_receive(std::span<const LocalBuffer>(&dst, 1), context);
+    }
+    std::error_code post_receive(std::span<const LocalBuffer> dst, std::uint64_t context = 0) noexcept {
+        return detail::post_receive_to(
+            core_->receive, detail::QueueKind::shared_receive, core_->max_sge, dst, context,
+            [this](ibv_recv_wr* wr, ibv_recv_wr** bad) { return ibv_post_srq_recv(core_->srq(), wr, bad); });
+    }
+
+    [[nodiscard]] ibv_srq* native_handle() const noexcept { return core_ ? core_->srq() : nullptr; }
+    [[nodiscard]] const std::shared_ptr<detail::SrqCore>& core() const noexcept { return core_; }
+
+private:
+    static SharedReceiveQueue create_impl(const ProtectionDomain& pd, std::uint32_t max_wr, std::uint32_t max_sge,
+                                          detail::Status& status);
+    std::shared_ptr<detail::SrqCore> core_;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,119 @@
+#include "gpuverbs/completion_queue.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+
+namespace gpuverbs {
+
+CompletionChannel CompletionChannel::create_impl(const Device& device, detail::Status& status) {
+    if (!device) {
+        status.fail(errc::invalid_argument, "ibv_create_comp_channel", "the Device is empty");
+        return {};
+    }
+    errno = 0;
+    ibv_comp_channel* channel = ibv_create_comp_channel(device.native_handle());
+    if (channel == nullptr) {
+        status.fail_errno(errno != 0 ? errno : ENOMEM, "ibv_create_comp_channel",
+                          "cannot create a completion channel on " + device.name());
+        return {};
+    }
+    // wait() uses poll(2) with a timeout, so reads must never block.
+    (void)::fcntl(channel->fd, F_SETFL, ::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+    CompletionChannel c;
+    c.core_ = std::make_shared<detail::ChannelCore>(device.core(), channel);
+    return c;
+}
+
+CompletionChannel::CompletionChannel(const Device& device)
+    : CompletionChannel(detail::or_throw([&](detail::Status& s) { return create_impl(device, s); })) {}
+
+CompletionChannel CompletionChannel::create(const Device& device, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, s); });
+}
+
+CompletionQueue CompletionQueue::create_impl(const Device& device, int capacity, const CompletionChannel* channel,
+                                             detail::Status& status) {
+    if (!device) {
+        status.fail(errc::invalid_argument, "ibv_create_cq", "the Device is empty");
+        return {};
+    }
+    if (capacity <= 0) {
+        status.fail(errc::invalid_argument, "ibv_create_cq",
+                    "a completion queue needs a capacity of at least 1 (got " + std::to_string(capacity) + ")");
+        return {};
+    }
+    if (channel != nullptr && !*channel) {
+        status.fail(errc::invalid_argument, "ibv_create_cq", "the CompletionChannel is empty");
+        return {};
+    }
+    errno = 0;
+    ibv_cq* cq = ibv_create_cq(device.native_handle(), capacity, nullptr,
+                               channel != nullptr ? channel->native_handle() : nullptr, 0);
+    if (cq == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        status.fail_errno(err, "ibv_create_cq",
+                          "cannot create a completion queue of " + std::to_string(capacity) + " entries on " +
+                              device.name() + (err == EINVAL ? " (more than the device's max_cqe?)" : ""));
+        return {};
+    }
+    CompletionQueue q;
+    q.core_ = std::make_shared<detail::CqCore>(device.core(), channel != nullptr ? channel->core() : nullptr, cq);
+    // A channel may serve several CQs: its events name the CQ, whose core acknowledges them.
+    cq->cq_context = q.core_.get();
+    return q;
+}
+
+CompletionQueue::CompletionQueue(const Device& device, int capacity)
+    : CompletionQueue(detail::or_throw([&](detail::Status& s) { return create_impl(device, capacity, nullptr, s); })) {}
+
+CompletionQueue::CompletionQueue(const Device& device, int capacity, const CompletionChannel& channel)
+    : CompletionQueue(detail::or_throw([&](detail::Status& s) { return create_impl(device, capacity, &channel, s); })) {
+}
+
+CompletionQueue CompletionQueue::create(const Device& device, int capacity, const CompletionChannel* channel,
+                                        std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, capacity, channel, s); });
+}
+
+std::size_t CompletionQueue::poll(std::span<Completion> out) {
+    std::error_code ec;
+    std::size_t n = poll(out, ec);
+    if (ec) throw Error(ec, "ibv_poll_cq", "cannot poll the completion queue: " + ec.message());
+    return n;
+}
+
+bool CompletionQueue::wait(std::chrono::milliseconds timeout, std::error_code& ec) noexcept {
+    ec.clear();
+    ibv_comp_channel* channel = core_ ? core_->channel() : nullptr;
+    if (channel == nullptr) {
+        ec = errc::invalid_argument;
+        return false;
+    }
+    pollfd pfd{channel->fd, POLLIN, 0};
+    int rc = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+    if (rc < 0) {
+        ec.assign(errno, std::system_category());
+        return false;
+    }
+    if (rc == 0) return false;
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    if (ibv_get_cq_event(channel, &cq, &context) != 0) {
+        // EAGAIN: another waiter took the event first.
+        if (errno != EAGAIN) ec.assign(errno, std::system_category());
+        return false;
+    }
+    static_cast<detail::CqCore*>(context)->count_event();
+    return cq == core_->cq();
+}
+
+bool CompletionQueue::wait(std::chrono::milliseconds timeout) {
+    std::error_code ec;
+    bool got = wait(timeout, ec);
+    if (ec) throw Error(ec, "ibv_get_cq_event", "cannot wait for a completion event: " + ec.message());
+    return got;
+}
+
+} // namespace gpuverbs

@@ -1,0 +1,275 @@
+// Every RC operation, byte-exact, between rxe0 and rxe1 over the wire.
+#include "connected_pair.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+using namespace gpuverbs;
+using gpuverbs::test::ConnectedPair;
+using gpuverbs::test::fill_pattern;
+using gpuverbs::test::has_pattern;
+using gpuverbs::test::poll_for;
+
+namespace {
+bool rig_present() {
+    return gpuverbs::test::rig_devices().has_value();
+}
+constexpr std::size_t MiB = 1 << 20;
+} // namespace
+
+TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
+    TEST_CASE("connect brings both queue pairs to RTS with each other's endpoint") {
+        ConnectedPair p;
+        CHECK(p.a.qp.state() == QpState::ready_to_send);
+        CHECK(p.b.qp.state() == QpState::ready_to_send);
+        CHECK(p.a.qp.remote_endpoint() == p.b.qp.local_endpoint());
+        CHECK(p.b.qp.remote_endpoint() == p.a.qp.local_endpoint());
+        CHECK_FALSE(p.a.prepared); // consumed by connect
+        CHECK(p.a.qp.local_endpoint().gid.is_ipv4_mapped());
+        CHECK(p.a.qp.local_endpoint().mtu == p.a.device.query_port(1).active_mtu);
+    }
+
+    TEST_CASE("RDMA write moves every byte, from 1 byte to 8 MiB") {
+        ConnectedPair p(8 * MiB);
+        std::uint32_t seed = 1;
+        for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{65537}, MiB, 8 * MiB}) {
+            CAPTURE(size);
+            fill_pattern(std::span(p.a.memory).first(size), seed);
+            std::memset(p.b.memory.data(), 0, size + (size < p.b.memory.size() ? 1 : 0));
+            REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, size), p.b.mr.remote(), 0, {.context = seed}));
+            auto done = poll_for(p.a.cq, 1);
+            REQUIRE(done.size() == 1);
+            CHECK(done[0].ok());
+            CHECK(done[0].opcode == Opcode::write);
+            CHECK(done[0].context == seed);
+            CHECK(has_pattern(std::span(p.b.memory).first(size), seed));
+            if (size < p.b.memory.size()) CHECK(p.b.memory[size] == std::byte{0}); // nothing past the end
+            ++seed;
+        }
+    }
+
+    TEST_CASE("RDMA write lands at the remote offset asked for") {
+        ConnectedPair p;
+        fill_pattern(std::span(p.a.memory).first(100), 9);
+        REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 100), p.b.mr.remote(), 5000));
+        REQUIRE(poll_for(p.a.cq, 1).at(0).ok());
+        CHECK(has_pattern(std::span(p.b.memory).subspan(5000, 100), 9));
+        CHECK(p.b.memory[4999] == std::byte{0});
+        CHECK(p.b.memory[5100] == std::byte{0});
+    }
+
+    TEST_CASE("write with immediate delivers data and the immediate to a posted receive") {
+        ConnectedPair p;
+        fill_pattern(std::span(p.a.memory).first(3000), 3);
+        REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 0), 77));
+        REQUIRE_FALSE(p.a.qp.post_write_with_imm(p.a.mr.slice(0, 3000), p.b.mr.remote(), 1000, 0xdeadbeef));
+        auto sent = poll_for(p.a.cq, 1);
+        auto received = poll_for(p.b.cq, 1);
+        REQUIRE(sent.size() == 1);
+        REQUIRE(received.size() == 1);
+        CHECK(sent[0].opcode == Opcode::write_with_imm);
+        CHECK(received[0].ok());
+        CHECK(received[0].opcode == Opcode::receive_with_imm);
+        CHECK(received[0].context == 77);
+        CHECK(received[0].immediate == 0xdeadbeefu);
+        CHECK(received[0].byte_length == 3000);
+        CHECK(has_pattern(std::span(p.b.memory).subspan(1000, 3000), 3));
+    }
+
+    TEST_CASE("RDMA read fetches every byte, from 1 byte to 8 MiB") {
+        ConnectedPair p(8 * MiB);
+        std::uint32_t seed = 20;
+        for (std::size_t size : {std::size_t{1}, std::size_t{4096}, MiB + 3, 8 * MiB}) {
+            CAPTURE(size);
+            fill_pattern(std::span(p.b.memory).first(size), seed);
+            std::memset(p.a.memory.data(), 0, size);
+            REQUIRE_FALSE(p.a.qp.post_read(p.a.mr.slice(0, size), p.b.mr.remote(), 0, {.context = 5}));
+            auto done = poll_for(p.a.cq, 1);
+            REQUIRE(done.size() == 1);
+            CHECK(done[0].ok());
+            CHECK(done[0].opcode == Opcode::read);
+            CHECK(has_pattern(std::span(p.a.memory).first(size), seed));
+            ++seed;
+        }
+    }
+
+    TEST_CASE("send and receive deliver the payload, its length and the immediate") {
+        ConnectedPair p;
+        for (std::size_t size : {std::size_t{1}, std::size_t{4095}, std::size_t{4096 * 3 + 1}, 256 * 1024ul}) {
+            CAPTURE(size);
+            std::memset(p.b.memory.data(), 0, size);
+            fill_pattern(std::span(p.a.memory).first(size), static_cast<std::uint32_t>(size));
+            REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, size), size));
+            REQUIRE_FALSE(p.a.qp.post_send(p.a.mr.slice(0, size)));
+            REQUIRE(poll_for(p.a.cq, 1).at(0).opcode == Opcode::send);
+            auto r = poll_for(p.b.cq, 1);
+            REQUIRE(r.size() == 1);
+            CHECK(r[0].ok());
+            CHECK(r[0].opcode == Opcode::receive);
+            CHECK(r[0].context == size);
+            CHECK(r[0].byte_length == size);
+            CHECK_FALSE(r[0].immediate.has_value());
+            CHECK(has_pattern(std::span(p.b.memory).first(size), static_cast<std::uint32_t>(size)));
+        }
+        REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 64)));
+        REQUIRE_FALSE(p.a.qp.post_send_with_imm(p.a.mr.slice(0, 10), 42));
+        auto r = poll_for(p.b.cq, 1);
+        REQUIRE(r.size() == 1);
+        CHECK(r[0].immediate == 42u);
+        CHECK(r[0].byte_length == 10);
+        CHECK(poll_for(p.a.cq, 1).at(0).opcode == Opcode::send_with_imm);
+    }
+
+    TEST_CASE("fetch-and-add returns the old value and adds remotely") {
+        ConnectedPair p;
+        std::uint64_t start = 1000;
+        std::memcpy(p.b.memory.data() + 64, &start, 8);
+        for (int i = 0; i < 10; ++i) {
+            REQUIRE_FALSE(p.a.qp.post_fetch_add(p.a.mr.slice(8 * i, 8), p.b.mr.remote(), 64, 5));
+        }
+        auto done = poll_for(p.a.cq, 10);
+        REQUIRE(done.size() == 10);
+        for (int i = 0; i < 10; ++i) {
+            CHECK(done[i].opcode == Opcode::fetch_add);
+            std::uint64_t old = 0;
+            std::memcpy(&old, p.a.memory.data() + 8 * i, 8);
+            CHECK(old == 1000 + 5u * i);
+        }
+        std::uint64_t now = 0;
+        std::memcpy(&now, p.b.memory.data() + 64, 8);
+        CHECK(now == 1050);
+    }
+
+    TEST_CASE("compare-and-swap swaps only when the value matches") {
+        ConnectedPair p;
+        std::uint64_t v = 7;
+        std::memcpy(p.b.memory.data() + 8, &v, 8);
+        REQUIRE_FALSE(p.a.qp.post_compare_swap(p.a.mr.slice(0, 8), p.b.mr.remote(), 8, 7, 99));
+        REQUIRE_FALSE(p.a.qp.post_compare_swap(p.a.mr.slice(8, 8), p.b.mr.remote(), 8, 7, 1234));
+        auto done = poll_for(p.a.cq, 2);
+        REQUIRE(done.size() == 2);
+        CHECK(done[0].opcode == Opcode::compare_swap);
+        std::uint64_t first = 0, second = 0, now = 0;
+        std::memcpy(&first, p.a.memory.data(), 8);
+        std::memcpy(&second, p.a.memory.data() + 8, 8);
+        std::memcpy(&now, p.b.memory.data() + 8, 8);
+        CHECK(first == 7);   // matched: swapped in 99
+        CHECK(second == 99); // did not match 7: left alone
+        CHECK(now == 99);
+    }
+
+    TEST_CASE("inline sends carry unregistered memory, reusable as soon as post returns") {
+        QueuePairOptions options;
+        options.max_inline_data = 64;
+        ConnectedPair p(MiB, options);
+        REQUIRE(p.a.qp.capabilities().max_inline_data >= 64);
+        std::array<std::byte, 48> message;
+        fill_pattern(message, 4);
+        REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 64)));
+        REQUIRE_FALSE(p.a.qp.post_send(unregistered(message), {.inline_data = true}));
+        message.fill(std::byte{0}); // the payload was copied at post time
+        REQUIRE(poll_for(p.a.cq, 1).at(0).ok());
+        auto r = poll_for(p.b.cq, 1);
+        REQUIRE(r.size() == 1);
+        CHECK(r[0].byte_length == 48);
+        CHECK(has_pattern(std::span(p.b.memory).first(48), 4));
+    }
+
+    TEST_CASE("scatter/gather: a write gathers several buffers, a read scatters into several") {
+        QueuePairOptions options;
+        options.max_send_sge = 4;
+        ConnectedPair p(MiB, options);
+        fill_pattern(std::span(p.a.memory).first(3000), 6);
+        std::array<LocalBuffer, 3> pieces{p.a.mr.slice(0, 1000), p.a.mr.slice(1000, 1000), p.a.mr.slice(2000, 1000)};
+        REQUIRE_FALSE(p.a.qp.post_write(pieces, p.b.mr.remote(), 0));
+        REQUIRE(poll_for(p.a.cq, 1).at(0).ok());
+        CHECK(has_pattern(std::span(p.b.memory).first(3000), 6));
+        // Scatter the remote bytes back into two places of our buffer.
+        std::array<LocalBuffer, 2> halves{p.a.mr.slice(10000, 1500), p.a.mr.slice(20000, 1500)};
+        REQUIRE_FALSE(p.a.qp.post_read(halves, p.b.mr.remote(), 0));
+        REQUIRE(poll_for(p.a.cq, 1).at(0).ok());
+        CHECK(std::memcmp(p.a.memory.data() + 10000, p.b.memory.data(), 1500) == 0);
+        CHECK(std::memcmp(p.a.memory.data() + 20000, p.b.memory.data() + 1500, 1500) == 0);
+    }
+
+    TEST_CASE("a batch posts many requests with one doorbell and only the signaled one completes") {
+        ConnectedPair p;
+        auto batch = p.a.qp.batch();
+        for (int i = 0; i < 32; ++i) {
+            fill_pattern(std::span(p.a.memory).subspan(i * 1024, 1024), i);
+            bool last = i == 31;
+            REQUIRE_FALSE(batch.write(p.a.mr.slice(i * 1024, 1024), p.b.mr.remote(), i * 1024,
+                                      {.context = static_cast<std::uint64_t>(i), .signaled = last}));
+        }
+        CHECK(batch.size() == 32);
+        CHECK(batch.write(p.a.mr.slice(0, 8), p.b.mr.remote()) == errc::batch_full);
+        REQUIRE_FALSE(batch.post());
+        CHECK(batch.empty());
+        CHECK(p.a.qp.outstanding_sends() == 32);
+        auto done = poll_for(p.a.cq, 1);
+        REQUIRE(done.size() == 1);
+        CHECK(done[0].context == 31);
+        CHECK(p.a.qp.outstanding_sends() == 0); // the signaled one finishes the 31 before it
+        for (int i = 0; i < 32; ++i) CHECK(has_pattern(std::span(p.b.memory).subspan(i * 1024, 1024), i));
+    }
+
+    TEST_CASE("thousands of operations in flight, selectively signaled, all land") {
+        QueuePairOptions options;
+        options.max_send_wr = 128;
+        ConnectedPair p(4 * MiB, options);
+        constexpr int total = 5000; // > 4 MiB / 1 KiB: wraps around and rewrites the start
+        constexpr std::size_t size = 1024;
+        fill_pattern(std::span(p.a.memory).first(4 * MiB), 11);
+        int posted = 0, completions = 0, signaled = 0;
+        std::array<Completion, 64> batch;
+        while (posted < total) {
+            bool signal = posted % 16 == 15 || posted == total - 1;
+            std::size_t offset = (static_cast<std::size_t>(posted) * size) % (4 * MiB);
+            std::error_code ec =
+                p.a.qp.post_write(p.a.mr.slice(offset, size), p.b.mr.remote(), offset, {.signaled = signal});
+            if (ec == errc::send_queue_full) {
+                std::size_t n = p.a.cq.poll(batch);
+                for (std::size_t i = 0; i < n; ++i) REQUIRE(batch[i].ok());
+                completions += static_cast<int>(n);
+                continue;
+            }
+            REQUIRE_FALSE(ec);
+            ++posted;
+            signaled += signal ? 1 : 0;
+        }
+        auto rest = poll_for(p.a.cq, static_cast<std::size_t>(signaled - completions));
+        completions += static_cast<int>(rest.size());
+        CHECK(completions == signaled);
+        CHECK(p.a.qp.outstanding_sends() == 0);
+        CHECK(std::memcmp(p.a.memory.data(), p.b.memory.data(), 4 * MiB) == 0);
+    }
+
+    TEST_CASE("a shared receive queue feeds receives to a queue pair") {
+        Device dev0 = Device::open(gpuverbs::test::rig_devices()->dev0);
+        Device dev1 = Device::open(gpuverbs::test::rig_devices()->dev1);
+        ProtectionDomain pd0(dev0), pd1(dev1);
+        CompletionQueue cq0(dev0, 64), cq1(dev1, 64);
+        SharedReceiveQueue srq(pd1, 16);
+        std::vector<std::byte> m0(4096), m1(4096);
+        MemoryRegion mr0(pd0, m0, access_all), mr1(pd1, m1, access_all);
+        PreparedQueuePair a(pd0, cq0, cq0);
+        PreparedQueuePair b(pd1, cq1, cq1, srq);
+        Endpoint ea = a.endpoint(), eb = b.endpoint();
+        QueuePair qa = std::move(a).connect(eb);
+        QueuePair qb = std::move(b).connect(ea);
+        CHECK(qb.post_receive(mr1.slice(0, 100)) == errc::invalid_argument); // receives go to the SRQ
+        for (int i = 0; i < 4; ++i) REQUIRE_FALSE(srq.post_receive(mr1.slice(i * 1024, 1024), 100 + i));
+        for (int i = 0; i < 4; ++i) {
+            m0[i] = std::byte(i + 1);
+            REQUIRE_FALSE(qa.post_send(mr0.slice(i, 1)));
+        }
+        auto r = poll_for(cq1, 4);
+        REQUIRE(r.size() == 4);
+        for (int i = 0; i < 4; ++i) {
+            CHECK(r[i].context == 100u + i);
+            CHECK(r[i].qp_num == qb.qp_num());
+            CHECK(m1[i * 1024] == std::byte(i + 1));
+        }
+    }
+}
