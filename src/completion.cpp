@@ -40,7 +40,8 @@ private:
                        "request is longer than the port allows";
             case IBV_WC_LOC_QP_OP_ERR:
                 return "local QP operation error: the request is inconsistent with the queue pair (e.g. inline "
-                       "data too long, or an operation its type does not support)";
+                       "data too long, or an operation its type does not support); Soft-RoCE also reports a "
+                       "received message longer than the posted receive buffer this way";
             case IBV_WC_LOC_EEC_OP_ERR: return "local EE context operation error";
             case IBV_WC_LOC_PROT_ERR:
                 return "local protection error: a local buffer is not inside a memory region of this protection "

@@ -59,11 +59,12 @@ inline std::vector<Completion> poll_for(CompletionQueue& cq, std::size_t count,
 
 /// A recognisable byte pattern: position and seed mixed.
 inline void fill_pattern(std::span<std::byte> bytes, std::uint32_t seed) {
-    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte((i * 131 + seed * 7 + (i >> 8)) & 0xff);
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+        bytes[i] = std::byte((i * 131 + std::size_t{seed} * 7 + (i >> 8)) & 0xff);
 }
 inline bool has_pattern(std::span<const std::byte> bytes, std::uint32_t seed) {
     for (std::size_t i = 0; i < bytes.size(); ++i) {
-        if (bytes[i] != std::byte((i * 131 + seed * 7 + (i >> 8)) & 0xff)) return false;
+        if (bytes[i] != std::byte((i * 131 + std::size_t{seed} * 7 + (i >> 8)) & 0xff)) return false;
     }
     return true;
 }

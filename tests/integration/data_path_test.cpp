@@ -125,12 +125,12 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
         ConnectedPair p;
         std::uint64_t start = 1000;
         std::memcpy(p.b.memory.data() + 64, &start, 8);
-        for (int i = 0; i < 10; ++i) {
+        for (std::size_t i = 0; i < 10; ++i) {
             REQUIRE_FALSE(p.a.qp.post_fetch_add(p.a.mr.slice(8 * i, 8), p.b.mr.remote(), 64, 5));
         }
         auto done = poll_for(p.a.cq, 10);
         REQUIRE(done.size() == 10);
-        for (int i = 0; i < 10; ++i) {
+        for (std::size_t i = 0; i < 10; ++i) {
             CHECK(done[i].opcode == Opcode::fetch_add);
             std::uint64_t old = 0;
             std::memcpy(&old, p.a.memory.data() + 8 * i, 8);
@@ -196,11 +196,11 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
     TEST_CASE("a batch posts many requests with one doorbell and only the signaled one completes") {
         ConnectedPair p;
         auto batch = p.a.qp.batch();
-        for (int i = 0; i < 32; ++i) {
-            fill_pattern(std::span(p.a.memory).subspan(i * 1024, 1024), i);
+        for (std::uint32_t i = 0; i < 32; ++i) {
+            fill_pattern(std::span(p.a.memory).subspan(i * 1024ul, 1024), i);
             bool last = i == 31;
-            REQUIRE_FALSE(batch.write(p.a.mr.slice(i * 1024, 1024), p.b.mr.remote(), i * 1024,
-                                      {.context = static_cast<std::uint64_t>(i), .signaled = last}));
+            REQUIRE_FALSE(batch.write(p.a.mr.slice(i * 1024ul, 1024), p.b.mr.remote(), i * 1024ul,
+                                      {.context = i, .signaled = last}));
         }
         CHECK(batch.size() == 32);
         CHECK(batch.write(p.a.mr.slice(0, 8), p.b.mr.remote()) == errc::batch_full);
@@ -211,7 +211,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
         REQUIRE(done.size() == 1);
         CHECK(done[0].context == 31);
         CHECK(p.a.qp.outstanding_sends() == 0); // the signaled one finishes the 31 before it
-        for (int i = 0; i < 32; ++i) CHECK(has_pattern(std::span(p.b.memory).subspan(i * 1024, 1024), i));
+        for (std::uint32_t i = 0; i < 32; ++i) CHECK(has_pattern(std::span(p.b.memory).subspan(i * 1024ul, 1024), i));
     }
 
     TEST_CASE("thousands of operations in flight, selectively signaled, all land") {
@@ -259,14 +259,14 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
         QueuePair qa = std::move(a).connect(eb);
         QueuePair qb = std::move(b).connect(ea);
         CHECK(qb.post_receive(mr1.slice(0, 100)) == errc::invalid_argument); // receives go to the SRQ
-        for (int i = 0; i < 4; ++i) REQUIRE_FALSE(srq.post_receive(mr1.slice(i * 1024, 1024), 100 + i));
+        for (std::size_t i = 0; i < 4; ++i) REQUIRE_FALSE(srq.post_receive(mr1.slice(i * 1024, 1024), 100 + i));
         for (int i = 0; i < 4; ++i) {
             m0[i] = std::byte(i + 1);
             REQUIRE_FALSE(qa.post_send(mr0.slice(i, 1)));
         }
         auto r = poll_for(cq1, 4);
         REQUIRE(r.size() == 4);
-        for (int i = 0; i < 4; ++i) {
+        for (std::size_t i = 0; i < 4; ++i) {
             CHECK(r[i].context == 100u + i);
             CHECK(r[i].qp_num == qb.qp_num());
             CHECK(m1[i * 1024] == std::byte(i + 1));
