@@ -12,4 +12,6 @@
 #include "gpuverbs/queue_pair.hpp"
 #include "gpuverbs/queue_pair_types.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
+#include "gpuverbs/tcp_bootstrap.hpp"
 #include "gpuverbs/version.hpp"
+#include "gpuverbs/wire.hpp"

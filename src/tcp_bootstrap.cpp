@@ -1,0 +1,183 @@
+#include "gpuverbs/tcp_bootstrap.hpp"
+
+#include <poll.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/address.hpp>
+
+#include <thread>
+
+namespace gpuverbs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace asio = boost::asio;
+
+// Waits until fd is ready for `events` or the deadline passes.
+bool wait_ready(int fd, short events, Clock::time_point deadline) {
+    for (;;) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) return false;
+        pollfd p{fd, events, 0};
+        int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+        if (rc > 0) return true;
+        if (rc < 0 && errno != EINTR) return true; // let the next I/O call report the error
+    }
+}
+
+void fail_timeout(detail::Status& status, const char* verb, const std::string& what) {
+    status.fail(std::make_error_code(std::errc::timed_out), verb, what + ": timed out waiting for the peer");
+}
+
+} // namespace
+
+TcpListener::TcpListener(asio::io_context& io, std::uint16_t port, const std::string& address)
+    : io_(&io), acceptor_(io) {
+    boost::system::error_code ec;
+    auto ip = asio::ip::make_address(address, ec);
+    if (ec) throw Error(ec, "TcpListener", "'" + address + "' is not an IP address");
+    asio::ip::tcp::endpoint where(ip, port);
+    acceptor_.open(where.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(where, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+        throw Error(ec, "TcpListener",
+                    "cannot listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
+}
+
+std::uint16_t TcpListener::port() const {
+    return acceptor_.local_endpoint().port();
+}
+
+asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    if (!wait_ready(acceptor_.native_handle(), POLLIN, deadline)) {
+        throw Error(std::make_error_code(std::errc::timed_out), "accept",
+                    "no bootstrap connection on port " + std::to_string(port()) + " within " +
+                        std::to_string(timeout.count()) + " ms");
+    }
+    asio::ip::tcp::socket socket(*io_);
+    boost::system::error_code ec;
+    acceptor_.accept(socket, ec);
+    if (ec) throw Error(ec, "accept", "cannot accept a bootstrap connection: " + ec.message());
+    return socket;
+}
+
+asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                  std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    asio::ip::tcp::resolver resolver(io);
+    boost::system::error_code ec;
+    auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+    if (ec) throw Error(ec, "resolve", "cannot resolve '" + host + "': " + ec.message());
+    for (;;) {
+        asio::ip::tcp::socket socket(io);
+        asio::connect(socket, endpoints, ec);
+        if (!ec) {
+            socket.set_option(asio::ip::tcp::no_delay(true), ec);
+            return socket;
+        }
+        // The peer's listener may not be up yet: retry refusals until the deadline.
+        if (ec != asio::error::connection_refused || Clock::now() >= deadline) {
+            throw Error(ec, "connect",
+                        "cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message() +
+                            (ec == asio::error::connection_refused ? " (is the server running?)" : ""));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+namespace detail {
+
+void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> payload, Clock::time_point deadline,
+                 Status& status) {
+    std::vector<std::byte> frame(4 + payload.size());
+    auto n = static_cast<std::uint32_t>(payload.size());
+    for (int i = 0; i < 4; ++i) frame[static_cast<std::size_t>(i)] = std::byte(n >> (24 - 8 * i));
+    std::copy(payload.begin(), payload.end(), frame.begin() + 4);
+    boost::system::error_code ec;
+    socket.non_blocking(true, ec);
+    std::size_t done = 0;
+    while (!ec && done < frame.size()) {
+        done += socket.write_some(asio::buffer(frame.data() + done, frame.size() - done), ec);
+        if (ec == asio::error::would_block || ec == asio::error::try_again) {
+            ec.clear();
+            if (!wait_ready(socket.native_handle(), POLLOUT, deadline)) {
+                fail_timeout(status, "send", "sending the handshake");
+                return;
+            }
+        }
+    }
+    if (ec) status.fail(ec, "send", "cannot send the handshake: " + ec.message());
+}
+
+std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max_size, Clock::time_point deadline,
+                                  Status& status) {
+    boost::system::error_code ec;
+    socket.non_blocking(true, ec);
+    auto read_exactly = [&](std::byte* out, std::size_t n, const char* what) {
+        std::size_t got = 0;
+        while (got < n) {
+            got += socket.read_some(asio::buffer(out + got, n - got), ec);
+            if (ec == asio::error::would_block || ec == asio::error::try_again) {
+                ec.clear();
+                if (!wait_ready(socket.native_handle(), POLLIN, deadline)) {
+                    fail_timeout(status, "receive", std::string("receiving the peer's ") + what);
+                    return false;
+                }
+            } else if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+                status.fail(errc::peer_closed, "receive",
+                            std::string("the peer closed the connection after ") + std::to_string(got) + " of " +
+                                std::to_string(n) + " bytes of its " + what);
+                return false;
+            } else if (ec) {
+                status.fail(ec, "receive", std::string("cannot receive the peer's ") + what + ": " + ec.message());
+                return false;
+            }
+        }
+        return true;
+    };
+    std::array<std::byte, 4> header{};
+    if (!read_exactly(header.data(), 4, "record length")) return {};
+    std::uint32_t n = 0;
+    for (std::byte b : header) n = (n << 8) | std::to_integer<std::uint32_t>(b);
+    if (n > max_size) {
+        status.fail(errc::malformed_record, "receive",
+                    "the peer announced a " + std::to_string(n) + "-byte record; at most " + std::to_string(max_size) +
+                        " are allowed (not a gpuverbs peer?)");
+        return {};
+    }
+    std::vector<std::byte> payload(n);
+    if (!read_exactly(payload.data(), n, "record")) return {};
+    return payload;
+}
+
+Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
+                        Status& status) {
+    auto deadline = Clock::now() + timeout;
+    if (ours.regions.size() > wire::max_regions) {
+        status.fail(errc::invalid_argument, "exchange_handshake",
+                    "a handshake carries at most " + std::to_string(wire::max_regions) + " regions");
+        return {};
+    }
+    std::vector<std::byte> payload = wire::serialize(ours);
+    write_frame(socket, payload, deadline, status);
+    if (!status.ok()) return {};
+    std::vector<std::byte> theirs = read_frame(socket, wire::max_handshake_size, deadline, status);
+    if (!status.ok()) return {};
+    return wire::detail::parse_handshake(theirs, status);
+}
+
+} // namespace detail
+
+Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout) {
+    return detail::or_throw([&](detail::Status& s) { return detail::exchange_impl(socket, ours, timeout, s); });
+}
+
+Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
+                             std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return detail::exchange_impl(socket, ours, timeout, s); });
+}
+
+} // namespace gpuverbs

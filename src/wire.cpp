@@ -1,0 +1,245 @@
+#include "gpuverbs/wire.hpp"
+
+#include <cstring>
+
+namespace gpuverbs::wire {
+namespace {
+
+constexpr std::array<char, 4> endpoint_magic{'G', 'V', 'E', 'P'};
+constexpr std::array<char, 4> remote_magic{'G', 'V', 'R', 'M'};
+constexpr std::array<char, 4> handshake_magic{'G', 'V', 'H', 'S'};
+
+class Writer {
+public:
+    explicit Writer(std::span<std::byte> out) : out_(out) {}
+    void magic(const std::array<char, 4>& m) {
+        for (char c : m) u8(static_cast<std::uint8_t>(c));
+    }
+    void u8(std::uint8_t v) { out_[at_++] = std::byte{v}; }
+    void u16(std::uint16_t v) { be(v, 2); }
+    void u32(std::uint32_t v) { be(v, 4); }
+    void u64(std::uint64_t v) { be(v, 8); }
+    void bytes(std::span<const std::uint8_t> b) {
+        for (std::uint8_t v : b) u8(v);
+    }
+
+private:
+    void be(std::uint64_t v, int n) {
+        for (int i = n - 1; i >= 0; --i) u8(static_cast<std::uint8_t>(v >> (8 * i)));
+    }
+    std::span<std::byte> out_;
+    std::size_t at_ = 0;
+};
+
+class Reader {
+public:
+    explicit Reader(std::span<const std::byte> in) : in_(in) {}
+    bool magic(const std::array<char, 4>& m) {
+        bool same = true;
+        for (char c : m) same = (u8() == static_cast<std::uint8_t>(c)) && same;
+        return same;
+    }
+    std::uint8_t u8() { return std::to_integer<std::uint8_t>(in_[at_++]); }
+    std::uint16_t u16() { return static_cast<std::uint16_t>(be(2)); }
+    std::uint32_t u32() { return static_cast<std::uint32_t>(be(4)); }
+    std::uint64_t u64() { return be(8); }
+    void bytes(std::span<std::uint8_t> out) {
+        for (std::uint8_t& v : out) v = u8();
+    }
+
+private:
+    std::uint64_t be(int n) {
+        std::uint64_t v = 0;
+        for (int i = 0; i < n; ++i) v = (v << 8) | u8();
+        return v;
+    }
+    std::span<const std::byte> in_;
+    std::size_t at_ = 0;
+};
+
+void write_endpoint(Writer& w, const Endpoint& e) {
+    w.magic(endpoint_magic);
+    w.u16(version);
+    w.u16(0);
+    w.u32(e.qp_num);
+    w.u32(e.psn);
+    w.u16(e.lid);
+    w.u8(static_cast<std::uint8_t>(e.mtu));
+    w.u8(static_cast<std::uint8_t>(e.link_layer));
+    w.bytes(e.gid.bytes);
+    w.u32(0);
+}
+
+void write_remote(Writer& w, const RemoteMemory& m) {
+    w.magic(remote_magic);
+    w.u16(version);
+    w.u16(0);
+    w.u64(m.address);
+    w.u64(m.length);
+    w.u32(m.rkey);
+}
+
+// Checks size, magic, version and the reserved word of a record's 8-byte header.
+bool check_header(Reader& r, std::span<const std::byte> bytes, std::size_t want, bool exact,
+                  const std::array<char, 4>& magic, const char* what, gpuverbs::detail::Status& status) {
+    const char* verb = "gpuverbs::wire::parse";
+    if (bytes.size() < want || (exact && bytes.size() != want)) {
+        status.fail(errc::malformed_record, verb,
+                    std::string(what) + " record is " + std::to_string(bytes.size()) + " bytes; it must be " +
+                        (exact ? "" : "at least ") + std::to_string(want) +
+                        (bytes.size() < want ? " (truncated)" : " (trailing bytes)"));
+        return false;
+    }
+    if (!r.magic(magic)) {
+        status.fail(errc::malformed_record, verb,
+                    std::string("not a gpuverbs ") + what + " record (wrong magic; expected \"" +
+                        std::string(magic.begin(), magic.end()) + "\")");
+        return false;
+    }
+    if (std::uint16_t v = r.u16(); v != version) {
+        status.fail(errc::unsupported_version, verb,
+                    std::string(what) + " record has version " + std::to_string(v) + "; this gpuverbs reads version " +
+                        std::to_string(version) + " (update both sides to the same gpuverbs release)");
+        return false;
+    }
+    return true;
+}
+
+} // namespace
+
+std::array<std::byte, endpoint_size> serialize(const Endpoint& endpoint) {
+    std::array<std::byte, endpoint_size> out{};
+    Writer w(out);
+    write_endpoint(w, endpoint);
+    return out;
+}
+
+std::array<std::byte, remote_memory_size> serialize(const RemoteMemory& memory) {
+    std::array<std::byte, remote_memory_size> out{};
+    Writer w(out);
+    write_remote(w, memory);
+    return out;
+}
+
+std::vector<std::byte> serialize(const Handshake& handshake) {
+    if (handshake.regions.size() > max_regions) {
+        throw Error(errc::invalid_argument, "gpuverbs::wire::serialize",
+                    "a handshake carries at most " + std::to_string(max_regions) + " regions (got " +
+                        std::to_string(handshake.regions.size()) + ")");
+    }
+    std::vector<std::byte> out(handshake_header_size + endpoint_size + handshake.regions.size() * remote_memory_size);
+    Writer w(out);
+    w.magic(handshake_magic);
+    w.u16(version);
+    w.u16(static_cast<std::uint16_t>(handshake.regions.size()));
+    write_endpoint(w, handshake.endpoint);
+    for (const RemoteMemory& m : handshake.regions) write_remote(w, m);
+    return out;
+}
+
+namespace detail {
+
+Endpoint parse_endpoint(std::span<const std::byte> bytes, gpuverbs::detail::Status& status) {
+    Reader r(bytes);
+    if (!check_header(r, bytes, endpoint_size, true, endpoint_magic, "endpoint", status)) return {};
+    const char* verb = "gpuverbs::wire::parse";
+    if (r.u16() != 0) {
+        status.fail(errc::malformed_record, verb, "endpoint record has a non-zero reserved field");
+        return {};
+    }
+    Endpoint e;
+    e.qp_num = r.u32();
+    e.psn = r.u32();
+    e.lid = r.u16();
+    std::uint8_t mtu = r.u8();
+    std::uint8_t link = r.u8();
+    r.bytes(e.gid.bytes);
+    std::uint32_t reserved = r.u32();
+    if (e.qp_num == 0 || e.qp_num > 0xffffff || e.psn > 0xffffff) {
+        status.fail(errc::malformed_record, verb, "endpoint record has a QP number or PSN outside 24 bits");
+        return {};
+    }
+    if (mtu < 1 || mtu > 5) {
+        status.fail(errc::malformed_record, verb,
+                    "endpoint record has MTU code " + std::to_string(mtu) + " (valid: 1..5)");
+        return {};
+    }
+    if (link > static_cast<std::uint8_t>(LinkLayer::ethernet) || reserved != 0) {
+        status.fail(errc::malformed_record, verb, "endpoint record has an unknown link layer or reserved bits set");
+        return {};
+    }
+    e.mtu = static_cast<Mtu>(mtu);
+    e.link_layer = static_cast<LinkLayer>(link);
+    return e;
+}
+
+RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, gpuverbs::detail::Status& status) {
+    Reader r(bytes);
+    if (!check_header(r, bytes, remote_memory_size, true, remote_magic, "remote memory", status)) return {};
+    if (r.u16() != 0) {
+        status.fail(errc::malformed_record, "gpuverbs::wire::parse",
+                    "remote memory record has a non-zero reserved field");
+        return {};
+    }
+    RemoteMemory m;
+    m.address = r.u64();
+    m.length = r.u64();
+    m.rkey = r.u32();
+    if (m.length > ~m.address) {
+        status.fail(errc::malformed_record, "gpuverbs::wire::parse",
+                    "remote memory record's address + length overflows 64 bits");
+        return {};
+    }
+    return m;
+}
+
+Handshake parse_handshake(std::span<const std::byte> bytes, gpuverbs::detail::Status& status) {
+    Reader r(bytes);
+    if (!check_header(r, bytes, handshake_header_size + endpoint_size, false, handshake_magic, "handshake", status)) {
+        return {};
+    }
+    std::uint16_t count = r.u16();
+    std::size_t want = handshake_header_size + endpoint_size + std::size_t{count} * remote_memory_size;
+    if (count > max_regions || bytes.size() != want) {
+        status.fail(errc::malformed_record, "gpuverbs::wire::parse",
+                    "handshake record announces " + std::to_string(count) + " regions (at most " +
+                        std::to_string(max_regions) + ") in " + std::to_string(bytes.size()) + " bytes; " +
+                        std::to_string(count) + " regions need exactly " + std::to_string(want));
+        return {};
+    }
+    Handshake h;
+    h.endpoint = parse_endpoint(bytes.subspan(handshake_header_size, endpoint_size), status);
+    if (!status.ok()) return {};
+    for (std::size_t i = 0; i < count; ++i) {
+        h.regions.push_back(parse_remote_memory(
+            bytes.subspan(handshake_header_size + endpoint_size + i * remote_memory_size, remote_memory_size), status));
+        if (!status.ok()) return {};
+    }
+    return h;
+}
+
+} // namespace detail
+
+Endpoint parse_endpoint(std::span<const std::byte> bytes) {
+    return gpuverbs::detail::or_throw([&](gpuverbs::detail::Status& s) { return detail::parse_endpoint(bytes, s); });
+}
+Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec) {
+    return gpuverbs::detail::or_code(ec, [&](gpuverbs::detail::Status& s) { return detail::parse_endpoint(bytes, s); });
+}
+RemoteMemory parse_remote_memory(std::span<const std::byte> bytes) {
+    return gpuverbs::detail::or_throw(
+        [&](gpuverbs::detail::Status& s) { return detail::parse_remote_memory(bytes, s); });
+}
+RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, std::error_code& ec) {
+    return gpuverbs::detail::or_code(
+        ec, [&](gpuverbs::detail::Status& s) { return detail::parse_remote_memory(bytes, s); });
+}
+Handshake parse_handshake(std::span<const std::byte> bytes) {
+    return gpuverbs::detail::or_throw([&](gpuverbs::detail::Status& s) { return detail::parse_handshake(bytes, s); });
+}
+Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec) {
+    return gpuverbs::detail::or_code(ec,
+                                     [&](gpuverbs::detail::Status& s) { return detail::parse_handshake(bytes, s); });
+}
+
+} // namespace gpuverbs::wire

@@ -1,0 +1,156 @@
+// The TCP bootstrap over real loopback sockets: a good exchange, and every
+// way a peer can send something wrong or nothing at all.
+#include "gpuverbs/tcp_bootstrap.hpp"
+
+#include <doctest/doctest.h>
+
+#include <boost/asio/write.hpp>
+
+#include <future>
+#include <thread>
+
+using namespace gpuverbs;
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+Handshake sample(std::uint32_t qpn) {
+    Handshake h;
+    h.endpoint.qp_num = qpn;
+    h.endpoint.psn = 7;
+    h.endpoint.gid = *Gid::parse("::ffff:127.0.0.1");
+    h.endpoint.mtu = Mtu::mtu_1024;
+    h.endpoint.link_layer = LinkLayer::ethernet;
+    h.regions.push_back({0x1000, 4096, 9});
+    return h;
+}
+
+// Runs `peer` on the accepted server socket in a thread, and exchanges as the client.
+template <class Peer>
+std::error_code client_against(Peer peer, std::string* detail = nullptr, std::chrono::milliseconds timeout = 5s) {
+    asio::io_context io;
+    TcpListener listener(io, 0, "127.0.0.1");
+    std::uint16_t port = listener.port();
+    std::thread server([&] {
+        auto s = listener.accept(5s);
+        peer(s);
+    });
+    auto socket = tcp_connect(io, "127.0.0.1", port, 5s);
+    detail::Status status;
+    (void)detail::exchange_impl(socket, sample(1), timeout, status);
+    server.join();
+    if (detail != nullptr) *detail = status.detail;
+    return status.code;
+}
+
+void send_raw(asio::ip::tcp::socket& s, std::vector<std::byte> bytes) {
+    asio::write(s, asio::buffer(bytes));
+}
+
+std::vector<std::byte> frame(std::uint32_t length, std::vector<std::byte> payload) {
+    std::vector<std::byte> out(4 + payload.size());
+    for (std::size_t i = 0; i < 4; ++i) out[i] = std::byte(length >> (24 - 8 * i));
+    std::copy(payload.begin(), payload.end(), out.begin() + 4);
+    return out;
+}
+
+} // namespace
+
+TEST_SUITE("tcp bootstrap") {
+    TEST_CASE("two sides exchange handshakes over TCP and each gets the other's") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        auto server = std::async(std::launch::async, [&] {
+            auto s = listener.accept(5s);
+            return exchange_handshake(s, sample(2), 5s);
+        });
+        auto socket = tcp_connect(io, "127.0.0.1", listener.port(), 5s);
+        Handshake from_server = exchange_handshake(socket, sample(1), 5s);
+        CHECK(from_server == sample(2));
+        CHECK(server.get() == sample(1));
+    }
+
+    TEST_CASE("garbage from the peer is refused as a malformed record") {
+        std::string why;
+        auto ec =
+            client_against([](auto& s) { send_raw(s, frame(60, std::vector<std::byte>(60, std::byte{0x5a}))); }, &why);
+        CHECK(ec == errc::malformed_record);
+        CHECK(why.find("not a gpuverbs handshake record") != std::string::npos);
+    }
+
+    TEST_CASE("an oversized record is refused before reading it") {
+        std::string why;
+        auto ec = client_against([](auto& s) { send_raw(s, frame(1u << 30, {})); }, &why);
+        CHECK(ec == errc::malformed_record);
+        CHECK(why.find("announced a 1073741824-byte record") != std::string::npos);
+    }
+
+    TEST_CASE("a truncated record followed by a close is reported as the peer closing") {
+        std::string why;
+        auto ec = client_against(
+            [](auto& s) {
+                auto full = wire::serialize(sample(2));
+                send_raw(s, frame(static_cast<std::uint32_t>(full.size()), {full.begin(), full.begin() + 20}));
+                s.close();
+            },
+            &why);
+        CHECK(ec == errc::peer_closed);
+        CHECK(why.find("after 20 of 76 bytes") != std::string::npos);
+    }
+
+    TEST_CASE("a short record is refused as truncated") {
+        auto ec = client_against([](auto& s) {
+            auto full = wire::serialize(sample(2));
+            send_raw(s, frame(20, {full.begin(), full.begin() + 20}));
+        });
+        CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("a record of another version is refused") {
+        auto ec = client_against([](auto& s) {
+            auto full = wire::serialize(sample(2));
+            full[5] = std::byte{7};
+            send_raw(s, frame(static_cast<std::uint32_t>(full.size()), full));
+        });
+        CHECK(ec == errc::unsupported_version);
+    }
+
+    TEST_CASE("a silent peer times out instead of hanging") {
+        std::promise<void> release;
+        auto released = release.get_future();
+        std::string why;
+        auto start = std::chrono::steady_clock::now();
+        std::error_code ec = client_against(
+            [&](auto& s) {
+                (void)s;
+                released.wait_for(3s); // holds the connection open, says nothing
+            },
+            &why, 300ms);
+        CHECK(ec == std::errc::timed_out);
+        CHECK(why.find("timed out") != std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - start < 5s);
+        release.set_value();
+    }
+
+    TEST_CASE("connecting to a port nobody listens on fails with a hint") {
+        asio::io_context io;
+        std::uint16_t port = 0;
+        {
+            TcpListener l(io, 0, "127.0.0.1");
+            port = l.port();
+        }
+        try {
+            (void)tcp_connect(io, "127.0.0.1", port, 200ms);
+            FAIL("connected");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("is the server running?") != std::string::npos);
+        }
+    }
+
+    TEST_CASE("accept gives up after its timeout") {
+        asio::io_context io;
+        TcpListener l(io, 0, "127.0.0.1");
+        CHECK_THROWS_AS((void)l.accept(100ms), Error);
+    }
+}

@@ -1,0 +1,138 @@
+// The serialized forms: exact layouts, round trips, and every kind of bad record.
+#include "gpuverbs/wire.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace gpuverbs;
+
+namespace {
+
+Endpoint sample_endpoint() {
+    Endpoint e;
+    e.qp_num = 0x000011;
+    e.psn = 0xabcdef;
+    e.lid = 0x0102;
+    e.gid = *Gid::parse("::ffff:10.0.0.1");
+    e.mtu = Mtu::mtu_4096;
+    e.link_layer = LinkLayer::ethernet;
+    return e;
+}
+
+std::string detail_of(std::span<const std::byte> bytes, std::error_code& ec) {
+    detail::Status s;
+    (void)wire::detail::parse_handshake(bytes, s);
+    ec = s.code;
+    return s.detail;
+}
+
+} // namespace
+
+TEST_SUITE("wire format") {
+    TEST_CASE("an endpoint has a fixed big-endian layout") {
+        auto b = wire::serialize(sample_endpoint());
+        REQUIRE(b.size() == 40);
+        CHECK(std::string(reinterpret_cast<const char*>(b.data()), 4) == "GVEP");
+        CHECK(b[4] == std::byte{0});
+        CHECK(b[5] == std::byte{1}); // version 1
+        CHECK(b[8] == std::byte{0x00});
+        CHECK(b[11] == std::byte{0x11}); // qp_num, big-endian
+        CHECK(b[13] == std::byte{0xab}); // psn
+        CHECK(b[16] == std::byte{0x01}); // lid
+        CHECK(b[18] == std::byte{5});    // IBV_MTU_4096
+        CHECK(b[19] == std::byte{static_cast<unsigned char>(LinkLayer::ethernet)});
+        CHECK(b[30] == std::byte{0xff}); // GID ::ffff:10.0.0.1
+        CHECK(b[32] == std::byte{10});
+        CHECK(wire::parse_endpoint(b) == sample_endpoint());
+    }
+
+    TEST_CASE("remote memory round-trips through its 28-byte form") {
+        RemoteMemory m{0x7f0012345678, 8 << 20, 0xdeadbeef};
+        auto b = wire::serialize(m);
+        REQUIRE(b.size() == 28);
+        CHECK(b[8] == std::byte{0x00});
+        CHECK(b[10] == std::byte{0x7f});
+        CHECK(wire::parse_remote_memory(b) == m);
+    }
+
+    TEST_CASE("a handshake round-trips with zero and many regions") {
+        Handshake h{sample_endpoint(), {}};
+        CHECK(wire::parse_handshake(wire::serialize(h)) == h);
+        for (std::uint32_t i = 0; i < wire::max_regions; ++i) h.regions.push_back({0x1000u * i, 4096, i});
+        auto b = wire::serialize(h);
+        CHECK(b.size() == wire::max_handshake_size);
+        CHECK(wire::parse_handshake(b) == h);
+        h.regions.push_back({});
+        CHECK_THROWS_AS(wire::serialize(h), Error);
+    }
+
+    TEST_CASE("a truncated record is refused and says how long it is") {
+        auto b = wire::serialize(Handshake{sample_endpoint(), {{1, 2, 3}}});
+        std::error_code ec;
+        std::string why = detail_of(std::span(b).first(b.size() - 1), ec);
+        CHECK(ec == errc::malformed_record);
+        CHECK(why.find("announces 1 regions") != std::string::npos);
+        why = detail_of(std::span(b).first(10), ec);
+        CHECK(ec == errc::malformed_record);
+        CHECK(why.find("handshake record is 10 bytes; it must be at least 48 (truncated)") != std::string::npos);
+        auto endpoint_bytes = wire::serialize(sample_endpoint());
+        CHECK_FALSE(wire::parse_endpoint(std::span(endpoint_bytes).first(39), ec).qp_num);
+        CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("trailing bytes are refused") {
+        auto e = wire::serialize(sample_endpoint());
+        std::vector<std::byte> longer(e.begin(), e.end());
+        longer.push_back(std::byte{0});
+        std::error_code ec;
+        (void)wire::parse_endpoint(longer, ec);
+        CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("garbage is refused as not a gpuverbs record") {
+        std::vector<std::byte> garbage(100, std::byte{0x41});
+        std::error_code ec;
+        std::string why = detail_of(garbage, ec);
+        CHECK(ec == errc::malformed_record);
+        CHECK(why.find("not a gpuverbs handshake record") != std::string::npos);
+    }
+
+    TEST_CASE("another version is refused with advice to match releases") {
+        auto b = wire::serialize(Handshake{sample_endpoint(), {}});
+        b[5] = std::byte{2};
+        std::error_code ec;
+        std::string why = detail_of(b, ec);
+        CHECK(ec == errc::unsupported_version);
+        CHECK(why.find("version 2; this gpuverbs reads version 1") != std::string::npos);
+    }
+
+    TEST_CASE("values outside their ranges are refused") {
+        std::error_code ec;
+        auto bad_mtu = wire::serialize(sample_endpoint());
+        bad_mtu[18] = std::byte{9};
+        (void)wire::parse_endpoint(bad_mtu, ec);
+        CHECK(ec == errc::malformed_record);
+        Endpoint big_qpn = sample_endpoint();
+        big_qpn.qp_num = 0x1000000;
+        (void)wire::parse_endpoint(wire::serialize(big_qpn), ec);
+        CHECK(ec == errc::malformed_record);
+        auto reserved = wire::serialize(sample_endpoint());
+        reserved[7] = std::byte{1};
+        (void)wire::parse_endpoint(reserved, ec);
+        CHECK(ec == errc::malformed_record);
+        auto overflow = wire::serialize(RemoteMemory{~0ull - 10, 100, 1});
+        (void)wire::parse_remote_memory(overflow, ec);
+        CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("the throwing form names the problem in what()") {
+        std::vector<std::byte> garbage(3);
+        try {
+            (void)wire::parse_handshake(garbage);
+            FAIL("parsed garbage");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("gpuverbs::wire::parse: handshake record is 3 bytes") == 0);
+        }
+    }
+}
