@@ -69,6 +69,12 @@ private:
     std::string text_;
 };
 
+/// Throws Error(ec, verb) when `ec` is set. For programs that prefer
+/// exceptions, around the data path's error codes:
+/// `gpuverbs::throw_if(qp.post_write(src, dst), "post_write");`
+inline void throw_if(std::error_code ec, std::string_view verb) {
+    if (ec) throw Error(ec, verb, "");
+}
 namespace detail {
 
 /// The outcome of an internal call: the code plus the words for the user.

@@ -59,7 +59,7 @@ TEST_SUITE("wire format") {
     TEST_CASE("a handshake round-trips with zero and many regions") {
         Handshake h{sample_endpoint(), {}};
         CHECK(wire::parse_handshake(wire::serialize(h)) == h);
-        for (std::uint32_t i = 0; i < wire::max_regions; ++i) h.regions.push_back({0x1000u * i, 4096, i});
+        for (std::uint32_t i = 0; i < wire::max_regions; ++i) h.regions.push_back({std::uint64_t{0x1000} * i, 4096, i});
         auto b = wire::serialize(h);
         CHECK(b.size() == wire::max_handshake_size);
         CHECK(wire::parse_handshake(b) == h);
