@@ -121,20 +121,23 @@ int main(int argc, char** argv) {
     a.server = args[0] == "server";
     std::size_t i = 1;
     if (!a.server) a.host = args[i++];
-    for (; i + 1 < args.size(); i += 2) {
-        if (args[i] == "--device")
-            a.device = args[i + 1];
-        else if (args[i] == "--port")
-            a.port = static_cast<std::uint16_t>(std::stoul(args[i + 1]));
-        else if (args[i] == "--size")
-            a.size = std::stoull(args[i + 1]);
-        else if (args[i] == "--iterations")
-            a.iterations = static_cast<std::uint32_t>(std::stoul(args[i + 1]));
-    }
     try {
+        for (; i + 1 < args.size(); i += 2) {
+            if (args[i] == "--device")
+                a.device = args[i + 1];
+            else if (args[i] == "--port")
+                a.port = static_cast<std::uint16_t>(std::stoul(args[i + 1]));
+            else if (args[i] == "--size")
+                a.size = std::stoull(args[i + 1]);
+            else if (args[i] == "--iterations")
+                a.iterations = static_cast<std::uint32_t>(std::stoul(args[i + 1]));
+        }
         return run(a);
     } catch (const gpuverbs::Error& e) {
         std::fprintf(stderr, "%s: %s\n", a.server ? "server" : "client", e.what());
         return 1;
+    } catch (const std::exception& e) { // a malformed number in the arguments
+        std::fprintf(stderr, "%s: bad argument: %s\n", argv[0], e.what());
+        return 2;
     }
 }

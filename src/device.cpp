@@ -236,6 +236,11 @@ Device Device::open_first(std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& status) { return open_impl({}, true, status); });
 }
 
+Device Device::from_native(ibv_context* context, bool owned) {
+    if (context == nullptr) throw Error(errc::invalid_argument, "Device::from_native", "the context is null");
+    return Device(std::make_shared<detail::DeviceCore>(context, ibv_get_device_name(context->device), owned));
+}
+
 const std::string& Device::name() const noexcept {
     return core_ ? core_->name() : empty_name();
 }

@@ -117,6 +117,10 @@ public:
     static Device open_first();
     static Device open_first(std::error_code& ec);
 
+    /// Wraps a context opened elsewhere; with `owned` false it is never closed
+    /// here (e.g. librdmacm's contexts, which it keeps for the process).
+    static Device from_native(ibv_context* context, bool owned);
+
     [[nodiscard]] const std::string& name() const noexcept;
     explicit operator bool() const noexcept { return core_ != nullptr; }
 

@@ -11,6 +11,7 @@
 #include "gpuverbs/protection_domain.hpp"
 #include "gpuverbs/queue_pair.hpp"
 #include "gpuverbs/queue_pair_types.hpp"
+#include "gpuverbs/rdma_cm.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
 #include "gpuverbs/tcp_bootstrap.hpp"
 #include "gpuverbs/version.hpp"

@@ -304,6 +304,7 @@ public:
 
 private:
     friend class PreparedQueuePair;
+    friend class CmConnection;
 
     std::error_code post_one(const detail::SendDescription& d) noexcept {
         ibv_send_wr wr;

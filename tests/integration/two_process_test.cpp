@@ -36,6 +36,7 @@ public:
             example_server(),     "server", "--device",          gpuverbs::test::rig_devices()->dev1, "--port",
             std::to_string(port), "--size", std::to_string(size)};
         std::vector<char*> argv;
+        argv.reserve(args.size() + 1);
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
         REQUIRE_MESSAGE(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) == 0, argv[0]);
@@ -48,7 +49,7 @@ public:
             (void)wait();
         }
     }
-    void kill() { ::kill(pid_, SIGKILL); }
+    void kill() const { ::kill(pid_, SIGKILL); }
     /// waitpid with a deadline; the exit status, or -1 if it had to be killed.
     int wait(std::chrono::seconds limit = std::chrono::seconds(30)) {
         auto deadline = std::chrono::steady_clock::now() + limit;

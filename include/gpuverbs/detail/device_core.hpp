@@ -12,12 +12,15 @@ namespace gpuverbs::detail {
 
 class DeviceCore {
 public:
-    DeviceCore(ibv_context* context, std::string name) noexcept : context_(context), name_(std::move(name)) {}
+    /// `owned`: close the context when done; false for contexts another
+    /// library owns (librdmacm's, which live as long as the process).
+    DeviceCore(ibv_context* context, std::string name, bool owned = true) noexcept
+        : context_(context), name_(std::move(name)), owned_(owned) {}
     DeviceCore(const DeviceCore&) = delete;
     DeviceCore& operator=(const DeviceCore&) = delete;
     ~DeviceCore() {
         // Nothing useful can be done if closing fails; the kernel reclaims it.
-        if (context_ != nullptr) (void)ibv_close_device(context_);
+        if (context_ != nullptr && owned_) (void)ibv_close_device(context_);
     }
 
     [[nodiscard]] ibv_context* context() const noexcept { return context_; }
@@ -26,6 +29,7 @@ public:
 private:
     ibv_context* context_;
     std::string name_;
+    bool owned_;
 };
 
 } // namespace gpuverbs::detail

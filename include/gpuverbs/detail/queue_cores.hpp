@@ -122,14 +122,17 @@ public:
         std::uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
     };
 
+    /// `owner`, when given, owns the ibv_qp (an rdma_cm id): releasing it
+    /// destroys the QP, so the QpCore does not.
     QpCore(std::shared_ptr<PdCore> pd, std::shared_ptr<CqCore> send_cq, std::shared_ptr<CqCore> recv_cq,
-           std::shared_ptr<SrqCore> srq, ibv_qp* qp, const Caps& caps)
+           std::shared_ptr<SrqCore> srq, ibv_qp* qp, const Caps& caps, std::shared_ptr<void> owner = nullptr)
         : pd_(std::move(pd)),
           send_cq_(std::move(send_cq)),
           recv_cq_(std::move(recv_cq)),
           srq_(std::move(srq)),
           qp_(qp),
           caps_(caps),
+          owner_(std::move(owner)),
           send(caps.max_send_wr),
           receive(caps.max_recv_wr) {
         send_cq_->reserve_one_more();
@@ -140,7 +143,8 @@ public:
     QpCore(const QpCore&) = delete;
     QpCore& operator=(const QpCore&) = delete;
     ~QpCore() {
-        (void)ibv_destroy_qp(qp_);
+        if (!owner_) (void)ibv_destroy_qp(qp_);
+        owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
         send_cq_->detach(this);
         if (recv_cq_ != send_cq_) recv_cq_->detach(this);
     }
@@ -158,6 +162,7 @@ private:
     std::shared_ptr<SrqCore> srq_;
     ibv_qp* qp_;
     Caps caps_;
+    std::shared_ptr<void> owner_;
 
 public:
     WorkQueueState send;

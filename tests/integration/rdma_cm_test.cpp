@@ -1,0 +1,125 @@
+// librdmacm on the rig: the connection manager resolves addresses and routes
+// and hands back connected queue pairs.
+#include "gpuverbs/rdma_cm.hpp"
+#include "connected_pair.hpp"
+
+#include <doctest/doctest.h>
+
+#include <future>
+
+#if GPUVERBS_HAVE_RDMACM
+
+using namespace gpuverbs;
+using gpuverbs::test::poll_for;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool rig_present() {
+    return gpuverbs::test::rig_devices().has_value();
+}
+
+// One side of a cm connection with its own PD, CQ and 1 MiB buffer on the chosen device.
+struct CmSide {
+    ProtectionDomain pd;
+    CompletionQueue cq;
+    std::vector<std::byte> memory = std::vector<std::byte>(1 << 20);
+    MemoryRegion mr;
+    QueuePair qp;
+    std::string device;
+
+    explicit CmSide(CmConnection conn)
+        : pd(conn.device()), cq(conn.device(), 256), mr(pd, memory, access_all), device(conn.device().name()) {
+        qp = std::move(conn).establish(pd, cq, cq, {}, 20s);
+    }
+};
+
+} // namespace
+
+TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
+    TEST_CASE("a client connects to a listener through the connection manager and both can move data") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        CmListener listener(rig.ip1, 0);
+        REQUIRE(listener.port() != 0);
+        auto server_side = std::async(std::launch::async, [&] {
+            CmConnection request = listener.accept(20s);
+            CHECK(request.peer_address() == rig.ip0);
+            auto side = std::make_unique<CmSide>(std::move(request));
+            // Tell the client where to write: our RemoteMemory, serialized, in a send.
+            auto record = wire::serialize(side->mr.remote());
+            std::memcpy(side->memory.data() + 4096, record.data(), record.size());
+            REQUIRE_FALSE(side->qp.post_receive(side->mr.slice(0, 64), 1));
+            REQUIRE_FALSE(side->qp.post_send(side->mr.slice(4096, record.size())));
+            return side;
+        });
+        CmSide client(cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0));
+        auto server = server_side.get();
+        CHECK(client.device == rig.dev0); // chosen from the addresses
+        CHECK(server->device == rig.dev1);
+        CHECK(client.qp.remote_endpoint().qp_num == server->qp.qp_num());
+        CHECK(server->qp.remote_endpoint().qp_num == client.qp.qp_num());
+        CHECK(client.qp.state() == QpState::ready_to_send);
+
+        // Receive the server's RemoteMemory, then RDMA-write into it.
+        REQUIRE_FALSE(client.qp.post_receive(client.mr.slice(0, 64), 2));
+        auto got = poll_for(client.cq, 1);
+        REQUIRE(got.size() == 1);
+        REQUIRE(got[0].ok());
+        RemoteMemory target = wire::parse_remote_memory(std::span(client.memory).first(got[0].byte_length));
+        CHECK(target == server->mr.remote());
+        gpuverbs::test::fill_pattern(std::span(client.memory).subspan(8192, 5000), 42);
+        REQUIRE_FALSE(client.qp.post_write(client.mr.slice(8192, 5000), target, 100));
+        REQUIRE_FALSE(client.qp.post_send(client.mr.slice(0, 8)));
+        auto done = poll_for(client.cq, 2);
+        REQUIRE(done.size() == 2);
+        CHECK(done[0].ok());
+        CHECK(done[1].ok());
+        // The server's send completed earlier; its receive now marks the write as landed (RC order).
+        auto server_done = poll_for(server->cq, 2);
+        REQUIRE(server_done.size() == 2);
+        CHECK(gpuverbs::test::has_pattern(std::span(server->memory).subspan(100, 5000), 42));
+    }
+
+    TEST_CASE("connecting where nobody listens fails with REJECTED and says so") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        CmConnection conn = cm_resolve(rig.ip1, 7999, 20s, rig.ip0);
+        ProtectionDomain pd(conn.device());
+        CompletionQueue cq(conn.device(), 16);
+        try {
+            (void)std::move(conn).establish(pd, cq, cq, {}, 20s);
+            FAIL("connected to a port nobody listens on");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            CHECK(what.find("REJECTED") != std::string::npos);
+            CHECK(what.find("nobody listens on that port") != std::string::npos);
+        }
+    }
+
+    TEST_CASE("a listener can refuse a request and the client learns it was rejected") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        CmListener listener(rig.ip1, 0);
+        auto server = std::async(std::launch::async, [&] { std::move(listener.accept(20s)).reject(); });
+        CmConnection conn = cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0);
+        ProtectionDomain pd(conn.device());
+        CompletionQueue cq(conn.device(), 16);
+        CHECK_THROWS_WITH_AS((void)std::move(conn).establish(pd, cq, cq, {}, 20s), doctest::Contains("REJECTED"),
+                             Error);
+        server.get();
+    }
+
+    TEST_CASE("a protection domain on another device is refused before connecting") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        CmConnection conn = cm_resolve(rig.ip1, 7998, 20s, rig.ip0);
+        Device other = Device::open(rig.dev1); // the connection uses dev0
+        ProtectionDomain pd(other);
+        CompletionQueue cq(other, 16);
+        CHECK_THROWS_WITH_AS((void)std::move(conn).establish(pd, cq, cq),
+                             doctest::Contains("make the PD and CQs on conn.device()"), Error);
+    }
+
+    TEST_CASE("binding a listener to an address no RDMA device has fails clearly") {
+        CHECK_THROWS_WITH_AS(CmListener("192.0.2.99", 0), doctest::Contains("no RDMA device has that address"), Error);
+    }
+}
+
+#endif
