@@ -159,7 +159,7 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
     init.cap.max_inline_data = options.max_inline_data;
     if (rdma_create_qp(id, pd.native_handle(), &init) != 0) {
         throw Error({errno, std::system_category()}, "rdma_create_qp",
-                    "cannot create a queue pair on " + device_.name() + ": " + std::strerror(errno));
+                    "cannot create a queue pair on " + device_.name() + ": " + std::system_category().message(errno));
     }
     detail::QpCore::Caps caps{init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_recv_sge,
                               init.cap.max_inline_data};
@@ -185,7 +185,7 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
     const char* verb = incoming_ ? "rdma_accept" : "rdma_connect";
     if ((incoming_ ? rdma_accept(id, &param) : rdma_connect(id, &param)) != 0) {
         throw Error({errno, std::system_category()}, verb,
-                    std::string("cannot ") + (incoming_ ? "accept" : "connect") + ": " + std::strerror(errno));
+                    std::string("cannot ") + (incoming_ ? "accept" : "connect") + ": " + std::system_category().message(errno));
     }
     if (!expect_event(*id_, RDMA_CM_EVENT_ESTABLISHED, deadline,
                       incoming_ ? "accepting the connection" : "connecting to " + peer_address(), status)) {
@@ -228,12 +228,12 @@ CmListener::CmListener(const std::string& address, std::uint16_t port) {
     }
     if (rdma_bind_addr(id_->id(), reinterpret_cast<sockaddr*>(&where)) != 0) {
         throw Error({errno, std::system_category()}, "rdma_bind_addr",
-                    "cannot bind to " + address + ":" + std::to_string(port) + ": " + std::strerror(errno) +
+                    "cannot bind to " + address + ":" + std::to_string(port) + ": " + std::system_category().message(errno) +
                         (errno == EADDRNOTAVAIL ? " (no RDMA device has that address)" : ""));
     }
     if (rdma_listen(id_->id(), 16) != 0) {
         throw Error({errno, std::system_category()}, "rdma_listen",
-                    std::string("cannot listen: ") + std::strerror(errno));
+                    std::string("cannot listen: ") + std::system_category().message(errno));
     }
 }
 
@@ -299,7 +299,7 @@ CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono
         if (rdma_resolve_addr(c.id_->id(), source.empty() ? nullptr : reinterpret_cast<sockaddr*>(&from),
                               reinterpret_cast<sockaddr*>(&to), attempt_ms) != 0) {
             throw Error({errno, std::system_category()}, "rdma_resolve_addr",
-                        "cannot resolve " + host + ": " + std::strerror(errno));
+                        "cannot resolve " + host + ": " + std::system_category().message(errno));
         }
         rdma_cm_event* ev = next_event(c.id_->channel(), deadline, "the address of " + host, status);
         status.check();
@@ -315,7 +315,7 @@ CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono
     auto ms = static_cast<int>(std::max<long long>(1, timeout.count()));
     if (rdma_resolve_route(c.id_->id(), ms) != 0) {
         throw Error({errno, std::system_category()}, "rdma_resolve_route",
-                    "cannot resolve a route to " + host + ": " + std::strerror(errno));
+                    "cannot resolve a route to " + host + ": " + std::system_category().message(errno));
     }
     if (!expect_event(*c.id_, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route to " + host, status)) {
         status.raise();
