@@ -184,8 +184,9 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
     param.rnr_retry_count = 7;
     const char* verb = incoming_ ? "rdma_accept" : "rdma_connect";
     if ((incoming_ ? rdma_accept(id, &param) : rdma_connect(id, &param)) != 0) {
-        throw Error({errno, std::system_category()}, verb,
-                    std::string("cannot ") + (incoming_ ? "accept" : "connect") + ": " + std::system_category().message(errno));
+        throw Error(
+            {errno, std::system_category()}, verb,
+            std::string("cannot ") + (incoming_ ? "accept" : "connect") + ": " + std::system_category().message(errno));
     }
     if (!expect_event(*id_, RDMA_CM_EVENT_ESTABLISHED, deadline,
                       incoming_ ? "accepting the connection" : "connecting to " + peer_address(), status)) {
@@ -228,7 +229,8 @@ CmListener::CmListener(const std::string& address, std::uint16_t port) {
     }
     if (rdma_bind_addr(id_->id(), reinterpret_cast<sockaddr*>(&where)) != 0) {
         throw Error({errno, std::system_category()}, "rdma_bind_addr",
-                    "cannot bind to " + address + ":" + std::to_string(port) + ": " + std::system_category().message(errno) +
+                    "cannot bind to " + address + ":" + std::to_string(port) + ": " +
+                        std::system_category().message(errno) +
                         (errno == EADDRNOTAVAIL ? " (no RDMA device has that address)" : ""));
     }
     if (rdma_listen(id_->id(), 16) != 0) {
