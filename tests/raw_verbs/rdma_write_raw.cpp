@@ -4,6 +4,10 @@
 // to measure what gpuverbs saves (docs/raw-verbs-comparison.md) and as the
 // raw-verbs baseline for benchmarks. Every call is checked, as correct raw
 // verbs code must; the rig runs it like the example.
+//
+// A single-threaded program, as raw verbs examples are: strerror and exit are
+// what such code uses.
+// NOLINTBEGIN(concurrency-mt-unsafe)
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <netdb.h>
@@ -323,3 +327,4 @@ int main(int argc, char** argv) {
     }
     return run(a);
 }
+// NOLINTEND(concurrency-mt-unsafe)
