@@ -57,53 +57,49 @@ bool to_reset_and_init(ibv_qp* qp, const detail::LocalPort& port, detail::Status
 
 } // namespace
 
-PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
-                                                 const CompletionQueue& recv_cq, const SharedReceiveQueue* srq,
-                                                 const QueuePairOptions& options, detail::Status& status) {
-    const char* verb = "ibv_create_qp";
-    if (!pd || !send_cq || !recv_cq || (srq != nullptr && !*srq)) {
-        status.fail(errc::invalid_argument, verb, "the ProtectionDomain, a CompletionQueue or the SRQ is empty");
-        return {};
-    }
+namespace detail {
+
+LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid_out,
+                             Status& status) {
+    LocalPort port;
     const detail::DeviceCore& device = *pd.core()->device();
     // The port and GID this QP will use, checked now so connect() cannot fail on them.
     ibv_device_attr dev_attr{};
     if (int rc = ibv_query_device(device.context(), &dev_attr); rc != 0) {
         status.fail_errno(rc, "ibv_query_device", "cannot query " + device.name());
-        return {};
+        return port;
     }
     if (options.port == 0 || options.port > dev_attr.phys_port_cnt) {
-        status.fail(errc::port_not_found, verb,
+        status.fail(errc::port_not_found, "ibv_create_qp",
                     device.name() + " has no port " + std::to_string(options.port) + " (ports are 1.." +
                         std::to_string(dev_attr.phys_port_cnt) + ")");
-        return {};
+        return port;
     }
     ibv_port_attr port_attr{};
     if (int rc = ibv_query_port(device.context(), options.port, &port_attr); rc != 0) {
         status.fail_errno(rc, "ibv_query_port", "cannot query " + device.name());
-        return {};
+        return port;
     }
-    PreparedQueuePair p;
-    p.port_.port = options.port;
-    p.port_.link_layer = port_attr.link_layer == IBV_LINK_LAYER_ETHERNET     ? LinkLayer::ethernet
-                         : port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND ? LinkLayer::infiniband
-                                                                             : LinkLayer::unspecified;
-    p.port_.active_mtu = static_cast<Mtu>(port_attr.active_mtu);
-    p.port_.lid = port_attr.lid;
-    p.port_.device_max_rd_atomic = dev_attr.max_qp_init_rd_atom;
-    p.port_.device_max_dest_rd_atomic = dev_attr.max_qp_rd_atom;
+    port.port = options.port;
+    port.link_layer = port_attr.link_layer == IBV_LINK_LAYER_ETHERNET     ? LinkLayer::ethernet
+                      : port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND ? LinkLayer::infiniband
+                                                                          : LinkLayer::unspecified;
+    port.active_mtu = static_cast<Mtu>(port_attr.active_mtu);
+    port.lid = port_attr.lid;
+    port.device_max_rd_atomic = dev_attr.max_qp_init_rd_atom;
+    port.device_max_dest_rd_atomic = dev_attr.max_qp_rd_atom;
 
     ibv_gid gid{};
     if (options.gid_index) {
-        p.port_.gid_index = *options.gid_index;
+        port.gid_index = *options.gid_index;
         if (int rc = ibv_query_gid(device.context(), options.port, static_cast<int>(*options.gid_index), &gid);
             rc != 0) {
             status.fail_errno(rc, "ibv_query_gid",
                               device.name() + " port " + std::to_string(options.port) + " has no GID index " +
                                   std::to_string(*options.gid_index));
-            return {};
+            return port;
         }
-    } else if (p.port_.link_layer == LinkLayer::ethernet) {
+    } else if (port.link_layer == LinkLayer::ethernet) {
         // Reuse Device's rule and error text without reopening the device.
         std::vector<ibv_gid_entry> raw(static_cast<std::size_t>(port_attr.gid_tbl_len) * dev_attr.phys_port_cnt);
         ssize_t n = ibv_query_gid_table(device.context(), raw.data(), raw.size(), 0);
@@ -119,17 +115,36 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
         }
         auto chosen = select_gid(table, LinkLayer::ethernet, options.gid_preference);
         if (!chosen) {
-            status.fail(errc::gid_not_found, verb,
+            status.fail(errc::gid_not_found, "ibv_create_qp",
                         device.name() + " port " + std::to_string(options.port) +
                             " has no RoCE GID to connect with (does its interface have an IP address?)");
-            return {};
+            return port;
         }
-        p.port_.gid_index = chosen->index;
+        port.gid_index = chosen->index;
         gid = chosen->gid.to_native();
     } else {
         (void)ibv_query_gid(device.context(), options.port, 0, &gid); // IB: GID 0 for cross-subnet use
     }
 
+    gid_out = Gid::from_native(gid);
+    return port;
+}
+
+} // namespace detail
+
+PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                                 const CompletionQueue& recv_cq, const SharedReceiveQueue* srq,
+                                                 const QueuePairOptions& options, detail::Status& status) {
+    const char* verb = "ibv_create_qp";
+    if (!pd || !send_cq || !recv_cq || (srq != nullptr && !*srq)) {
+        status.fail(errc::invalid_argument, verb, "the ProtectionDomain, a CompletionQueue or the SRQ is empty");
+        return {};
+    }
+    PreparedQueuePair p;
+    Gid local_gid;
+    p.port_ = detail::resolve_local_port(pd, options, local_gid, status);
+    if (!status.ok()) return {};
+    const detail::DeviceCore& device = *pd.core()->device();
     ibv_qp_init_attr init{};
     init.send_cq = send_cq.native_handle();
     init.recv_cq = recv_cq.native_handle();
@@ -167,8 +182,8 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
     }
     p.local_.qp_num = qp->qp_num;
     p.local_.psn = random_psn();
-    p.local_.lid = port_attr.lid;
-    p.local_.gid = Gid::from_native(gid);
+    p.local_.lid = p.port_.lid;
+    p.local_.gid = local_gid;
     p.local_.mtu = p.port_.active_mtu;
     p.local_.link_layer = p.port_.link_layer;
     return p;

@@ -3,6 +3,7 @@
 
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/datagram.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"

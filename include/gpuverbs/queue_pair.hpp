@@ -140,6 +140,11 @@ inline std::error_code fill_receive_request(std::span<const LocalBuffer> local, 
     return {};
 }
 
+/// The port, GID index and device limits a new queue pair on `pd` will use
+/// (options.port, options.gid_index or select_gid's choice); `gid` receives
+/// the GID itself. Fails with errc::port_not_found or errc::gid_not_found.
+LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid, Status& status);
+
 /// Posts receives to a work queue (a QP's or an SRQ's) after the local checks.
 template <class PostFn>
 std::error_code post_receive_to(WorkQueueState& queue, QueueKind kind, std::uint32_t max_sge,

@@ -1,0 +1,118 @@
+// Unreliable datagrams: a UdQueuePair sends messages of up to one MTU to any
+// peer's UD queue pair, named by an AddressHandle, its QP number and its Q_Key.
+// No connection; delivery is not guaranteed; receives must leave room for the
+// 40-byte global routing header the device writes in front of each message.
+//
+//   gpuverbs::UdQueuePair ud(pd, cq, cq);                       // ready at once
+//   gpuverbs::AddressHandle to_peer(pd, ud, peer_endpoint);     // from the peer's ud.endpoint()
+//   ud.post_send(mr.slice(0, n), to_peer, peer_endpoint.qp_num, peer_qkey);
+//   ud.post_receive(mr.slice(0, gpuverbs::UdQueuePair::grh_size + max_message));
+#pragma once
+
+#include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/detail/queue_cores.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/memory_region.hpp"
+#include "gpuverbs/protection_domain.hpp"
+#include "gpuverbs/queue_pair.hpp"
+#include "gpuverbs/queue_pair_types.hpp"
+
+#include <memory>
+
+namespace gpuverbs {
+
+class UdQueuePair;
+
+/// Where a datagram goes: the path to a peer's port (ibv_ah). Move-only.
+class AddressHandle {
+public:
+    AddressHandle() noexcept = default;
+    /// A handle from `local`'s port and GID to the port of `remote` (a peer's UdQueuePair::endpoint()).
+    AddressHandle(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote);
+    AddressHandle(AddressHandle&&) noexcept = default;
+    AddressHandle& operator=(AddressHandle&&) noexcept = default;
+    AddressHandle(const AddressHandle&) = delete;
+    AddressHandle& operator=(const AddressHandle&) = delete;
+    ~AddressHandle() = default;
+
+    explicit operator bool() const noexcept { return ah_ != nullptr; }
+    [[nodiscard]] ibv_ah* native_handle() const noexcept { return ah_.get(); }
+
+private:
+    std::shared_ptr<detail::PdCore> pd_; // declared first: destroyed after the ah
+    std::shared_ptr<ibv_ah> ah_;
+};
+
+/// An unreliable-datagram queue pair, ready to send and receive once made.
+class UdQueuePair {
+public:
+    /// Bytes of global routing header in front of every received datagram.
+    static constexpr std::size_t grh_size = 40;
+    static constexpr std::uint32_t default_qkey = 0x11111111;
+
+    UdQueuePair() noexcept = default;
+    UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                const QueuePairOptions& options = {}, std::uint32_t qkey = default_qkey);
+    UdQueuePair(UdQueuePair&&) noexcept = default;
+    UdQueuePair& operator=(UdQueuePair&&) noexcept = default;
+    UdQueuePair(const UdQueuePair&) = delete;
+    UdQueuePair& operator=(const UdQueuePair&) = delete;
+    ~UdQueuePair() = default;
+
+    explicit operator bool() const noexcept { return core_ != nullptr; }
+    /// What peers need to address this QP (with qkey()).
+    [[nodiscard]] const Endpoint& endpoint() const noexcept { return local_; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
+    [[nodiscard]] std::uint32_t qkey() const noexcept { return qkey_; }
+    [[nodiscard]] std::uint8_t port() const noexcept { return port_.port; }
+    [[nodiscard]] std::uint32_t gid_index() const noexcept { return port_.gid_index; }
+    [[nodiscard]] const detail::QpCore::Caps& capabilities() const noexcept { return core_->caps(); }
+
+    /// Sends one datagram (at most the port's MTU; errc::invalid_argument if longer).
+    std::error_code post_send(const LocalBuffer& src, const AddressHandle& to, std::uint32_t remote_qp_num,
+                              std::uint32_t remote_qkey, const SendOptions& options = {}) noexcept {
+        return post_datagram({Opcode::send, {&src, 1}, nullptr, 0, 0, 0, 0, options}, to, remote_qp_num, remote_qkey);
+    }
+    std::error_code post_send_with_imm(const LocalBuffer& src, const AddressHandle& to, std::uint32_t remote_qp_num,
+                                       std::uint32_t remote_qkey, std::uint32_t immediate,
+                                       const SendOptions& options = {}) noexcept {
+        return post_datagram({Opcode::send_with_imm, {&src, 1}, nullptr, 0, immediate, 0, 0, options}, to,
+                             remote_qp_num, remote_qkey);
+    }
+    /// A receive of grh_size + the largest datagram expected; the payload
+    /// starts grh_size bytes in, and Completion::byte_length includes the header.
+    std::error_code post_receive(const LocalBuffer& dst, std::uint64_t context = 0) noexcept {
+        return detail::post_receive_to(
+            core_->receive, detail::QueueKind::receive, core_->caps().max_recv_sge, {&dst, 1}, context,
+            [this](ibv_recv_wr* wr, ibv_recv_wr** bad) { return ibv_post_recv(core_->qp(), wr, bad); });
+    }
+
+    [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
+
+private:
+    std::error_code post_datagram(const detail::SendDescription& d, const AddressHandle& to,
+                                  std::uint32_t remote_qp_num, std::uint32_t remote_qkey) noexcept {
+        if (!to) return errc::invalid_argument;
+        ibv_send_wr wr;
+        std::array<ibv_sge, detail::max_sge_per_request> sges;
+        if (auto ec = detail::fill_send_request(d, core_->caps(), wr, sges.data())) return ec;
+        if (d.local[0].length > mtu_bytes(port_.active_mtu)) return errc::invalid_argument;
+        if (!core_->send.has_room_for(1)) return errc::send_queue_full;
+        wr.wr.ud.ah = to.native_handle();
+        wr.wr.ud.remote_qpn = remote_qp_num;
+        wr.wr.ud.remote_qkey = remote_qkey;
+        core_->send.record(0, d.options.context, d.opcode);
+        wr.wr_id = detail::encode_wr_id(detail::QueueKind::send, core_->send.slot(0));
+        ibv_send_wr* bad = nullptr;
+        if (int rc = ibv_post_send(core_->qp(), &wr, &bad); rc != 0) return {rc, std::system_category()};
+        core_->send.commit(1);
+        return {};
+    }
+
+    std::shared_ptr<detail::QpCore> core_;
+    detail::LocalPort port_;
+    Endpoint local_;
+    std::uint32_t qkey_ = 0;
+};
+
+} // namespace gpuverbs
