@@ -3,6 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <boost/asio/execution/context.hpp>
+#include <boost/asio/query.hpp>
+
 #include <cerrno>
 
 namespace gpuverbs {
@@ -75,6 +78,16 @@ CompletionQueue::CompletionQueue(const Device& device, int capacity, const Compl
 CompletionQueue CompletionQueue::create(const Device& device, int capacity, const CompletionChannel* channel,
                                         std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, capacity, channel, s); });
+}
+
+CompletionQueue::CompletionQueue(const Device& device, int capacity, boost::asio::any_io_executor executor,
+                                 const AsyncOptions& options)
+    : CompletionQueue(device, capacity, CompletionChannel(device)) {
+    if (!executor) throw Error(errc::invalid_argument, "CompletionQueue", "the executor is empty");
+    auto driver = std::make_shared<detail::AsyncDriver>(executor, core_, options);
+    core_->set_driver(driver);
+    auto& context = boost::asio::query(executor, boost::asio::execution::context);
+    boost::asio::use_service<detail::AsyncDriverService>(context).add(driver);
 }
 
 std::size_t CompletionQueue::poll(std::span<Completion> out) {

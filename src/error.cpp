@@ -40,6 +40,12 @@ public:
             case errc::malformed_record: return "the received record is truncated, oversized or not a gpuverbs record";
             case errc::unsupported_version: return "the received record has a version this gpuverbs cannot read";
             case errc::peer_closed: return "the peer closed the connection before the exchange completed";
+            case errc::no_executor:
+                return "the queue pair's completion queue is not bound to an executor: create the CompletionQueue "
+                       "with an executor to use asynchronous operations";
+            case errc::async_needs_one_cq:
+                return "asynchronous operations need the queue pair's send and receive completion queue to be the "
+                       "same CompletionQueue";
         }
         return "unknown gpuverbs error " + std::to_string(value);
     }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "gpuverbs/completion.hpp"
+#include "gpuverbs/detail/async_driver.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/error.hpp"
@@ -57,12 +58,32 @@ public:
     CompletionQueue(const Device& device, int capacity, const CompletionChannel& channel);
     static CompletionQueue create(const Device& device, int capacity, const CompletionChannel* channel,
                                   std::error_code& ec);
+    /// A CQ bound to `executor`: its completions go to the asynchronous
+    /// operations of the queue pairs using it (QueuePair::async_*), waited for
+    /// as `options.mode` says. It makes its own completion channel. Such a CQ
+    /// serves asynchronous operations only: do not poll() it or post
+    /// synchronously on its queue pairs.
+    CompletionQueue(const Device& device, int capacity, boost::asio::any_io_executor executor,
+                    const AsyncOptions& options = {});
 
-    CompletionQueue(CompletionQueue&&) noexcept = default;
-    CompletionQueue& operator=(CompletionQueue&&) noexcept = default;
+    CompletionQueue(CompletionQueue&& other) noexcept = default;
+    CompletionQueue& operator=(CompletionQueue&& other) noexcept {
+        if (this != &other) {
+            release();
+            core_ = std::move(other.core_);
+        }
+        return *this;
+    }
     CompletionQueue(const CompletionQueue&) = delete;
     CompletionQueue& operator=(const CompletionQueue&) = delete;
-    ~CompletionQueue() = default;
+    /// Outstanding asynchronous operations complete with operation_aborted.
+    ~CompletionQueue() { release(); }
+
+    using executor_type = boost::asio::any_io_executor;
+    /// The executor the CQ is bound to (an empty executor if it is not).
+    [[nodiscard]] executor_type get_executor() const noexcept {
+        return core_ && core_->driver() != nullptr ? core_->driver()->executor() : executor_type();
+    }
 
     explicit operator bool() const noexcept { return core_ != nullptr; }
 
@@ -97,6 +118,10 @@ public:
     [[nodiscard]] const std::shared_ptr<detail::CqCore>& core() const noexcept { return core_; }
 
 private:
+    void release() noexcept {
+        if (core_ && core_->driver() != nullptr) core_->driver()->shutdown();
+        core_.reset();
+    }
     static CompletionQueue create_impl(const Device& device, int capacity, const CompletionChannel* channel,
                                        detail::Status& status);
     std::shared_ptr<detail::CqCore> core_;

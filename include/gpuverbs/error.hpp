@@ -40,6 +40,9 @@ enum class errc {
     malformed_record,    ///< a received record is truncated, oversized or not a gpuverbs record
     unsupported_version, ///< a received record has a version this gpuverbs cannot read
     peer_closed,         ///< the peer closed the connection before the exchange completed
+    // The asynchronous layer.
+    no_executor,        ///< the QP's completion queue is not bound to an executor
+    async_needs_one_cq, ///< asynchronous operations need the QP's send and receive CQ to be the same
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

@@ -18,6 +18,7 @@
 
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/detail/async_op.hpp"
 #include "gpuverbs/detail/qp_transitions.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/error.hpp"
@@ -27,6 +28,8 @@
 
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
+
+#include <boost/asio/async_result.hpp>
 
 #include <array>
 #include <cstddef>
@@ -209,15 +212,26 @@ private:
     Endpoint local_;
 };
 
-/// A connected reliable queue pair (RTS): the data path.
+/// A connected reliable queue pair (RTS): the data path, synchronous (post_*)
+/// and, when its CQ is bound to an executor, asynchronous (async_*).
 class QueuePair {
 public:
     QueuePair() noexcept = default;
     QueuePair(QueuePair&&) noexcept = default;
-    QueuePair& operator=(QueuePair&&) noexcept = default;
+    QueuePair& operator=(QueuePair&& other) noexcept {
+        if (this != &other) {
+            release();
+            core_ = std::move(other.core_);
+            port_ = other.port_;
+            local_ = other.local_;
+            remote_ = other.remote_;
+        }
+        return *this;
+    }
     QueuePair(const QueuePair&) = delete;
     QueuePair& operator=(const QueuePair&) = delete;
-    ~QueuePair() = default;
+    /// Outstanding asynchronous operations complete with operation_aborted.
+    ~QueuePair() { release(); }
 
     explicit operator bool() const noexcept { return core_ != nullptr; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
@@ -294,6 +308,91 @@ public:
     /// A batch of send-side requests posted with one doorbell; see SendBatch.
     SendBatch batch() noexcept;
 
+    // --- asynchronous data path (the CQ must be bound to an executor) --------
+    //
+    // Each async_* takes an Asio completion token (callback, use_awaitable,
+    // use_future, deferred — the default) and calls the handler exactly once,
+    // on its associated executor, never from inside the initiating function:
+    // with the operation's result; with the work completion's error
+    // (wc_category); with IBV_WC_WR_FLUSH_ERR when the QP failed; or with
+    // operation_aborted when the QueuePair or CompletionQueue is destroyed first.
+    // When the send or receive queue is full, operations wait in order and are
+    // posted as slots free. Per-operation cancellation: not supported; the slot
+    // is ignored, because posted RDMA work cannot be recalled — destroy the
+    // QueuePair to end all of its operations (they complete with
+    // operation_aborted and the QP is destroyed, so the NIC stops using the buffers).
+
+    using executor_type = boost::asio::any_io_executor;
+    /// The executor of the QP's completion queue (empty if it is not bound).
+    [[nodiscard]] executor_type get_executor() const noexcept {
+        detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
+        return d != nullptr ? d->executor() : executor_type();
+    }
+
+    /// RDMA write. Completion signature: void(std::error_code, std::size_t bytes).
+    template <class Token = default_token_t<executor_type>>
+    auto async_write(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset = 0,
+                     Token&& token = Token()) {
+        return start<detail::ResultKind::bytes, void(boost::system::error_code, std::size_t)>(
+            std::forward<Token>(token), request(Opcode::write, src, &dst, dst_offset));
+    }
+    /// RDMA write with immediate. void(std::error_code, std::size_t bytes).
+    template <class Token = default_token_t<executor_type>>
+    auto async_write_with_imm(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset,
+                              std::uint32_t immediate, Token&& token = Token()) {
+        auto r = request(Opcode::write_with_imm, src, &dst, dst_offset);
+        r.immediate = immediate;
+        return start<detail::ResultKind::bytes, void(boost::system::error_code, std::size_t)>(
+            std::forward<Token>(token), r);
+    }
+    /// RDMA read. void(std::error_code, std::size_t bytes).
+    template <class Token = default_token_t<executor_type>>
+    auto async_read(const LocalBuffer& dst, const RemoteMemory& src, std::uint64_t src_offset = 0,
+                    Token&& token = Token()) {
+        return start<detail::ResultKind::bytes, void(boost::system::error_code, std::size_t)>(
+            std::forward<Token>(token), request(Opcode::read, dst, &src, src_offset));
+    }
+    /// Send. void(std::error_code, std::size_t bytes).
+    template <class Token = default_token_t<executor_type>>
+    auto async_send(const LocalBuffer& src, Token&& token = Token()) {
+        return start<detail::ResultKind::bytes, void(boost::system::error_code, std::size_t)>(
+            std::forward<Token>(token), request(Opcode::send, src, nullptr, 0));
+    }
+    /// Send with immediate. void(std::error_code, std::size_t bytes).
+    template <class Token = default_token_t<executor_type>>
+    auto async_send_with_imm(const LocalBuffer& src, std::uint32_t immediate, Token&& token = Token()) {
+        auto r = request(Opcode::send_with_imm, src, nullptr, 0);
+        r.immediate = immediate;
+        return start<detail::ResultKind::bytes, void(boost::system::error_code, std::size_t)>(
+            std::forward<Token>(token), r);
+    }
+    /// Receive (a send or a write with immediate from the peer).
+    /// void(std::error_code, gpuverbs::Received).
+    template <class Token = default_token_t<executor_type>>
+    auto async_receive(const LocalBuffer& dst, Token&& token = Token()) {
+        return start<detail::ResultKind::received, void(boost::system::error_code, Received)>(
+            std::forward<Token>(token), request(Opcode::receive, dst, nullptr, 0));
+    }
+    /// Fetch-and-add; hands back the old value. void(boost::system::error_code, std::uint64_t).
+    template <class Token = default_token_t<executor_type>>
+    auto async_fetch_add(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset, std::uint64_t add,
+                         Token&& token = Token()) {
+        auto r = request(Opcode::fetch_add, result, &target, offset);
+        r.compare_add = add;
+        return start<detail::ResultKind::old_value, void(boost::system::error_code, std::uint64_t)>(
+            std::forward<Token>(token), r);
+    }
+    /// Compare-and-swap; hands back the old value. void(boost::system::error_code, std::uint64_t).
+    template <class Token = default_token_t<executor_type>>
+    auto async_compare_swap(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset,
+                            std::uint64_t compare, std::uint64_t swap, Token&& token = Token()) {
+        auto r = request(Opcode::compare_swap, result, &target, offset);
+        r.compare_add = compare;
+        r.swap = swap;
+        return start<detail::ResultKind::old_value, void(boost::system::error_code, std::uint64_t)>(
+            std::forward<Token>(token), r);
+    }
+
     // --- state ---------------------------------------------------------------
 
     /// The QP's state as the device reports it (ibv_query_qp).
@@ -310,6 +409,32 @@ public:
 private:
     friend class PreparedQueuePair;
     friend class CmConnection;
+
+    void release() noexcept {
+        detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
+        // With a driver, the QP is torn down on its strand, after its operations are aborted.
+        if (d != nullptr) d->release_qp(std::move(core_));
+        core_.reset();
+    }
+
+    static detail::AsyncOpBase request(Opcode op, const LocalBuffer& local, const RemoteMemory* remote,
+                                       std::uint64_t offset) noexcept {
+        detail::AsyncOpBase r;
+        r.opcode = op;
+        r.local = local;
+        if (remote != nullptr) r.remote = *remote;
+        r.remote_offset = offset;
+        return r;
+    }
+
+    template <detail::ResultKind K, class Signature, class Token>
+    auto start(Token&& token, const detail::AsyncOpBase& r) {
+        return boost::asio::async_initiate<Token, Signature>(
+            [](auto&& handler, std::shared_ptr<detail::QpCore> qp, detail::AsyncOpBase req) {
+                detail::start_async<K>(std::forward<decltype(handler)>(handler), qp, req);
+            },
+            token, core_, r);
+    }
 
     std::error_code post_one(const detail::SendDescription& d) noexcept {
         ibv_send_wr wr;

@@ -68,6 +68,7 @@ public:
 };
 
 class QpCore;
+class AsyncDriver;
 
 class CqCore {
 public:
@@ -83,6 +84,11 @@ public:
 
     [[nodiscard]] ibv_cq* cq() const noexcept { return cq_; }
     [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_ ? channel_->channel() : nullptr; }
+    [[nodiscard]] const std::shared_ptr<ChannelCore>& channel_core() const noexcept { return channel_; }
+    /// The driver of asynchronous operations, when the CQ is bound to an executor.
+    /// Set once, before any operation, and never changed.
+    [[nodiscard]] AsyncDriver* driver() const noexcept { return driver_.get(); }
+    void set_driver(std::shared_ptr<AsyncDriver> driver) noexcept { driver_ = std::move(driver); }
 
     void attach(QpCore* qp) noexcept {
         lock_.lock();
@@ -114,6 +120,7 @@ private:
     SpinLock lock_;
     std::vector<QpCore*> qps_;
     unsigned unacked_events_ = 0;
+    std::shared_ptr<AsyncDriver> driver_;
 };
 
 class QpCore {
@@ -153,6 +160,8 @@ public:
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_->qp_num; }
     [[nodiscard]] const Caps& caps() const noexcept { return caps_; }
     [[nodiscard]] SrqCore* srq() const noexcept { return srq_.get(); }
+    [[nodiscard]] CqCore* send_cq() const noexcept { return send_cq_.get(); }
+    [[nodiscard]] CqCore* recv_cq() const noexcept { return recv_cq_.get(); }
     [[nodiscard]] const std::shared_ptr<PdCore>& pd() const noexcept { return pd_; }
 
 private:

@@ -1,0 +1,407 @@
+// The asynchronous data path on Asio executors, on rxe0 <-> rxe1, in both
+// completion modes: every handler runs exactly once, with the right result or error.
+#include "allocation_counter.hpp"
+#include "connected_pair.hpp"
+
+#include <doctest/doctest.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <atomic>
+#include <thread>
+
+using namespace gpuverbs;
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool rig_present() {
+    return gpuverbs::test::rig_devices().has_value();
+}
+
+struct AsyncSide {
+    Device device;
+    ProtectionDomain pd;
+    CompletionQueue cq;
+    std::vector<std::byte> memory;
+    MemoryRegion mr;
+    PreparedQueuePair prepared;
+    QueuePair qp;
+    AsyncSide(const std::string& name, const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes,
+              const QueuePairOptions& options)
+        : device(Device::open(name)),
+          pd(device),
+          cq(device, 4096, ex, mode),
+          memory(bytes),
+          mr(pd, memory, access_all),
+          prepared(pd, cq, cq, options) {}
+};
+
+struct AsyncPair {
+    AsyncSide a, b;
+    AsyncPair(const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes = 1 << 20,
+              const QueuePairOptions& options = {}, const ConnectOptions& connect = {})
+        : a(gpuverbs::test::rig_devices()->dev0, ex, mode, bytes, options),
+          b(gpuverbs::test::rig_devices()->dev1, ex, mode, bytes, options) {
+        Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
+        a.qp = std::move(a.prepared).connect(eb, connect);
+        b.qp = std::move(b.prepared).connect(ea, connect);
+    }
+};
+
+const AsyncOptions modes[] = {{CompletionMode::event_driven, {}}, {CompletionMode::adaptive, 50us}};
+const char* mode_name(const AsyncOptions& m) {
+    return m.mode == CompletionMode::adaptive ? "adaptive" : "event";
+}
+
+const auto aborted = boost::asio::error::operation_aborted;
+
+} // namespace
+
+TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!rig_present())) {
+    TEST_CASE("a callback gets the result of an RDMA write once, and run() returns when it is done") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            CHECK(p.a.qp.get_executor() == io.get_executor());
+            gpuverbs::test::fill_pattern(std::span(p.a.memory).first(5000), 1);
+            int calls = 0;
+            boost::system::error_code got;
+            std::size_t bytes = 0;
+            p.a.qp.async_write(p.a.mr.slice(0, 5000), p.b.mr.remote(), 0,
+                               [&](boost::system::error_code ec, std::size_t n) {
+                                   ++calls;
+                                   got = ec;
+                                   bytes = n;
+                               });
+            CHECK(calls == 0); // never from inside the initiating function
+            io.run();
+            CHECK(calls == 1);
+            CHECK_FALSE(got);
+            CHECK(bytes == 5000);
+            CHECK(gpuverbs::test::has_pattern(std::span(p.b.memory).first(5000), 1));
+        }
+    }
+
+    TEST_CASE("the same exchange with use_future, the io_context running in another thread") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            auto guard = asio::make_work_guard(io);
+            std::thread runner([&] { io.run(); });
+            {
+                AsyncPair p(io.get_executor(), mode);
+                gpuverbs::test::fill_pattern(std::span(p.b.memory).first(3000), 2);
+                auto receive = p.b.qp.async_receive(p.b.mr.slice(8192, 64), asio::use_future);
+                auto read = p.a.qp.async_read(p.a.mr.slice(0, 3000), p.b.mr.remote(), 0, asio::use_future);
+                CHECK(read.get() == 3000);
+                CHECK(gpuverbs::test::has_pattern(std::span(p.a.memory).first(3000), 2));
+                auto send = p.a.qp.async_send_with_imm(p.a.mr.slice(0, 10), 77, asio::use_future);
+                CHECK(send.get() == 10);
+                Received r = receive.get();
+                CHECK(r.bytes == 10);
+                CHECK(r.immediate == 77u);
+            }
+            guard.reset();
+            runner.join();
+        }
+    }
+
+    TEST_CASE("the same exchange as C++20 coroutines with use_awaitable, atomics included") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            bool finished = false;
+            asio::co_spawn(
+                io,
+                [&]() -> asio::awaitable<void> {
+                    gpuverbs::test::fill_pattern(std::span(p.a.memory).first(1000), 3);
+                    std::size_t n =
+                        co_await p.a.qp.async_write(p.a.mr.slice(0, 1000), p.b.mr.remote(), 100, asio::use_awaitable);
+                    CHECK(n == 1000);
+                    CHECK(gpuverbs::test::has_pattern(std::span(p.b.memory).subspan(100, 1000), 3));
+                    std::uint64_t start = 40;
+                    std::memcpy(p.b.memory.data() + 4096, &start, 8);
+                    std::uint64_t old = co_await p.a.qp.async_fetch_add(p.a.mr.slice(2048, 8), p.b.mr.remote(), 4096, 2,
+                                                                        asio::use_awaitable);
+                    CHECK(old == 40);
+                    old = co_await p.a.qp.async_compare_swap(p.a.mr.slice(2048, 8), p.b.mr.remote(), 4096, 42, 7,
+                                                             asio::use_awaitable);
+                    CHECK(old == 42);
+                    std::uint64_t now = 0;
+                    std::memcpy(&now, p.b.memory.data() + 4096, 8);
+                    CHECK(now == 7);
+                    // The default token (deferred) can be awaited too.
+                    std::size_t m = co_await p.a.qp.async_write(p.a.mr.slice(0, 8), p.b.mr.remote());
+                    CHECK(m == 8);
+                    finished = true;
+                },
+                asio::detached);
+            io.run();
+            CHECK(finished);
+        }
+    }
+
+    TEST_CASE("10,000 mixed operations from several coroutines on a 2-thread io_context: all complete once") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::thread_pool pool(2);
+            QueuePairOptions options;
+            options.max_send_wr = 64;
+            options.max_recv_wr = 64;
+            AsyncPair p(pool.get_executor(), mode, 1 << 20, options);
+            constexpr int coroutines = 4;
+            constexpr int per_coroutine = 2500;
+            std::atomic<int> handlers{0}, failures{0};
+            std::atomic<int> done{0};
+            std::memset(p.b.memory.data(), 0, 64);
+            for (int c = 0; c < coroutines; ++c) {
+                asio::co_spawn(
+                    pool,
+                    [&, c]() -> asio::awaitable<void> {
+                        const std::size_t base = 65536 + static_cast<std::size_t>(c) * 65536;
+                        for (int i = 0; i < per_coroutine; ++i) {
+                            try {
+                                switch (i % 3) {
+                                    case 0:
+                                        (void)co_await p.a.qp.async_write(p.a.mr.slice(base, 512), p.b.mr.remote(),
+                                                                          base, asio::use_awaitable);
+                                        break;
+                                    case 1:
+                                        (void)co_await p.a.qp.async_read(p.a.mr.slice(base + 4096, 512),
+                                                                         p.b.mr.remote(), base, asio::use_awaitable);
+                                        break;
+                                    default:
+                                        (void)co_await p.a.qp.async_fetch_add(
+                                            p.a.mr.slice(base + 8192, 8), p.b.mr.remote(), 8, 1, asio::use_awaitable);
+                                }
+                            } catch (const std::system_error&) {
+                                ++failures;
+                            }
+                            ++handlers;
+                        }
+                        ++done;
+                    },
+                    asio::detached);
+            }
+            auto deadline = std::chrono::steady_clock::now() + 120s;
+            while (done < coroutines && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+            CHECK(done == coroutines);
+            CHECK(handlers == coroutines * per_coroutine);
+            CHECK(failures == 0);
+            std::uint64_t counter = 0;
+            std::memcpy(&counter, p.b.memory.data() + 8, 8);
+            // Operations 2, 5, 8, … of each coroutine are atomic adds.
+            CHECK(counter == static_cast<std::uint64_t>(coroutines) * ((per_coroutine + 0) / 3));
+            pool.join();
+        }
+    }
+
+    TEST_CASE("back-pressure: far more operations than the send queue holds all run, in order") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            QueuePairOptions options;
+            options.max_send_wr = 8;
+            AsyncPair p(io.get_executor(), mode, 1 << 20, options);
+            std::vector<int> order;
+            int errors = 0;
+            for (int i = 0; i < 300; ++i) {
+                p.a.qp.async_write(p.a.mr.slice(0, 256), p.b.mr.remote(), static_cast<std::uint64_t>(i) * 256,
+                                   [&, i](boost::system::error_code ec, std::size_t) {
+                                       if (ec) ++errors;
+                                       order.push_back(i);
+                                   });
+            }
+            io.run();
+            CHECK(errors == 0); // never a spurious "queue full"
+            REQUIRE(order.size() == 300);
+            CHECK(std::is_sorted(order.begin(), order.end()));
+        }
+    }
+
+    TEST_CASE("a request refused by the local checks completes with that error, not inline") {
+        asio::io_context io;
+        AsyncPair p(io.get_executor(), modes[0]);
+        boost::system::error_code got;
+        int calls = 0;
+        p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), p.b.mr.length(),
+                           [&](boost::system::error_code ec, std::size_t) {
+                               got = ec;
+                               ++calls;
+                           });
+        CHECK(calls == 0);
+        io.run();
+        CHECK(calls == 1);
+        CHECK(got == errc::remote_range_outside_region);
+    }
+
+    TEST_CASE("a QP forced into error flushes its waiting receives to their handlers") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            std::vector<std::error_code> results;
+            for (int i = 0; i < 5; ++i) {
+                p.b.qp.async_receive(p.b.mr.slice(0, 64),
+                                     [&](boost::system::error_code ec, Received) { results.push_back(ec); });
+            }
+            io.poll(); // posts them
+            REQUIRE_FALSE(p.b.qp.force_error());
+            io.run();
+            REQUIRE(results.size() == 5);
+            for (auto& ec : results) CHECK(ec == make_wc_error(IBV_WC_WR_FLUSH_ERR));
+        }
+    }
+
+    TEST_CASE("destroying the QueuePair aborts its outstanding operations once each") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            int calls = 0, aborted_calls = 0;
+            for (int i = 0; i < 4; ++i) {
+                p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                    ++calls;
+                    if (ec == aborted) ++aborted_calls;
+                });
+            }
+            io.poll();
+            p.b.qp = QueuePair();
+            io.run();
+            CHECK(calls == 4);
+            CHECK(aborted_calls == 4);
+        }
+    }
+
+    TEST_CASE("destroying the CompletionQueue aborts what is outstanding on it") {
+        asio::io_context io;
+        AsyncPair p(io.get_executor(), modes[0]);
+        int aborted_calls = 0;
+        for (int i = 0; i < 3; ++i) {
+            p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                if (ec == aborted) ++aborted_calls;
+            });
+        }
+        io.poll();
+        p.b.cq = CompletionQueue();
+        io.run();
+        CHECK(aborted_calls == 3);
+    }
+
+    TEST_CASE("an io_context stopped with work pending: objects destroyed, handlers run once when it runs again") {
+        asio::io_context io;
+        auto p = std::make_unique<AsyncPair>(io.get_executor(), modes[0]);
+        int calls = 0;
+        for (int i = 0; i < 3; ++i) {
+            p->b.qp.async_receive(p->b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                CHECK(ec == aborted);
+                ++calls;
+            });
+        }
+        io.poll();
+        io.stop();
+        p.reset(); // everything destroyed while the io_context is stopped
+        CHECK(calls == 0);
+        io.restart();
+        io.run();
+        CHECK(calls == 3);
+    }
+
+    TEST_CASE("an io_context destroyed with work pending destroys the handlers without running them") {
+        auto token = std::make_shared<int>(0);
+        int calls = 0;
+        {
+            auto io = std::make_unique<asio::io_context>();
+            auto p = std::make_unique<AsyncPair>(io->get_executor(), modes[0]);
+            for (int i = 0; i < 3; ++i) {
+                p->b.qp.async_receive(p->b.mr.slice(0, 64),
+                                      [&, token](boost::system::error_code, Received) { ++calls; });
+            }
+            io->poll();
+            CHECK(token.use_count() == 4);
+            p.reset();
+            io.reset();
+        }
+        CHECK(calls == 0);
+        CHECK(token.use_count() == 1); // every handler was destroyed: nothing leaked
+    }
+
+    TEST_CASE("a peer that dies fails the outstanding operations, nothing hangs") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            ConnectOptions fast;
+            fast.timeout = 8;
+            fast.retry_count = 1;
+            AsyncPair p(io.get_executor(), mode, 1 << 20, {}, fast);
+            p.b.qp = QueuePair(); // the peer's QP is gone
+            io.poll();
+            io.restart(); // poll() ran out of work, which stops an io_context
+            int calls = 0, failed = 0;
+            for (int i = 0; i < 10; ++i) {
+                p.a.qp.async_write(p.a.mr.slice(0, 4096), p.b.mr.remote(), 0,
+                                   [&](boost::system::error_code ec, std::size_t) {
+                                       ++calls;
+                                       if (ec) ++failed;
+                                   });
+            }
+            io.run_for(30s);
+            CAPTURE(calls);
+            CAPTURE(failed);
+            CHECK(calls == 10);
+            CHECK(failed == 10);
+        }
+    }
+
+    TEST_CASE("a QP whose CQ is not bound to an executor refuses asynchronous operations clearly") {
+        gpuverbs::test::ConnectedPair plain;
+        asio::io_context io;
+        boost::system::error_code got;
+        plain.a.qp.async_write(plain.a.mr.slice(0, 8), plain.b.mr.remote(), 0,
+                               asio::bind_executor(io, [&](boost::system::error_code ec, std::size_t) { got = ec; }));
+        io.run();
+        CHECK(got == errc::no_executor);
+        CHECK(got.message().find("bound to an executor") != std::string::npos);
+    }
+
+    TEST_CASE("steady state allocates nothing per operation") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io(1);
+            AsyncPair p(io.get_executor(), mode);
+            int remaining = 0;
+            std::function<void()> next; // allocated once, before measuring
+            auto run_ops = [&](int count) {
+                remaining = count;
+                struct Step {
+                    AsyncPair* p;
+                    int* remaining;
+                    void operator()(boost::system::error_code ec, std::size_t) const {
+                        REQUIRE_FALSE(ec);
+                        if (--*remaining > 0) p->a.qp.async_write(p->a.mr.slice(0, 64), p->b.mr.remote(), 0, *this);
+                    }
+                };
+                p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, Step{&p, &remaining});
+                io.restart();
+                io.run();
+            };
+            run_ops(200); // warm Asio's recycling caches
+            std::size_t before = gpuverbs::test::allocations();
+            run_ops(2000);
+            std::size_t after = gpuverbs::test::allocations();
+            CHECK(remaining == 0);
+            MESSAGE("allocations per operation: " << double(after - before) / 2000);
+            CHECK(after - before == 0);
+        }
+    }
+}
