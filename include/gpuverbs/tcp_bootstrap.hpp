@@ -16,8 +16,14 @@
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/wire.hpp"
 
+#include "gpuverbs/detail/async_op.hpp"
+
+#include <boost/asio/compose.hpp>
+#include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -38,6 +44,12 @@ public:
     [[nodiscard]] std::uint16_t port() const;
     /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
     boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout = default_bootstrap_timeout);
+    /// Accepts one connection asynchronously.
+    /// Signature: void(boost::system::error_code, boost::asio::ip::tcp::socket).
+    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    auto async_accept(Token&& token = Token()) {
+        return acceptor_.async_accept(std::forward<Token>(token));
+    }
 
     [[nodiscard]] boost::asio::ip::tcp::acceptor& native_handle() noexcept { return acceptor_; }
 
@@ -58,6 +70,98 @@ Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsha
                              std::chrono::milliseconds timeout, std::error_code& ec);
 
 namespace detail {
+
+/// The composed operation behind async_exchange_handshake: write our record,
+/// read the peer's length, check it, read the record, parse it.
+class ExchangeHandshakeOp {
+public:
+    ExchangeHandshakeOp(boost::asio::ip::tcp::socket& socket, const Handshake& ours)
+        : socket_(&socket), state_(std::make_unique<State>()) {
+        std::vector<std::byte> payload = wire::serialize(ours);
+        auto n = static_cast<std::uint32_t>(payload.size());
+        state_->out.resize(4 + payload.size());
+        for (std::size_t i = 0; i < 4; ++i) state_->out[i] = std::byte(n >> (24 - 8 * i));
+        std::copy(payload.begin(), payload.end(), state_->out.begin() + 4);
+    }
+
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec = {}, std::size_t = 0) {
+        namespace asio = boost::asio;
+        if (ec) {
+            bool closed = ec == asio::error::eof || ec == asio::error::connection_reset;
+            return self.complete(closed ? boost::system::error_code(to_asio_error(errc::peer_closed)) : ec,
+                                 Handshake{});
+        }
+        switch (step_) {
+            case Step::start:
+                step_ = Step::wrote;
+                return asio::async_write(*socket_, asio::buffer(state_->out), std::move(self));
+            case Step::wrote:
+                step_ = Step::read_length;
+                return asio::async_read(*socket_, asio::buffer(state_->length), std::move(self));
+            case Step::read_length: {
+                std::uint32_t n = 0;
+                for (std::byte b : state_->length) n = (n << 8) | std::to_integer<std::uint32_t>(b);
+                if (n > wire::max_handshake_size)
+                    return self.complete(to_asio_error(errc::malformed_record), Handshake{});
+                state_->in.resize(n);
+                step_ = Step::read_record;
+                return asio::async_read(*socket_, asio::buffer(state_->in), std::move(self));
+            }
+            case Step::read_record: {
+                Status status;
+                Handshake peer = wire::detail::parse_handshake(state_->in, status);
+                return self.complete(to_asio_error(status.code), std::move(peer));
+            }
+        }
+    }
+
+private:
+    enum class Step { start, wrote, read_length, read_record };
+    struct State {
+        std::vector<std::byte> out;
+        std::array<std::byte, 4> length{};
+        std::vector<std::byte> in;
+    };
+    boost::asio::ip::tcp::socket* socket_;
+    std::unique_ptr<State> state_;
+    Step step_ = Step::start;
+};
+
+/// The composed operation behind async_tcp_connect: resolve, then connect.
+class TcpConnectOp {
+public:
+    TcpConnectOp(boost::asio::any_io_executor executor, std::string host, std::uint16_t port)
+        : state_(std::make_unique<State>(executor, std::move(host), port)) {}
+
+    template <class Self>
+    void operator()(Self& self) {
+        state_->resolver.async_resolve(state_->host, std::to_string(state_->port), std::move(self));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec,
+                    const boost::asio::ip::tcp::resolver::results_type& endpoints) {
+        if (ec) return self.complete(ec, boost::asio::ip::tcp::socket(state_->resolver.get_executor()));
+        boost::asio::async_connect(state_->socket, endpoints, std::move(self));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec, const boost::asio::ip::tcp::endpoint&) {
+        if (!ec) state_->socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
+        self.complete(ec, std::move(state_->socket));
+    }
+
+private:
+    struct State {
+        State(boost::asio::any_io_executor ex, std::string h, std::uint16_t p)
+            : resolver(ex), socket(ex), host(std::move(h)), port(p) {}
+        boost::asio::ip::tcp::resolver resolver;
+        boost::asio::ip::tcp::socket socket;
+        std::string host;
+        std::uint16_t port;
+    };
+    std::unique_ptr<State> state_;
+};
+
 /// Writes one framed record (4-byte big-endian length + payload).
 void write_frame(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> payload,
                  std::chrono::steady_clock::time_point deadline, Status& status);
@@ -68,5 +172,25 @@ Handshake exchange_impl(boost::asio::ip::tcp::socket& socket, const Handshake& o
 std::vector<std::byte> read_frame(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
                                   std::chrono::steady_clock::time_point deadline, Status& status);
 } // namespace detail
+
+/// Sends `ours` and receives the peer's handshake, asynchronously. The same
+/// checks as exchange_handshake (malformed, oversized, wrong version, early
+/// close → errc::peer_closed); bound the time with the token (e.g. a
+/// cancellation slot, or asio::experimental::awaitable_operators with a timer).
+/// Signature: void(boost::system::error_code, gpuverbs::Handshake).
+template <class Token = default_token_t<boost::asio::any_io_executor>>
+auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(boost::system::error_code, Handshake)>(
+        detail::ExchangeHandshakeOp(socket, ours), token, socket);
+}
+
+/// Resolves host:port and connects, asynchronously (no retry: start the server first).
+/// Signature: void(boost::system::error_code, boost::asio::ip::tcp::socket).
+template <class Token = default_token_t<boost::asio::any_io_executor>>
+auto async_tcp_connect(boost::asio::any_io_executor executor, const std::string& host, std::uint16_t port,
+                       Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(boost::system::error_code, boost::asio::ip::tcp::socket)>(
+        detail::TcpConnectOp(executor, host, port), token, executor);
+}
 
 } // namespace gpuverbs

@@ -1,0 +1,91 @@
+// The asynchronous TCP bootstrap over real loopback sockets, as coroutines.
+#include "gpuverbs/tcp_bootstrap.hpp"
+
+#include <doctest/doctest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+using namespace gpuverbs;
+namespace asio = boost::asio;
+
+namespace {
+
+Handshake sample(std::uint32_t qpn) {
+    Handshake h;
+    h.endpoint.qp_num = qpn;
+    h.endpoint.psn = 3;
+    h.endpoint.gid = *Gid::parse("::ffff:127.0.0.1");
+    h.endpoint.mtu = Mtu::mtu_4096;
+    h.endpoint.link_layer = LinkLayer::ethernet;
+    h.regions.push_back({0x2000, 8192, 5});
+    return h;
+}
+
+} // namespace
+
+TEST_SUITE("async tcp bootstrap") {
+    TEST_CASE("a server and a client coroutine accept, connect and swap handshakes") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        Handshake server_got, client_got;
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+                auto socket = co_await listener.async_accept(asio::use_awaitable);
+                server_got = co_await async_exchange_handshake(socket, sample(2), asio::use_awaitable);
+            },
+            asio::detached);
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+                auto socket =
+                    co_await async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(), asio::use_awaitable);
+                client_got = co_await async_exchange_handshake(socket, sample(1)); // default token: deferred
+            },
+            asio::detached);
+        io.run();
+        CHECK(server_got == sample(1));
+        CHECK(client_got == sample(2));
+    }
+
+    TEST_CASE("garbage from the peer fails the async exchange with malformed_record") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        boost::system::error_code got;
+        listener.async_accept([&](boost::system::error_code, asio::ip::tcp::socket s) {
+            static std::array<std::byte, 24> garbage{};
+            garbage.fill(std::byte{0x61});
+            garbage[3] = std::byte{20}; // length 20, then 20 bytes of 'a'
+            garbage[0] = garbage[1] = garbage[2] = std::byte{0};
+            asio::write(s, asio::buffer(garbage));
+        });
+        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
+                          [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
+                              REQUIRE_FALSE(ec);
+                              auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
+                              async_exchange_handshake(*kept, sample(1),
+                                                       [&, kept](boost::system::error_code e, Handshake) { got = e; });
+                          });
+        io.run();
+        CHECK(got == errc::malformed_record);
+    }
+
+    TEST_CASE("a peer that closes early fails the async exchange with peer_closed") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        boost::system::error_code got;
+        listener.async_accept([&](boost::system::error_code, asio::ip::tcp::socket s) { s.close(); });
+        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
+                          [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
+                              REQUIRE_FALSE(ec);
+                              auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
+                              async_exchange_handshake(*kept, sample(1),
+                                                       [&, kept](boost::system::error_code e, Handshake) { got = e; });
+                          });
+        io.run();
+        CHECK(got == errc::peer_closed);
+        CHECK(got.message().find("closed the connection") != std::string::npos);
+    }
+}
