@@ -22,7 +22,7 @@ std::error_code aborted() {
 }
 } // namespace
 
-AsyncDriver::AsyncDriver(asio::any_io_executor executor, std::shared_ptr<CqCore> cq, const AsyncOptions& options)
+AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, std::shared_ptr<CqCore> cq, const AsyncOptions& options)
     : executor_(executor),
       cq_(std::move(cq)),
       channel_(cq_->channel_core()),
@@ -44,23 +44,35 @@ void AsyncDriver::submit(AsyncOpBase* op) {
     on_submit(op);
 }
 
-void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) {
-    auto self = shared_from_this(); // the QP may hold the last reference to us
-    std::lock_guard lock(mutex_);
-    abort_qp(qp.get());
-    qp.reset(); // destroys the QP under the lock: no poll can run concurrently
+void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) noexcept {
+    std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // the QP may hold the last reference to us
+    try {
+        std::lock_guard lock(mutex_);
+        abort_qp(qp.get());
+        qp.reset(); // destroys the QP under the lock: no poll can run concurrently
+    } catch (...) {
+        // Posting an abort handler failed (out of memory): destroy what is left
+        // rather than let a destructor throw.
+        std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): locking an owned mutex cannot fail here
+        destroy_all();
+        qp.reset();
+    }
 }
 
-void AsyncDriver::shutdown() {
-    auto self = shared_from_this(); // dropping the CQ may drop the last reference to us
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    abort_all();
-    boost::system::error_code ignored;
-    descriptor_.cancel(ignored);
-    if (descriptor_.is_open()) (void)descriptor_.release();
-    // Breaks the CQ <-> driver cycle; the CQ goes when its last QP goes.
-    cq_.reset();
+void AsyncDriver::shutdown() noexcept {
+    std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // dropping the CQ may drop the last reference
+    try {
+        std::lock_guard lock(mutex_);
+        closed_ = true;
+        abort_all();
+        boost::system::error_code ignored;
+        descriptor_.cancel(ignored);
+        if (descriptor_.is_open()) (void)descriptor_.release();
+    } catch (...) {
+        // As in release_qp: never throw from teardown; destroy what is left.
+    }
+    std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): locking an owned mutex cannot fail here
+    destroy_all();                // breaks the CQ <-> driver cycle; the CQ goes when its last QP goes
 }
 
 void AsyncDriver::destroy_all() noexcept {
@@ -249,7 +261,9 @@ std::size_t AsyncDriver::drain() {
         int n = cq_->poll(batch.data(), static_cast<int>(batch.size()));
         if (n <= 0) break;
         for (int i = 0; i < n; ++i) {
-            auto* op = reinterpret_cast<AsyncOpBase*>(static_cast<std::uintptr_t>(batch[i].context));
+            // The context of an asynchronous request is its operation (see post_now).
+            auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
+                static_cast<std::uintptr_t>(batch[i].context));
             if (op == nullptr) continue; // a completion of a QP already destroyed
             finish(op, &batch[i], {});
         }

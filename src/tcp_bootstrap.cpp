@@ -32,7 +32,10 @@ void fail_timeout(detail::Status& status, const char* verb, const std::string& w
 } // namespace
 
 TcpListener::TcpListener(asio::io_context& io, std::uint16_t port, const std::string& address)
-    : io_(&io), acceptor_(io) {
+    : TcpListener(io.get_executor(), port, address) {}
+
+TcpListener::TcpListener(const asio::any_io_executor& executor, std::uint16_t port, const std::string& address)
+    : executor_(executor), acceptor_(executor) {
     boost::system::error_code ec;
     auto ip = asio::ip::make_address(address, ec);
     if (ec) throw Error(ec, "TcpListener", "'" + address + "' is not an IP address");
@@ -57,7 +60,7 @@ asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
                     "no bootstrap connection on port " + std::to_string(port()) + " within " +
                         std::to_string(timeout.count()) + " ms");
     }
-    asio::ip::tcp::socket socket(*io_);
+    asio::ip::tcp::socket socket(executor_);
     boost::system::error_code ec;
     acceptor_.accept(socket, ec);
     if (ec) throw Error(ec, "accept", "cannot accept a bootstrap connection: " + ec.message());

@@ -40,6 +40,8 @@ class TcpListener {
 public:
     /// Listens on `address`:`port` (port 0: any free port; see port()).
     explicit TcpListener(boost::asio::io_context& io, std::uint16_t port = 0, const std::string& address = "0.0.0.0");
+    explicit TcpListener(const boost::asio::any_io_executor& executor, std::uint16_t port = 0,
+                         const std::string& address = "0.0.0.0");
 
     [[nodiscard]] std::uint16_t port() const;
     /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
@@ -54,7 +56,7 @@ public:
     [[nodiscard]] boost::asio::ip::tcp::acceptor& native_handle() noexcept { return acceptor_; }
 
 private:
-    boost::asio::io_context* io_;
+    boost::asio::any_io_executor executor_;
     boost::asio::ip::tcp::acceptor acceptor_;
 };
 
@@ -131,7 +133,7 @@ private:
 /// The composed operation behind async_tcp_connect: resolve, then connect.
 class TcpConnectOp {
 public:
-    TcpConnectOp(boost::asio::any_io_executor executor, std::string host, std::uint16_t port)
+    TcpConnectOp(const boost::asio::any_io_executor& executor, std::string host, std::uint16_t port)
         : state_(std::make_unique<State>(executor, std::move(host), port)) {}
 
     template <class Self>
@@ -152,7 +154,7 @@ public:
 
 private:
     struct State {
-        State(boost::asio::any_io_executor ex, std::string h, std::uint16_t p)
+        State(const boost::asio::any_io_executor& ex, std::string h, std::uint16_t p)
             : resolver(ex), socket(ex), host(std::move(h)), port(p) {}
         boost::asio::ip::tcp::resolver resolver;
         boost::asio::ip::tcp::socket socket;

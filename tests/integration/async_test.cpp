@@ -56,7 +56,7 @@ struct AsyncPair {
     }
 };
 
-const AsyncOptions modes[] = {{CompletionMode::event_driven, {}}, {CompletionMode::adaptive, 50us}};
+constexpr AsyncOptions modes[] = {{CompletionMode::event_driven, {}}, {CompletionMode::adaptive, 50us}};
 const char* mode_name(const AsyncOptions& m) {
     return m.mode == CompletionMode::adaptive ? "adaptive" : "event";
 }

@@ -65,8 +65,9 @@ TEST_SUITE("async tcp bootstrap") {
                           [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
-                              async_exchange_handshake(*kept, sample(1),
-                                                       [&, kept](boost::system::error_code e, Handshake) { got = e; });
+                              async_exchange_handshake(
+                                  *kept, sample(1),
+                                  [&, kept](boost::system::error_code e, const Handshake&) { got = e; });
                           });
         io.run();
         CHECK(got == errc::malformed_record);
@@ -81,8 +82,9 @@ TEST_SUITE("async tcp bootstrap") {
                           [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
-                              async_exchange_handshake(*kept, sample(1),
-                                                       [&, kept](boost::system::error_code e, Handshake) { got = e; });
+                              async_exchange_handshake(
+                                  *kept, sample(1),
+                                  [&, kept](boost::system::error_code e, const Handshake&) { got = e; });
                           });
         io.run();
         CHECK(got == errc::peer_closed);

@@ -111,7 +111,7 @@ class AsyncDriver : public std::enable_shared_from_this<AsyncDriver> {
     friend class AsyncDriverService;
 
 public:
-    AsyncDriver(boost::asio::any_io_executor executor, std::shared_ptr<CqCore> cq, const AsyncOptions& options);
+    AsyncDriver(const boost::asio::any_io_executor& executor, std::shared_ptr<CqCore> cq, const AsyncOptions& options);
     AsyncDriver(const AsyncDriver&) = delete;
     AsyncDriver& operator=(const AsyncDriver&) = delete;
     ~AsyncDriver();
@@ -122,9 +122,9 @@ public:
     /// order while its QP's send or receive queue is full.
     void submit(AsyncOpBase* op);
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
-    void release_qp(std::shared_ptr<QpCore> qp);
+    void release_qp(std::shared_ptr<QpCore> qp) noexcept;
     /// The user dropped the CompletionQueue: abort everything (any thread).
-    void shutdown();
+    void shutdown() noexcept;
     /// Destroys every operation without invoking it (the execution context is going away).
     void destroy_all() noexcept;
 

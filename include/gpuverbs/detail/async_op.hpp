@@ -122,7 +122,12 @@ private:
         } else if constexpr (K == ResultKind::received) {
             if (c != nullptr) result = Received{c->byte_length, c->immediate};
         } else {
-            if (!status) std::memcpy(&result, reinterpret_cast<const void*>(self->local.address), sizeof result);
+            // The atomic's old value is in the local buffer, which the caller's memory region holds.
+            if (!status) {
+                std::memcpy(&result,
+                            reinterpret_cast<const void*>(self->local.address), // NOLINT(performance-no-int-to-ptr)
+                            sizeof result);
+            }
         }
         self->~AsyncOp();
         release(self, handler);
