@@ -140,6 +140,15 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
         status.fail(errc::invalid_argument, verb, "the ProtectionDomain, a CompletionQueue or the SRQ is empty");
         return {};
     }
+    ibv_context* context = pd.native_handle()->context;
+    if (send_cq.native_handle()->context != context || recv_cq.native_handle()->context != context ||
+        (srq != nullptr && srq->native_handle()->context != context)) {
+        // Verbs would only say EINVAL.
+        status.fail(errc::invalid_argument, verb,
+                    "the completion queues, shared receive queue and protection domain must come from the same "
+                    "opened Device; here they come from different Device objects (a device opened twice?)");
+        return {};
+    }
     PreparedQueuePair p;
     Gid local_gid;
     p.port_ = detail::resolve_local_port(pd, options, local_gid, status);

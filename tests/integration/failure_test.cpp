@@ -194,6 +194,20 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!rig_present())) {
         CHECK(prepared);
     }
 
+        TEST_CASE("a completion queue from another opened Device is refused with the reason, not a bare EINVAL") {
+        Device first = Device::open(gpuverbs::test::rig_devices()->dev0);
+        Device second = Device::open(gpuverbs::test::rig_devices()->dev0);  // the same NIC, opened twice
+        ProtectionDomain pd(first);
+        CompletionQueue cq(second, 16);
+        try {
+            PreparedQueuePair qp(pd, cq, cq);
+            FAIL("a QP mixing two opened devices was created");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::invalid_argument);
+            CHECK(std::string(e.what()).find("from the same opened Device") != std::string::npos);
+        }
+    }
+
     TEST_CASE("registering unmapped memory fails with EFAULT and says so") {
         Device dev = Device::open(gpuverbs::test::rig_devices()->dev0);
         ProtectionDomain pd(dev);
