@@ -43,7 +43,8 @@ asio::awaitable<void> run(Args a) {
         gpuverbs::TcpListener listener(ex, a.port);
         socket = co_await listener.async_accept(use_awaitable);
     } else {
-        socket = co_await gpuverbs::async_tcp_connect(ex, a.host, a.port, use_awaitable);
+        socket = co_await gpuverbs::async_tcp_connect(ex, a.host, a.port, gpuverbs::default_bootstrap_timeout,
+                                                      use_awaitable);
     }
     auto peer = co_await gpuverbs::async_exchange_handshake(socket, {prepared.endpoint(), {}}, use_awaitable);
     auto qp = std::move(prepared).connect(peer.endpoint);
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
         }
         asio::io_context io;
         int status = 0;
-        asio::co_spawn(io, run(a), [&](std::exception_ptr e) {
+        asio::co_spawn(io, run(a), [&](const std::exception_ptr& e) {
             if (!e) return;
             status = 1;
             try {

@@ -39,6 +39,14 @@ private:
 
 } // namespace detail
 
+boost::asio::thread_pool& detail::cm_thread() {
+    // The steps are waits for the connection manager, and a server's accept
+    // must not hold up a client's resolve in the same process: enough threads
+    // for that many steps to wait at once (more queue behind them).
+    static boost::asio::thread_pool pool(16);
+    return pool;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

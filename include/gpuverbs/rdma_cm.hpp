@@ -22,6 +22,15 @@
 
 #if GPUVERBS_HAVE_RDMACM
 
+#include "gpuverbs/detail/async_op.hpp"
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -34,7 +43,34 @@ namespace gpuverbs {
 
 namespace detail {
 class CmIdCore;
+
+/// The private threads rdma_cm's blocking steps run on for the async_* forms
+/// (as Asio's resolver runs getaddrinfo on one of its own); up to 16 steps
+/// wait at once.
+boost::asio::thread_pool& cm_thread();
+
+/// Runs `step` (which may throw gpuverbs::Error) on the rdma_cm thread, then
+/// completes `handler` with (error_code, result) on its associated executor.
+template <class Result, class Handler, class Step>
+void run_cm_step(Handler&& handler, Step step) {
+    auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
+    auto work = boost::asio::make_work_guard(executor);
+    boost::asio::post(cm_thread(),
+                      [h = std::forward<Handler>(handler), work = std::move(work), step = std::move(step)]() mutable {
+                          boost::system::error_code ec;
+                          Result result{};
+                          try {
+                              result = step();
+                          } catch (const Error& e) {
+                              ec = to_asio_error(e.code());
+                          } catch (const std::bad_alloc&) {
+                              ec = boost::asio::error::no_memory;
+                          }
+                          auto ex = work.get_executor();
+                          boost::asio::post(ex, boost::asio::append(std::move(h), ec, std::move(result)));
+                      });
 }
+} // namespace detail
 
 /// A connection on its way: a request a CmListener accepted, or an outgoing
 /// connection whose address and route cm_resolve found. Move-only.
@@ -60,6 +96,21 @@ public:
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                         const QueuePairOptions& options = {},
                         std::chrono::milliseconds timeout = std::chrono::seconds(30)) &&;
+    /// establish(), asynchronously: pd and the CQs must outlive the operation.
+    /// Signature: void(boost::system::error_code, gpuverbs::QueuePair).
+    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    auto async_establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                         const QueuePairOptions& options, std::chrono::milliseconds timeout,
+                         Token&& token = Token()) && {
+        return boost::asio::async_initiate<Token, void(boost::system::error_code, QueuePair)>(
+            [](auto&& handler, CmConnection c, const ProtectionDomain* pd, const CompletionQueue* s,
+               const CompletionQueue* r, QueuePairOptions o, std::chrono::milliseconds t) {
+                detail::run_cm_step<QueuePair>(std::forward<decltype(handler)>(handler),
+                                               [c = std::make_shared<CmConnection>(std::move(c)), pd, s, r, o,
+                                                t]() mutable { return std::move(*c).establish(*pd, *s, *r, o, t); });
+            },
+            token, std::move(*this), &pd, &send_cq, &recv_cq, options, timeout);
+    }
     /// Server side: refuses the request; the client's establish() fails with REJECTED.
     void reject() &&;
 
@@ -84,6 +135,17 @@ public:
     [[nodiscard]] std::uint16_t port() const;
     /// Waits for one connection request (std::errc::timed_out after `timeout`).
     CmConnection accept(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    /// accept(), asynchronously; the listener must outlive the operation.
+    /// Signature: void(boost::system::error_code, gpuverbs::CmConnection).
+    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    auto async_accept(std::chrono::milliseconds timeout, Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(boost::system::error_code, CmConnection)>(
+            [this, timeout](auto&& handler) {
+                detail::run_cm_step<CmConnection>(std::forward<decltype(handler)>(handler),
+                                                  [this, timeout] { return accept(timeout); });
+            },
+            token);
+    }
 
 private:
     std::shared_ptr<detail::CmIdCore> id_;
@@ -93,6 +155,19 @@ private:
 /// IP of ours) for an outgoing connection.
 CmConnection cm_resolve(const std::string& host, std::uint16_t port,
                         std::chrono::milliseconds timeout = std::chrono::seconds(30), const std::string& source = "");
+
+/// cm_resolve(), asynchronously.
+/// Signature: void(boost::system::error_code, gpuverbs::CmConnection).
+template <class Token = default_token_t<boost::asio::any_io_executor>>
+auto async_cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
+                      const std::string& source, Token&& token = Token()) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, CmConnection)>(
+        [](auto&& handler, const std::string& h, std::uint16_t p, std::chrono::milliseconds t, const std::string& s) {
+            detail::run_cm_step<CmConnection>(std::forward<decltype(handler)>(handler),
+                                              [h, p, t, s] { return cm_resolve(h, p, t, s); });
+        },
+        token, host, port, timeout, source);
+}
 
 } // namespace gpuverbs
 

@@ -23,6 +23,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
 #include <chrono>
@@ -130,11 +131,13 @@ private:
     Step step_ = Step::start;
 };
 
-/// The composed operation behind async_tcp_connect: resolve, then connect.
+/// The composed operation behind async_tcp_connect: resolve, then connect,
+/// retrying refusals (the server may not listen yet) until the deadline.
 class TcpConnectOp {
 public:
-    TcpConnectOp(const boost::asio::any_io_executor& executor, std::string host, std::uint16_t port)
-        : state_(std::make_unique<State>(executor, std::move(host), port)) {}
+    TcpConnectOp(const boost::asio::any_io_executor& executor, std::string host, std::uint16_t port,
+                 std::chrono::milliseconds timeout)
+        : state_(std::make_unique<State>(executor, std::move(host), port, timeout)) {}
 
     template <class Self>
     void operator()(Self& self) {
@@ -144,22 +147,41 @@ public:
     void operator()(Self& self, boost::system::error_code ec,
                     const boost::asio::ip::tcp::resolver::results_type& endpoints) {
         if (ec) return self.complete(ec, boost::asio::ip::tcp::socket(state_->resolver.get_executor()));
-        boost::asio::async_connect(state_->socket, endpoints, std::move(self));
+        state_->endpoints = endpoints;
+        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
     }
     template <class Self>
     void operator()(Self& self, boost::system::error_code ec, const boost::asio::ip::tcp::endpoint&) {
+        if (ec == boost::asio::error::connection_refused && std::chrono::steady_clock::now() < state_->deadline) {
+            state_->socket = boost::asio::ip::tcp::socket(state_->resolver.get_executor());
+            state_->timer.expires_after(std::chrono::milliseconds(20));
+            return state_->timer.async_wait(std::move(self));
+        }
         if (!ec) state_->socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
         self.complete(ec, std::move(state_->socket));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec) { // the retry timer
+        if (ec) return self.complete(ec, std::move(state_->socket));
+        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
     }
 
 private:
     struct State {
-        State(const boost::asio::any_io_executor& ex, std::string h, std::uint16_t p)
-            : resolver(ex), socket(ex), host(std::move(h)), port(p) {}
+        State(const boost::asio::any_io_executor& ex, std::string h, std::uint16_t p, std::chrono::milliseconds t)
+            : resolver(ex),
+              socket(ex),
+              timer(ex),
+              host(std::move(h)),
+              port(p),
+              deadline(std::chrono::steady_clock::now() + t) {}
         boost::asio::ip::tcp::resolver resolver;
         boost::asio::ip::tcp::socket socket;
+        boost::asio::steady_timer timer;
+        boost::asio::ip::tcp::resolver::results_type endpoints;
         std::string host;
         std::uint16_t port;
+        std::chrono::steady_clock::time_point deadline;
     };
     std::unique_ptr<State> state_;
 };
@@ -186,13 +208,14 @@ auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsh
         detail::ExchangeHandshakeOp(socket, ours), token, socket);
 }
 
-/// Resolves host:port and connects, asynchronously (no retry: start the server first).
+/// Resolves host:port and connects, asynchronously, retrying refusals while
+/// the server is not listening yet, for at most `timeout` (as tcp_connect).
 /// Signature: void(boost::system::error_code, boost::asio::ip::tcp::socket).
 template <class Token = default_token_t<boost::asio::any_io_executor>>
-auto async_tcp_connect(boost::asio::any_io_executor executor, const std::string& host, std::uint16_t port,
-                       Token&& token = Token()) {
+auto async_tcp_connect(const boost::asio::any_io_executor& executor, const std::string& host, std::uint16_t port,
+                       std::chrono::milliseconds timeout, Token&& token = Token()) {
     return boost::asio::async_compose<Token, void(boost::system::error_code, boost::asio::ip::tcp::socket)>(
-        detail::TcpConnectOp(executor, host, port), token, executor);
+        detail::TcpConnectOp(executor, host, port, timeout), token, executor);
 }
 
 } // namespace gpuverbs

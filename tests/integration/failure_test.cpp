@@ -194,9 +194,9 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!rig_present())) {
         CHECK(prepared);
     }
 
-        TEST_CASE("a completion queue from another opened Device is refused with the reason, not a bare EINVAL") {
+    TEST_CASE("a completion queue from another opened Device is refused with the reason, not a bare EINVAL") {
         Device first = Device::open(gpuverbs::test::rig_devices()->dev0);
-        Device second = Device::open(gpuverbs::test::rig_devices()->dev0);  // the same NIC, opened twice
+        Device second = Device::open(gpuverbs::test::rig_devices()->dev0); // the same NIC, opened twice
         ProtectionDomain pd(first);
         CompletionQueue cq(second, 16);
         try {

@@ -5,6 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
 #include <future>
 
 #if GPUVERBS_HAVE_RDMACM
@@ -78,6 +84,66 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
         auto server_done = poll_for(server->cq, 2);
         REQUIRE(server_done.size() == 2);
         CHECK(gpuverbs::test::has_pattern(std::span(server->memory).subspan(100, 5000), 42));
+    }
+
+    TEST_CASE("a whole rdma_cm server and client as coroutines: accept, resolve, establish, send, receive") {
+        namespace asio = boost::asio;
+        const auto rig = *gpuverbs::test::rig_devices();
+        asio::io_context io;
+        CmListener listener(rig.ip1, 0);
+        std::string received;
+        std::vector<std::string> errors;
+        auto record = [&](const std::exception_ptr& e) {
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                errors.push_back(ex.what());
+            }
+        };
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+                CmConnection conn = co_await listener.async_accept(20s, asio::use_awaitable);
+                ProtectionDomain pd(conn.device());
+                CompletionQueue cq(conn.device(), 64, co_await asio::this_coro::executor);
+                std::vector<std::byte> m(256);
+                MemoryRegion mr(pd, m, Access::local_write);
+                QueuePair qp = co_await std::move(conn).async_establish(pd, cq, cq, {}, 20s, asio::use_awaitable);
+                Received r = co_await qp.async_receive(mr.slice(0, 256), asio::use_awaitable);
+                received.assign(reinterpret_cast<const char*>(m.data()), r.bytes);
+            },
+            record);
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+                CmConnection conn =
+                    co_await async_cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0, asio::use_awaitable);
+                ProtectionDomain pd(conn.device());
+                CompletionQueue cq(conn.device(), 64, co_await asio::this_coro::executor);
+                std::string text = "hello over rdma_cm";
+                std::vector<std::byte> m(reinterpret_cast<const std::byte*>(text.data()),
+                                         reinterpret_cast<const std::byte*>(text.data()) + text.size());
+                MemoryRegion mr(pd, m, Access::local_write);
+                QueuePair qp = co_await std::move(conn).async_establish(pd, cq, cq, {}, 20s, asio::use_awaitable);
+                co_await qp.async_send(mr.all(), asio::use_awaitable);
+            },
+            record);
+        io.run_for(60s);
+        for (auto& e : errors) MESSAGE(e);
+        CHECK(errors.empty());
+        CHECK(received == "hello over rdma_cm");
+    }
+
+    TEST_CASE("an asynchronous accept that times out completes with timed_out") {
+        namespace asio = boost::asio;
+        asio::io_context io;
+        CmListener listener(gpuverbs::test::rig_devices()->ip1, 0);
+        boost::system::error_code got;
+        listener.async_accept(200ms,
+                              asio::bind_executor(io, [&](boost::system::error_code ec, CmConnection) { got = ec; }));
+        io.run();
+        CHECK(got == std::errc::timed_out);
     }
 
     TEST_CASE("connecting where nobody listens fails with REJECTED and says so") {

@@ -5,6 +5,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 using namespace gpuverbs;
@@ -40,8 +41,8 @@ TEST_SUITE("async tcp bootstrap") {
         asio::co_spawn(
             io,
             [&]() -> asio::awaitable<void> {
-                auto socket =
-                    co_await async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(), asio::use_awaitable);
+                auto socket = co_await async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
+                                                         std::chrono::seconds(5), asio::use_awaitable);
                 client_got = co_await async_exchange_handshake(socket, sample(1)); // default token: deferred
             },
             asio::detached);
@@ -61,7 +62,7 @@ TEST_SUITE("async tcp bootstrap") {
             garbage[0] = garbage[1] = garbage[2] = std::byte{0};
             asio::write(s, asio::buffer(garbage));
         });
-        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
+        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(), std::chrono::seconds(5),
                           [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
@@ -78,7 +79,7 @@ TEST_SUITE("async tcp bootstrap") {
         TcpListener listener(io, 0, "127.0.0.1");
         boost::system::error_code got;
         listener.async_accept([&](boost::system::error_code, asio::ip::tcp::socket s) { s.close(); });
-        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
+        async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(), std::chrono::seconds(5),
                           [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
@@ -89,5 +90,41 @@ TEST_SUITE("async tcp bootstrap") {
         io.run();
         CHECK(got == errc::peer_closed);
         CHECK(got.message().find("closed the connection") != std::string::npos);
+    }
+}
+
+TEST_SUITE("async tcp bootstrap") {
+    TEST_CASE("an asynchronous connect waits for a server that starts listening later") {
+        asio::io_context io;
+        std::uint16_t port = 0;
+        {
+            TcpListener probe(io, 0, "127.0.0.1"); // find a free port, then free it
+            port = probe.port();
+        }
+        boost::system::error_code connected = asio::error::would_block;
+        async_tcp_connect(io.get_executor(), "127.0.0.1", port, std::chrono::seconds(10),
+                          [&](boost::system::error_code ec, asio::ip::tcp::socket) { connected = ec; });
+        std::unique_ptr<TcpListener> late;
+        asio::steady_timer timer(io, std::chrono::milliseconds(200));
+        timer.async_wait([&](boost::system::error_code) {
+            late = std::make_unique<TcpListener>(io, port, "127.0.0.1");
+            late->async_accept([](boost::system::error_code, asio::ip::tcp::socket) {});
+        });
+        io.run();
+        CHECK_FALSE(connected);
+    }
+
+    TEST_CASE("an asynchronous connect gives up after its timeout when nobody listens") {
+        asio::io_context io;
+        std::uint16_t port = 0;
+        {
+            TcpListener probe(io, 0, "127.0.0.1");
+            port = probe.port();
+        }
+        boost::system::error_code got;
+        async_tcp_connect(io.get_executor(), "127.0.0.1", port, std::chrono::milliseconds(150),
+                          [&](boost::system::error_code ec, asio::ip::tcp::socket) { got = ec; });
+        io.run();
+        CHECK(got == asio::error::connection_refused);
     }
 }
