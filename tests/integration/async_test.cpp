@@ -230,19 +230,22 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!rig_present()
     }
 
     TEST_CASE("a request refused by the local checks completes with that error, not inline") {
-        asio::io_context io;
-        AsyncPair p(io.get_executor(), modes[0]);
-        boost::system::error_code got;
-        int calls = 0;
-        p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), p.b.mr.length(),
-                           [&](boost::system::error_code ec, std::size_t) {
-                               got = ec;
-                               ++calls;
-                           });
-        CHECK(calls == 0);
-        io.run();
-        CHECK(calls == 1);
-        CHECK(got == errc::remote_range_outside_region);
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            boost::system::error_code got;
+            int calls = 0;
+            p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), p.b.mr.length(),
+                               [&](boost::system::error_code ec, std::size_t) {
+                                   got = ec;
+                                   ++calls;
+                               });
+            CHECK(calls == 0);
+            io.run();
+            CHECK(calls == 1);
+            CHECK(got == errc::remote_range_outside_region);
+        }
     }
 
     TEST_CASE("a QP forced into error flushes its waiting receives to their handlers") {
@@ -284,56 +287,65 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!rig_present()
     }
 
     TEST_CASE("destroying the CompletionQueue aborts what is outstanding on it") {
-        asio::io_context io;
-        AsyncPair p(io.get_executor(), modes[0]);
-        int aborted_calls = 0;
-        for (int i = 0; i < 3; ++i) {
-            p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
-                if (ec == aborted) ++aborted_calls;
-            });
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            int aborted_calls = 0;
+            for (int i = 0; i < 3; ++i) {
+                p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                    if (ec == aborted) ++aborted_calls;
+                });
+            }
+            io.poll();
+            p.b.cq = CompletionQueue();
+            io.run();
+            CHECK(aborted_calls == 3);
         }
-        io.poll();
-        p.b.cq = CompletionQueue();
-        io.run();
-        CHECK(aborted_calls == 3);
     }
 
     TEST_CASE("an io_context stopped with work pending: objects destroyed, handlers run once when it runs again") {
-        asio::io_context io;
-        auto p = std::make_unique<AsyncPair>(io.get_executor(), modes[0]);
-        int calls = 0;
-        for (int i = 0; i < 3; ++i) {
-            p->b.qp.async_receive(p->b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
-                CHECK(ec == aborted);
-                ++calls;
-            });
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            auto p = std::make_unique<AsyncPair>(io.get_executor(), mode);
+            int calls = 0;
+            for (int i = 0; i < 3; ++i) {
+                p->b.qp.async_receive(p->b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                    CHECK(ec == aborted);
+                    ++calls;
+                });
+            }
+            io.poll();
+            io.stop();
+            p.reset(); // everything destroyed while the io_context is stopped
+            CHECK(calls == 0);
+            io.restart();
+            io.run();
+            CHECK(calls == 3);
         }
-        io.poll();
-        io.stop();
-        p.reset(); // everything destroyed while the io_context is stopped
-        CHECK(calls == 0);
-        io.restart();
-        io.run();
-        CHECK(calls == 3);
     }
 
     TEST_CASE("an io_context destroyed with work pending destroys the handlers without running them") {
-        auto token = std::make_shared<int>(0);
-        int calls = 0;
-        {
-            auto io = std::make_unique<asio::io_context>();
-            auto p = std::make_unique<AsyncPair>(io->get_executor(), modes[0]);
-            for (int i = 0; i < 3; ++i) {
-                p->b.qp.async_receive(p->b.mr.slice(0, 64),
-                                      [&, token](boost::system::error_code, Received) { ++calls; });
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            auto token = std::make_shared<int>(0);
+            int calls = 0;
+            {
+                auto io = std::make_unique<asio::io_context>();
+                auto p = std::make_unique<AsyncPair>(io->get_executor(), mode);
+                for (int i = 0; i < 3; ++i) {
+                    p->b.qp.async_receive(p->b.mr.slice(0, 64),
+                                          [&, token](boost::system::error_code, Received) { ++calls; });
+                }
+                io->poll();
+                CHECK(token.use_count() == 4);
+                p.reset();
+                io.reset();
             }
-            io->poll();
-            CHECK(token.use_count() == 4);
-            p.reset();
-            io.reset();
+            CHECK(calls == 0);
+            CHECK(token.use_count() == 1); // every handler was destroyed: nothing leaked
         }
-        CHECK(calls == 0);
-        CHECK(token.use_count() == 1); // every handler was destroyed: nothing leaked
     }
 
     TEST_CASE("a peer that dies fails the outstanding operations, nothing hangs") {
