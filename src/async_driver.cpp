@@ -133,17 +133,7 @@ std::error_code AsyncDriver::post_now(AsyncOpBase* op) {
         ibv_send_wr wr;
         std::array<ibv_sge, max_sge_per_request> sges;
         ec = fill_send_request(d, qp.caps(), wr, sges.data());
-        if (!ec && !qp.send.has_room_for(1)) ec = errc::send_queue_full;
-        if (!ec) {
-            qp.send.record(0, context, d.opcode);
-            wr.wr_id = encode_wr_id(QueueKind::send, qp.send.slot(0));
-            ibv_send_wr* bad = nullptr;
-            if (int rc = ibv_post_send(qp.qp(), &wr, &bad); rc != 0) {
-                ec.assign(rc, std::system_category());
-            } else {
-                qp.send.commit(1);
-            }
-        }
+        if (!ec) ec = post_send_request(qp, wr, context, d.opcode);
     }
     if (!ec) {
         op->posted = true;

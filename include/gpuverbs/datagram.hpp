@@ -97,16 +97,10 @@ private:
         std::array<ibv_sge, detail::max_sge_per_request> sges;
         if (auto ec = detail::fill_send_request(d, core_->caps(), wr, sges.data())) return ec;
         if (d.local[0].length > mtu_bytes(port_.active_mtu)) return errc::invalid_argument;
-        if (!core_->send.has_room_for(1)) return errc::send_queue_full;
         wr.wr.ud.ah = to.native_handle();
         wr.wr.ud.remote_qpn = remote_qp_num;
         wr.wr.ud.remote_qkey = remote_qkey;
-        core_->send.record(0, d.options.context, d.opcode);
-        wr.wr_id = detail::encode_wr_id(detail::QueueKind::send, core_->send.slot(0));
-        ibv_send_wr* bad = nullptr;
-        if (int rc = ibv_post_send(core_->qp(), &wr, &bad); rc != 0) return {rc, std::system_category()};
-        core_->send.commit(1);
-        return {};
+        return detail::post_send_request(*core_, wr, d.options.context, d.opcode);
     }
 
     std::shared_ptr<detail::QpCore> core_;

@@ -148,6 +148,19 @@ inline std::error_code fill_receive_request(std::span<const LocalBuffer> local, 
 /// the GID itself. Fails with errc::port_not_found or errc::gid_not_found.
 LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid, Status& status);
 
+/// Posts one checked send-queue request: takes a slot (or refuses with
+/// errc::send_queue_full), records the caller's context and opcode in it,
+/// rings the doorbell, and commits the slot once the device accepted it.
+inline std::error_code post_send_request(QpCore& qp, ibv_send_wr& wr, std::uint64_t context, Opcode opcode) noexcept {
+    if (!qp.send.has_room_for(1)) return errc::send_queue_full;
+    qp.send.record(0, context, opcode);
+    wr.wr_id = encode_wr_id(QueueKind::send, qp.send.slot(0));
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp.qp(), &wr, &bad); rc != 0) return {rc, std::system_category()};
+    qp.send.commit(1);
+    return {};
+}
+
 /// Posts receives to a work queue (a QP's or an SRQ's) after the local checks.
 template <class PostFn>
 std::error_code post_receive_to(WorkQueueState& queue, QueueKind kind, std::uint32_t max_sge,
@@ -440,13 +453,7 @@ private:
         ibv_send_wr wr;
         std::array<ibv_sge, detail::max_sge_per_request> sges;
         if (auto ec = detail::fill_send_request(d, core_->caps(), wr, sges.data())) return ec;
-        if (!core_->send.has_room_for(1)) return errc::send_queue_full;
-        core_->send.record(0, d.options.context, d.opcode);
-        wr.wr_id = detail::encode_wr_id(detail::QueueKind::send, core_->send.slot(0));
-        ibv_send_wr* bad = nullptr;
-        if (int rc = ibv_post_send(core_->qp(), &wr, &bad); rc != 0) return {rc, std::system_category()};
-        core_->send.commit(1);
-        return {};
+        return detail::post_send_request(*core_, wr, d.options.context, d.opcode);
     }
 
     std::shared_ptr<detail::QpCore> core_;
