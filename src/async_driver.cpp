@@ -33,9 +33,7 @@ AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, std::shared_ptr<
 
 AsyncDriver::~AsyncDriver() {
     // The channel owns the fd; the descriptor must not close it.
-    boost::system::error_code ignored;
     if (descriptor_.is_open()) (void)descriptor_.release();
-    (void)ignored;
     destroy_all();
 }
 
@@ -82,6 +80,7 @@ void AsyncDriver::destroy_all() noexcept {
         while (!ops.empty()) {
             AsyncOpBase* op = ops.front();
             ops.erase(op);
+            if (list == &pending_) op->qp->async_pending = 0;
             op->destroy();
         }
     }
@@ -99,16 +98,10 @@ void AsyncDriver::on_submit(AsyncOpBase* op) {
         return;
     }
     // Wait in order behind earlier operations of the same QP, or for room.
-    bool queued_behind = false;
-    for (AsyncOpBase* p = pending_.front(); p != nullptr; p = p->next) {
-        if (p->qp == op->qp) {
-            queued_behind = true;
-            break;
-        }
-    }
-    if (queued_behind || !has_room(op)) {
+    if (op->qp->async_pending > 0 || !has_room(op)) {
         pending_.push_back(op);
         ++pending_count_;
+        ++op->qp->async_pending;
         activity();
         return;
     }
@@ -163,6 +156,7 @@ void AsyncDriver::retry_pending() {
             if (has_room(op)) {
                 pending_.erase(op);
                 --pending_count_;
+                --op->qp->async_pending;
                 if (std::error_code ec = post_now(op)) op->fail(ec);
             } else if (blocked_count < blocked.size()) {
                 blocked[blocked_count++] = qp;
@@ -299,6 +293,7 @@ void AsyncDriver::abort_qp(const QpCore* qp) {
             if (op->qp.get() == qp) {
                 list->erase(op);
                 --(list == &live_ ? live_count_ : pending_count_);
+                if (list == &pending_) --op->qp->async_pending;
                 op->posted = false;
                 op->fail(aborted());
             }
@@ -314,6 +309,7 @@ void AsyncDriver::abort_all() {
         while (!ops.empty()) {
             AsyncOpBase* op = ops.front();
             ops.erase(op);
+            if (list == &pending_) op->qp->async_pending = 0;
             op->posted = false;
             op->fail(aborted());
         }

@@ -42,15 +42,7 @@ UdQueuePair::UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send
     detail::Status status;
     port_ = detail::resolve_local_port(pd, options, local_.gid, status);
     status.check();
-    ibv_qp_init_attr init{};
-    init.send_cq = send_cq.native_handle();
-    init.recv_cq = recv_cq.native_handle();
-    init.qp_type = IBV_QPT_UD;
-    init.cap.max_send_wr = options.max_send_wr;
-    init.cap.max_recv_wr = options.max_recv_wr;
-    init.cap.max_send_sge = options.max_send_sge;
-    init.cap.max_recv_sge = options.max_recv_sge;
-    init.cap.max_inline_data = options.max_inline_data;
+    ibv_qp_init_attr init = detail::qp_init_attr(IBV_QPT_UD, send_cq, recv_cq, options);
     errno = 0;
     ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
     if (qp == nullptr) {
@@ -59,9 +51,8 @@ UdQueuePair::UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send
             {err, std::system_category()}, "ibv_create_qp",
             "cannot create a UD queue pair on " + pd.device_name() + ": " + std::system_category().message(err));
     }
-    detail::QpCore::Caps caps{init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_recv_sge,
-                              init.cap.max_inline_data};
-    core_ = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(), nullptr, qp, caps);
+    core_ = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(), nullptr, qp,
+                                             detail::granted(init.cap));
     // A UD QP goes straight to RTS: it has no peer.
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_INIT;

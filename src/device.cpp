@@ -322,17 +322,14 @@ PortAttributes Device::query_port(std::uint8_t port, std::error_code& ec) const 
     return detail::or_code(ec, [&](detail::Status& status) { return query_port_impl(port, status); });
 }
 
-std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& status) const {
+std::vector<GidEntry> detail::read_gid_table(ibv_context* context, const std::string& device_name, std::uint8_t port,
+                                             int gid_table_length, int port_count, Status& status) {
     std::vector<GidEntry> out;
-    PortAttributes p = query_port_impl(port, status);
-    if (!status.ok()) return out;
     // ibv_query_gid_table fills entries for every port; size for all of them.
-    ibv_device_attr dev{};
-    (void)ibv_query_device(core_->context(), &dev);
-    std::vector<ibv_gid_entry> raw(static_cast<std::size_t>(p.gid_table_length) * dev.phys_port_cnt);
-    ssize_t n = ibv_query_gid_table(core_->context(), raw.data(), raw.size(), 0);
+    std::vector<ibv_gid_entry> raw(static_cast<std::size_t>(gid_table_length) * static_cast<std::size_t>(port_count));
+    ssize_t n = ibv_query_gid_table(context, raw.data(), raw.size(), 0);
     if (n < 0) {
-        status.fail_errno(static_cast<int>(-n), "ibv_query_gid_table", "cannot read the GID table of " + name());
+        status.fail_errno(static_cast<int>(-n), "ibv_query_gid_table", "cannot read the GID table of " + device_name);
         return out;
     }
     for (ssize_t i = 0; i < n; ++i) {
@@ -343,6 +340,14 @@ std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& 
     }
     std::sort(out.begin(), out.end(), [](const GidEntry& a, const GidEntry& b) { return a.index < b.index; });
     return out;
+}
+
+std::vector<GidEntry> Device::gid_table_impl(std::uint8_t port, detail::Status& status) const {
+    PortAttributes p = query_port_impl(port, status);
+    if (!status.ok()) return {};
+    ibv_device_attr dev{};
+    (void)ibv_query_device(core_->context(), &dev);
+    return detail::read_gid_table(core_->context(), name(), port, p.gid_table_length, dev.phys_port_cnt, status);
 }
 
 std::vector<GidEntry> Device::gid_table(std::uint8_t port) const {

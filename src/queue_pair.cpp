@@ -100,19 +100,10 @@ LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions&
             return port;
         }
     } else if (port.link_layer == LinkLayer::ethernet) {
-        // Reuse Device's rule and error text without reopening the device.
-        std::vector<ibv_gid_entry> raw(static_cast<std::size_t>(port_attr.gid_tbl_len) * dev_attr.phys_port_cnt);
-        ssize_t n = ibv_query_gid_table(device.context(), raw.data(), raw.size(), 0);
-        std::vector<GidEntry> table;
-        for (ssize_t i = 0; i < n; ++i) {
-            const ibv_gid_entry& e = raw[static_cast<std::size_t>(i)];
-            if (e.port_num != options.port) continue;
-            table.push_back(GidEntry{e.gid_index, static_cast<std::uint8_t>(e.port_num), Gid::from_native(e.gid),
-                                     e.gid_type == IBV_GID_TYPE_ROCE_V2   ? GidType::roce_v2
-                                     : e.gid_type == IBV_GID_TYPE_ROCE_V1 ? GidType::roce_v1
-                                                                          : GidType::ib,
-                                     e.ndev_ifindex});
-        }
+        // The same table and rule as Device::select_gid, without reopening the device.
+        std::vector<GidEntry> table = read_gid_table(device.context(), device.name(), options.port,
+                                                     port_attr.gid_tbl_len, dev_attr.phys_port_cnt, status);
+        if (!status.ok()) return port;
         auto chosen = select_gid(table, LinkLayer::ethernet, options.gid_preference);
         if (!chosen) {
             status.fail(errc::gid_not_found, "ibv_create_qp",
@@ -154,17 +145,8 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
     p.port_ = detail::resolve_local_port(pd, options, local_gid, status);
     if (!status.ok()) return {};
     const detail::DeviceCore& device = *pd.core()->device();
-    ibv_qp_init_attr init{};
-    init.send_cq = send_cq.native_handle();
-    init.recv_cq = recv_cq.native_handle();
-    init.srq = srq != nullptr ? srq->native_handle() : nullptr;
-    init.qp_type = IBV_QPT_RC;
-    init.sq_sig_all = 0;
-    init.cap.max_send_wr = options.max_send_wr;
-    init.cap.max_recv_wr = srq != nullptr ? 0 : options.max_recv_wr;
-    init.cap.max_send_sge = options.max_send_sge;
-    init.cap.max_recv_sge = srq != nullptr ? 0 : options.max_recv_sge;
-    init.cap.max_inline_data = options.max_inline_data;
+    ibv_qp_init_attr init =
+        detail::qp_init_attr(IBV_QPT_RC, send_cq, recv_cq, options, srq != nullptr ? srq->native_handle() : nullptr);
     errno = 0;
     ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
     if (qp == nullptr) {
@@ -179,11 +161,8 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
                               (err == EINVAL ? " (above the device's limits? see Device::query())" : ""));
         return {};
     }
-    // ibv_create_qp wrote back what the device granted.
-    detail::QpCore::Caps caps{init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_recv_sge,
-                              init.cap.max_inline_data};
     p.core_ = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(),
-                                               srq != nullptr ? srq->core() : nullptr, qp, caps);
+                                               srq != nullptr ? srq->core() : nullptr, qp, detail::granted(init.cap));
     if (!modify(qp,
                 detail::init_transition(p.port_, Access::remote_write | Access::remote_read | Access::remote_atomic),
                 "RESET->INIT", status)) {

@@ -156,21 +156,12 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
                     "the protection domain is on " + pd.device_name() + " but the connection manager chose " +
                         device_.name() + ": make the PD and CQs on conn.device()");
     }
-    ibv_qp_init_attr init{};
-    init.send_cq = send_cq.native_handle();
-    init.recv_cq = recv_cq.native_handle();
-    init.qp_type = IBV_QPT_RC;
-    init.cap.max_send_wr = options.max_send_wr;
-    init.cap.max_recv_wr = options.max_recv_wr;
-    init.cap.max_send_sge = options.max_send_sge;
-    init.cap.max_recv_sge = options.max_recv_sge;
-    init.cap.max_inline_data = options.max_inline_data;
+    ibv_qp_init_attr init = detail::qp_init_attr(IBV_QPT_RC, send_cq, recv_cq, options);
     if (rdma_create_qp(id, pd.native_handle(), &init) != 0) {
         throw Error({errno, std::system_category()}, "rdma_create_qp",
                     "cannot create a queue pair on " + device_.name() + ": " + std::system_category().message(errno));
     }
-    detail::QpCore::Caps caps{init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_recv_sge,
-                              init.cap.max_inline_data};
+    const detail::QpCore::Caps caps = detail::granted(init.cap);
     // The QP belongs to the cm id: the QpCore keeps the id alive and lets it destroy the QP.
     auto core = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(), nullptr, id->qp, caps,
                                                  std::shared_ptr<void>(id_));

@@ -93,12 +93,17 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
 
 namespace detail {
 
-void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> payload, Clock::time_point deadline,
-                 Status& status) {
+std::vector<std::byte> frame_record(std::span<const std::byte> payload) {
     std::vector<std::byte> frame(4 + payload.size());
     auto n = static_cast<std::uint32_t>(payload.size());
-    for (int i = 0; i < 4; ++i) frame[static_cast<std::size_t>(i)] = std::byte(n >> (24 - 8 * i));
+    for (std::size_t i = 0; i < 4; ++i) frame[i] = std::byte(n >> (24 - 8 * i));
     std::copy(payload.begin(), payload.end(), frame.begin() + 4);
+    return frame;
+}
+
+void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> payload, Clock::time_point deadline,
+                 Status& status) {
+    std::vector<std::byte> frame = frame_record(payload);
     boost::system::error_code ec;
     socket.non_blocking(true, ec);
     std::size_t done = 0;

@@ -91,6 +91,10 @@ struct PortAttributes {
 namespace detail {
 /// The opened ibv_context; shared by a Device and everything made from it.
 class DeviceCore;
+/// The valid GID entries of `port`, in index order (ibv_query_gid_table);
+/// `gid_table_length` and `port_count` size the query. Fails `status` with the errno.
+std::vector<GidEntry> read_gid_table(ibv_context* context, const std::string& device_name, std::uint8_t port,
+                                     int gid_table_length, int port_count, Status& status);
 } // namespace detail
 
 /// An opened RDMA device. Move-only; an empty (default or moved-from) Device

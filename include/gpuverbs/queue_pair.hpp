@@ -148,6 +148,29 @@ inline std::error_code fill_receive_request(std::span<const LocalBuffer> local, 
 /// the GID itself. Fails with errc::port_not_found or errc::gid_not_found.
 LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid, Status& status);
 
+/// The creation attributes of a queue pair of `type` from the user's options
+/// (no receive queue of its own when it uses a shared receive queue).
+inline ibv_qp_init_attr qp_init_attr(ibv_qp_type type, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                                     const QueuePairOptions& options, ibv_srq* srq = nullptr) noexcept {
+    ibv_qp_init_attr init{};
+    init.send_cq = send_cq.native_handle();
+    init.recv_cq = recv_cq.native_handle();
+    init.srq = srq;
+    init.qp_type = type;
+    init.sq_sig_all = 0;
+    init.cap.max_send_wr = options.max_send_wr;
+    init.cap.max_recv_wr = srq != nullptr ? 0 : options.max_recv_wr;
+    init.cap.max_send_sge = options.max_send_sge;
+    init.cap.max_recv_sge = srq != nullptr ? 0 : options.max_recv_sge;
+    init.cap.max_inline_data = options.max_inline_data;
+    return init;
+}
+
+/// What the device granted: ibv_create_qp and rdma_create_qp write it back into the attributes.
+inline QpCore::Caps granted(const ibv_qp_cap& cap) noexcept {
+    return {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
+}
+
 /// Posts one checked send-queue request: takes a slot (or refuses with
 /// errc::send_queue_full), records the caller's context and opcode in it,
 /// rings the doorbell, and commits the slot once the device accepted it.

@@ -74,17 +74,16 @@ Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsha
 
 namespace detail {
 
+/// A record as it goes on the wire: 4-byte big-endian length, then the payload.
+std::vector<std::byte> frame_record(std::span<const std::byte> payload);
+
 /// The composed operation behind async_exchange_handshake: write our record,
 /// read the peer's length, check it, read the record, parse it.
 class ExchangeHandshakeOp {
 public:
     ExchangeHandshakeOp(boost::asio::ip::tcp::socket& socket, const Handshake& ours)
         : socket_(&socket), state_(std::make_unique<State>()) {
-        std::vector<std::byte> payload = wire::serialize(ours);
-        auto n = static_cast<std::uint32_t>(payload.size());
-        state_->out.resize(4 + payload.size());
-        for (std::size_t i = 0; i < 4; ++i) state_->out[i] = std::byte(n >> (24 - 8 * i));
-        std::copy(payload.begin(), payload.end(), state_->out.begin() + 4);
+        state_->out = frame_record(wire::serialize(ours));
     }
 
     template <class Self>

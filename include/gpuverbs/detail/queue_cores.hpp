@@ -176,6 +176,8 @@ private:
 public:
     WorkQueueState send;
     WorkQueueState receive;
+    /// Asynchronous operations of this QP waiting for room (guarded by its CQ driver's mutex).
+    std::size_t async_pending = 0;
 };
 
 /// Turns one work completion into a Completion, using the owning queue's slot
