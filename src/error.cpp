@@ -43,6 +43,10 @@ public:
             case errc::no_executor:
                 return "the queue pair's completion queue is not bound to an executor: create the CompletionQueue "
                        "with an executor to use asynchronous operations";
+            case errc::not_gpu_memory:
+                return "the pointer is not GPU device memory that CUDA knows (host, managed or unmapped memory)";
+            case errc::gpu_direct_unavailable:
+                return "the RDMA device cannot reach this GPU memory: neither DMA-BUF nor nvidia-peermem works here";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";

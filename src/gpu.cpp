@@ -15,12 +15,7 @@ public:
 
 #ifdef GPUVERBS_WITH_CUDA
 
-// Fails `status` with the call's name and the driver's words; true if it failed.
-bool failed(CUresult r, const char* verb, const std::string& what, detail::Status& status) {
-    if (r == CUDA_SUCCESS) return false;
-    status.fail({static_cast<int>(r), cuda_category()}, verb, what + ": " + detail::cuda::describe(r));
-    return true;
-}
+using detail::cuda::failed;
 
 std::vector<GpuInfo> list_impl(detail::Status& status) {
     std::vector<GpuInfo> out;

@@ -12,7 +12,10 @@ std::string describe_range(const void* address, std::size_t length) {
     return text;
 }
 
-// Why ibv_reg_mr failed, in terms of what the caller passed.
+} // namespace
+
+namespace detail {
+
 std::string reg_mr_hint(int err, Access access) {
     switch (err) {
         case EFAULT: return "; the range is not mapped memory of this process";
@@ -31,39 +34,62 @@ std::string reg_mr_hint(int err, Access access) {
     }
 }
 
-} // namespace
-
-MemoryRegion MemoryRegion::create_impl(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
-                                       detail::Status& status) {
+bool check_registration(const ProtectionDomain& pd, std::string_view what, Access access, std::string_view verb,
+                        Status& status) {
     if (!pd) {
-        status.fail(errc::invalid_argument, "ibv_reg_mr", "the ProtectionDomain is empty");
-        return {};
+        status.fail(errc::invalid_argument, verb,
+                    "cannot register " + std::string(what) + ": the ProtectionDomain is empty");
+        return false;
     }
     if ((has(access, Access::remote_write) || has(access, Access::remote_atomic)) &&
         !has(access, Access::local_write)) {
         // The verbs API says EINVAL for this; say exactly why before asking it.
-        status.fail(errc::invalid_argument, "ibv_reg_mr",
-                    "cannot register " + describe_range(address, length) + " on " + pd.device_name() +
+        status.fail(errc::invalid_argument, verb,
+                    "cannot register " + std::string(what) + " on " + pd.device_name() +
                         ": remote_write and remote_atomic access need local_write too");
-        return {};
+        return false;
     }
+    return true;
+}
+
+} // namespace detail
+
+MemoryRegion MemoryRegion::create_impl(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
+                                       detail::Status& status) {
+    if (!detail::check_registration(pd, describe_range(address, length), access, "ibv_reg_mr", status)) return {};
     errno = 0;
     ibv_mr* mr = ibv_reg_mr(pd.native_handle(), address, length, static_cast<int>(access));
     if (mr == nullptr) {
         int err = errno != 0 ? errno : EINVAL;
         status.fail_errno(err, "ibv_reg_mr",
                           "cannot register " + describe_range(address, length) + " on " + pd.device_name() +
-                              reg_mr_hint(err, access));
+                              detail::reg_mr_hint(err, access));
         return {};
     }
+    return detail::adopt_memory_region(pd, mr, address, length, reinterpret_cast<std::uintptr_t>(address), access,
+                                       Registration::host);
+}
+
+std::string_view to_string(Registration registration) noexcept {
+    switch (registration) {
+        case Registration::host: return "host";
+        case Registration::dmabuf: return "DMA-BUF";
+        case Registration::peermem: return "peermem";
+    }
+    return "?";
+}
+
+MemoryRegion detail::adopt_memory_region(const ProtectionDomain& pd, ibv_mr* mr, void* address, std::size_t length,
+                                         std::uint64_t iova, Access access, Registration registration) {
     MemoryRegion region;
     region.core_ = std::make_shared<detail::MrCore>(pd.core(), mr);
     region.address_ = address;
     region.length_ = length;
-    region.iova_ = reinterpret_cast<std::uintptr_t>(address);
+    region.iova_ = iova;
     region.lkey_ = mr->lkey;
     region.rkey_ = mr->rkey;
     region.access_ = access;
+    region.registration_ = registration;
     return region;
 }
 

@@ -43,6 +43,9 @@ enum class errc {
     // The asynchronous layer.
     no_executor,        ///< the QP's completion queue is not bound to an executor
     async_needs_one_cq, ///< asynchronous operations need the QP's send and receive CQ to be the same
+    // GPU memory.
+    not_gpu_memory,         ///< the pointer is not device memory CUDA knows (host, managed or unmapped memory)
+    gpu_direct_unavailable, ///< no registration method lets this NIC reach this GPU memory (see the reasons)
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

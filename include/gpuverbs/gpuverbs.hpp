@@ -8,6 +8,8 @@
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"
 #include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu_buffer.hpp"
+#include "gpuverbs/gpu_direct.hpp"
 #include "gpuverbs/memory_region.hpp"
 #include "gpuverbs/protection_domain.hpp"
 #include "gpuverbs/queue_pair.hpp"

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <system_error>
 
 namespace gpuverbs {
@@ -42,6 +44,15 @@ constexpr bool has(Access set, Access flag) noexcept {
 /// Everything a peer may do plus local write: the usual choice for buffers both sides use.
 inline constexpr Access access_all =
     Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
+
+/// How a memory region was registered.
+enum class Registration {
+    host,    ///< ibv_reg_mr on host memory
+    dmabuf,  ///< ibv_reg_dmabuf_mr on a dma-buf exported by the GPU driver
+    peermem, ///< ibv_reg_mr on a GPU pointer, through nvidia_peermem
+};
+/// "host", "DMA-BUF" or "peermem".
+std::string_view to_string(Registration registration) noexcept;
 
 /// A range of one of our memory regions, as a work request uses it. Plain
 /// value: it records the region's bounds, so a range outside them is caught
@@ -74,6 +85,8 @@ struct RemoteMemory {
     friend bool operator==(const RemoteMemory&, const RemoteMemory&) = default;
 };
 
+class MemoryRegion;
+
 namespace detail {
 
 /// The registered ibv_mr; keeps its protection domain (and device) alive.
@@ -89,6 +102,17 @@ private:
     std::shared_ptr<PdCore> pd_;
     ibv_mr* mr_;
 };
+
+/// "; what to do" for an errno from ibv_reg_mr, given the access asked for.
+std::string reg_mr_hint(int err, Access access);
+/// The checks every registration makes first: a non-empty protection domain,
+/// and local_write wherever remote_write or remote_atomic is asked for.
+bool check_registration(const ProtectionDomain& pd, std::string_view what, Access access, std::string_view verb,
+                        Status& status);
+
+/// Wraps a registered ibv_mr (GPU registrations build theirs in gpu_direct).
+MemoryRegion adopt_memory_region(const ProtectionDomain& pd, ibv_mr* mr, void* address, std::size_t length,
+                                 std::uint64_t iova, Access access, Registration registration);
 
 } // namespace detail
 
@@ -118,9 +142,12 @@ public:
     [[nodiscard]] std::uint32_t lkey() const noexcept { return lkey_; }
     [[nodiscard]] std::uint32_t rkey() const noexcept { return rkey_; }
     [[nodiscard]] Access access() const noexcept { return access_; }
-    /// The address peers and work requests use for byte 0 of the region. For
-    /// host memory this is address(); registrations by offset (dma-buf) differ.
+    /// The address peers and work requests use for byte 0 of the region:
+    /// address() for host memory and peermem, the GPU address for DMA-BUF
+    /// (where rdma-core leaves the dma-buf offset in ibv_mr::addr instead).
     [[nodiscard]] std::uint64_t iova() const noexcept { return iova_; }
+    /// host, dmabuf or peermem.
+    [[nodiscard]] Registration registration() const noexcept { return registration_; }
 
     /// [offset, offset + length) of this region for a work request. Not checked
     /// here: a range outside the region fails when posted, with nothing posted.
@@ -143,6 +170,9 @@ private:
     static MemoryRegion create_impl(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
                                     detail::Status& status);
 
+    friend MemoryRegion detail::adopt_memory_region(const ProtectionDomain&, ibv_mr*, void*, std::size_t, std::uint64_t,
+                                                    Access, Registration);
+
     std::shared_ptr<detail::MrCore> core_;
     void* address_ = nullptr;
     std::size_t length_ = 0;
@@ -150,6 +180,7 @@ private:
     std::uint32_t lkey_ = 0;
     std::uint32_t rkey_ = 0;
     Access access_ = Access::none;
+    Registration registration_ = Registration::host;
 };
 
 } // namespace gpuverbs

@@ -1,5 +1,7 @@
 #include "cuda/driver_api.hpp"
 
+#include "gpuverbs/gpu.hpp"
+
 #include <dlfcn.h>
 
 namespace gpuverbs::detail::cuda {
@@ -70,6 +72,14 @@ Loaded load() {
     if (!fetch(#name, reinterpret_cast<void**>(&out.api.name), version)) return out;
     GPUVERBS_CUDA_DRIVER_FUNCTIONS(GPUVERBS_CUDA_FETCH)
 #undef GPUVERBS_CUDA_FETCH
+    // Optional entry points: a failed lookup leaves the pointer null and the
+    // driver usable.
+#define GPUVERBS_CUDA_FETCH_OPTIONAL(name, version)                        \
+    if (!fetch(#name, reinterpret_cast<void**>(&out.api.name), version)) { \
+        out.status = Status{};                                             \
+    }
+    GPUVERBS_CUDA_OPTIONAL_FUNCTIONS(GPUVERBS_CUDA_FETCH_OPTIONAL)
+#undef GPUVERBS_CUDA_FETCH_OPTIONAL
 
     if (CUresult r = out.api.cuInit(0); r != CUDA_SUCCESS) {
         if (r == CUDA_ERROR_NO_DEVICE) {
@@ -116,6 +126,35 @@ const DriverApi* driver_api(Status& status) {
     }
     return &l.api;
 }
+
+#ifdef GPUVERBS_WITH_CUDA
+
+bool failed(CUresult r, const char* verb, const std::string& what, Status& status) {
+    if (r == CUDA_SUCCESS) return false;
+    status.fail({static_cast<int>(r), cuda_category()}, verb, what + ": " + describe(r));
+    return true;
+}
+
+PrimaryContext::PrimaryContext(const DriverApi& cu, int ordinal, Status& status) {
+    CUdevice device = 0;
+    std::string which = "GPU " + std::to_string(ordinal);
+    if (failed(cu.cuDeviceGet(&device, ordinal), "cuDeviceGet", "cannot open " + which, status)) return;
+    CUcontext context = nullptr;
+    if (failed(cu.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain",
+               "cannot start a CUDA context on " + which, status)) {
+        return;
+    }
+    cu_ = &cu;
+    context_ = context;
+    device_ = device;
+}
+
+PrimaryContext::~PrimaryContext() {
+    // At process exit the driver may already be shut down; nothing to do then.
+    if (context_ != nullptr) (void)cu_->cuDevicePrimaryCtxRelease(device_);
+}
+
+#endif
 
 std::string describe(int result) {
 #ifdef GPUVERBS_WITH_CUDA
