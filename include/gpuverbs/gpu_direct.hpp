@@ -122,6 +122,10 @@ struct GpuRegistrationExplanation {
 };
 GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, const GpuMemory& memory,
                                                     GpuRegistration policy = GpuRegistration::automatic);
+/// The same for memory GPU `gpu` would allocate as a GpuBuffer (GPUDirect
+/// RDMA capable): whether this GPU and `pd`'s NIC can work together at all.
+GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, int gpu,
+                                                    GpuRegistration policy = GpuRegistration::automatic);
 
 // --- The probes, one by one (also used by gpuverbs-doctor) ------------------
 

@@ -218,4 +218,11 @@ GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, 
     });
 }
 
+GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, int gpu, GpuRegistration policy) {
+    GpuMemory capable;
+    capable.gpu = gpu;
+    capable.gpu_direct_rdma_capable = true; // as GpuBuffer allocates it
+    return explain_gpu_registration(pd, capable, policy);
+}
+
 } // namespace gpuverbs

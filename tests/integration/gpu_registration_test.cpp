@@ -11,10 +11,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 using namespace gpuverbs;
 using gpuverbs::test::ConnectedPair;
@@ -257,4 +260,27 @@ TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!rig_present())) {
         CHECK(detail::register_gpu_memory_with(pd, stand_in(host), access_all, GpuRegistration::automatic, gpu.inputs(),
                                                why, ok));
     }
+
+#ifdef GPUVERBS_TEST_HAVE_EXAMPLE_04
+    TEST_CASE("the GPUDirect example, run on Soft-RoCE without a GPU, prints every reason and exits cleanly") {
+        auto self = std::filesystem::read_symlink("/proc/self/exe");
+        std::string example = (self.parent_path().parent_path() / "examples" / "04_gpudirect_write").string();
+        std::string device = gpuverbs::test::rig_devices()->dev1;
+        std::string command = example + " server --device " + device + " --port 18590 2>&1";
+        FILE* pipe = ::popen(command.c_str(), "r");
+        REQUIRE(pipe != nullptr);
+        std::string out;
+        char chunk[512];
+        while (std::size_t n = std::fread(chunk, 1, sizeof chunk, pipe)) out.append(chunk, n);
+        int status = ::pclose(pipe);
+        INFO(out);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+        CHECK(out.starts_with("server: GPUDirect RDMA is not available on this machine:\n  DMA-BUF: "));
+        CHECK(contains(out, "the NIC " + device + " does not support dma-buf memory regions (EOPNOTSUPP)"));
+        CHECK(contains(out, "\n  peermem: "));
+        CHECK(contains(out, "nvidia_peermem is not loaded"));
+        CHECK(contains(out, built_with_cuda() ? "libcuda.so.1 could not be loaded" : "built without CUDA"));
+    }
+#endif
 }
