@@ -13,7 +13,7 @@ using detail::Status;
 
 constexpr std::size_t gpu_page_size = std::size_t{64} << 10; // GPUDirect RDMA maps GPU memory in 64 KiB pages
 
-std::size_t round_up(std::size_t n, std::size_t unit) {
+[[maybe_unused]] std::size_t round_up(std::size_t n, std::size_t unit) {
     return (n + unit - 1) / unit * unit;
 }
 
@@ -256,6 +256,7 @@ void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::b
             (void)failed(cu.cuCtxSynchronize(), "cuCtxSynchronize", "cannot wait for the fill", status);
         });
 #else
+        (void)value;
         (void)detail::cuda::driver_api(status);
 #endif
     }

@@ -35,7 +35,7 @@ Check cached(Map& map, const Key& key, Probe&& probe) {
     return map.emplace(key, std::move(answer)).first->second;
 }
 
-std::string cuda_version_text(int v) {
+[[maybe_unused]] std::string cuda_version_text(int v) {
     return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
 
@@ -81,7 +81,7 @@ int attribute(const GpuHandle& h, CUdevice_attribute a) {
 
 #endif
 
-Check kernel_supports_dmabuf() {
+[[maybe_unused]] Check kernel_supports_dmabuf() {
     utsname u{};
     if (::uname(&u) != 0) return Check::yes(); // cannot tell; let registration decide
     auto version = detail::parse_kernel_release(u.release);

@@ -34,7 +34,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
     std::vector<std::byte> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 167 + seed * 13 + (i >> 12)) & 0xff);
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 167 + std::size_t{seed} * 13 + (i >> 12)) & 0xff);
     return v;
 }
 

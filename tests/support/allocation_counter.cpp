@@ -22,3 +22,12 @@ void operator delete(void* p) noexcept {
 void operator delete(void* p, std::size_t) noexcept {
     std::free(p);
 }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): every
+// allocation this program makes must pair with the deletes above.
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+    count.fetch_add(1, std::memory_order_relaxed);
+    return std::malloc(size == 0 ? 1 : size);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
