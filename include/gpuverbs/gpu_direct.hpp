@@ -142,6 +142,18 @@ Check probe_gpu_dmabuf(int gpu);
 /// under `sys_root` ("/sys" normally; a fixture tree in tests). Not cached.
 Check probe_peermem(std::string_view sys_root = "/sys");
 
+/// The CUDA attributes that matter for GPUDirect RDMA on one GPU.
+struct GpuDirectAttributes {
+    bool gpu_direct_rdma = false; ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+    bool dma_buf = false;         ///< CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+    bool vmm_gpu_direct = false;  ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+    int flush_writes_options = 0; ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS (bit 0: host flush)
+    int writes_ordering = 0;      ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING (0 none, 100 owner, 200 all)
+};
+/// Reads them for GPU `gpu` (throws gpuverbs::Error without a driver or GPU).
+GpuDirectAttributes gpu_direct_attributes(int gpu);
+GpuDirectAttributes gpu_direct_attributes(int gpu, std::error_code& ec);
+
 /// Making RDMA-written data visible to the GPU. After a completion says the
 /// NIC wrote into GPU memory, work the CPU launches afterwards sees the data
 /// on GPUs whose CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING reaches

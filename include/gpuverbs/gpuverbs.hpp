@@ -5,6 +5,7 @@
 #include "gpuverbs/completion_queue.hpp"
 #include "gpuverbs/datagram.hpp"
 #include "gpuverbs/device.hpp"
+#include "gpuverbs/doctor.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"
 #include "gpuverbs/gpu.hpp"

@@ -198,6 +198,43 @@ Check probe_memory(const GpuMemory& memory) {
                      "allocFlags.gpuDirectRDMACapable=1): allocate it with that flag, or use GpuBuffer");
 }
 
+namespace {
+
+GpuDirectAttributes attributes_impl(int gpu, Status& status) {
+    GpuDirectAttributes a;
+#ifdef GPUVERBS_WITH_CUDA
+    GpuHandle h = open_gpu(gpu);
+    if (h.cu == nullptr) {
+        Status driver;
+        if (detail::cuda::driver_api(driver) == nullptr) {
+            status = driver;
+        } else {
+            status.fail(errc::invalid_argument, "cuDeviceGet", h.problem.reason);
+        }
+        return a;
+    }
+    a.gpu_direct_rdma = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED) != 0;
+    a.dma_buf = attribute(h, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) != 0;
+    a.vmm_gpu_direct = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) != 0;
+    a.flush_writes_options = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS);
+    a.writes_ordering = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING);
+#else
+    (void)gpu;
+    (void)detail::cuda::driver_api(status);
+#endif
+    return a;
+}
+
+} // namespace
+
+GpuDirectAttributes gpu_direct_attributes(int gpu) {
+    return detail::or_throw([&](Status& s) { return attributes_impl(gpu, s); });
+}
+
+GpuDirectAttributes gpu_direct_attributes(int gpu, std::error_code& ec) {
+    return detail::or_code(ec, [&](Status& s) { return attributes_impl(gpu, s); });
+}
+
 bool gpu_orders_rdma_writes(int gpu) {
     return detail::or_throw([&](Status& status) {
         bool out = false;
