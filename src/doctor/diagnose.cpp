@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <tuple>
 
 namespace gpuverbs {
 namespace {
@@ -497,6 +498,7 @@ DoctorReport diagnose(const DoctorOptions& o) {
     check_nics(b, o, nics);
 
     // Every GPU-NIC pair, then each GPU's nearest NIC and the verdict.
+    std::map<std::string, int> used; // GPUs already given each NIC
     for (const auto& g : gpus) {
         std::vector<GpuNicPath> mine;
         std::optional<std::size_t> best; // nearest by PCIe class; a NIC without a location only if none has one
@@ -506,8 +508,16 @@ DoctorReport diagnose(const DoctorOptions& o) {
                 p.path = detail::classify_path(*g.chain, *nics[i].chain);
                 p.bridges = detail::bridges_on_path(*g.chain, *nics[i].chain);
             }
-            if (!best || (p.path && (!mine[*best].path || *p.path < *mine[*best].path))) best = i;
             mine.push_back(std::move(p));
+            if (!best) {
+                best = i;
+                continue;
+            }
+            // Nearer wins; between equally near NICs, the one fewer GPUs use (as NCCL spreads rails).
+            auto rank = [&](std::size_t j) {
+                return std::tuple(mine[j].path ? static_cast<int>(*mine[j].path) : 99, used[nics[j].name]);
+            };
+            if (rank(i) < rank(*best)) best = i;
         }
         GpuConclusion c;
         c.gpu = g.bdf;
@@ -516,6 +526,7 @@ DoctorReport diagnose(const DoctorOptions& o) {
             const GpuNicPath& p = mine[*best];
             check_path(b, o, g, n, p);
             c.nic = n.name;
+            ++used[n.name];
             c.path = p.path;
             c.nccl_ib_hca = n.name;
             if (p.path) c.nccl_net_gdr_level = std::string(to_string(*p.path));

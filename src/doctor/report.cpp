@@ -1,6 +1,7 @@
 // The doctor's report as text for people and as JSON for programs.
 #include "gpuverbs/doctor.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
@@ -38,22 +39,29 @@ const char* colour_of(CheckStatus s) {
     }
 }
 
+std::string format_check(const DoctorCheck& c, bool colour) {
+    std::string status = "[" + std::string(to_string(c.status)) + "]";
+    status.resize(10, ' ');
+    if (colour) status = colour_of(c.status) + status + "\033[0m";
+    std::string out = "  " + status + c.id + ": " + c.found + "\n";
+    if (!c.advice.empty()) out += "            -> " + c.advice + (c.doc.empty() ? "" : " (docs/" + c.doc + ")") + "\n";
+    return out;
+}
+
 } // namespace
 
 std::string format_report(const DoctorReport& report, bool colour) {
     std::string out;
-    std::string subject;
+    // Grouped by subject, in the order subjects first appear.
+    std::vector<std::string> subjects;
     for (const auto& c : report.checks) {
-        if (c.subject != subject) {
-            subject = c.subject;
-            out += "\n" + subject + "\n";
+        if (std::find(subjects.begin(), subjects.end(), c.subject) == subjects.end()) subjects.push_back(c.subject);
+    }
+    for (const auto& subject : subjects) {
+        out += "\n" + subject + "\n";
+        for (const auto& c : report.checks) {
+            if (c.subject == subject) out += format_check(c, colour);
         }
-        std::string status = "[" + std::string(to_string(c.status)) + "]";
-        status.resize(10, ' ');
-        if (colour) status = colour_of(c.status) + status + "\033[0m";
-        out += "  " + status + c.id + ": " + c.found + "\n";
-        if (!c.advice.empty())
-            out += "            -> " + c.advice + (c.doc.empty() ? "" : " (docs/" + c.doc + ")") + "\n";
     }
     if (!report.paths.empty()) {
         out += "\nPCIe distance, GPU to NIC (PIX nearest .. SYS farthest)\n";

@@ -173,14 +173,18 @@ std::vector<std::pair<std::string, std::string>> find_rdma_nics(const std::strin
 }
 
 std::uint64_t read_bar1_bytes(const std::string& sys_root, const std::string& bdf) {
+    // NVIDIA's BAR1 (the window the NIC reaches GPU memory through) is the
+    // second memory BAR: resource line 1 after a 32-bit BAR0, line 2 after a
+    // 64-bit one (whose upper half leaves line 1 empty).
     std::ifstream in(fs::path(sys_root) / "bus/pci/devices" / bdf / "resource");
     std::string line;
-    for (int i = 0; i < 2 && std::getline(in, line); ++i) {
-        if (i != 1) continue;
+    int seen = 0;
+    for (int i = 0; i < 6 && std::getline(in, line); ++i) {
         unsigned long long start = 0, end = 0;
         std::istringstream s(line);
         s >> std::hex >> start >> end;
-        return end > start ? end - start + 1 : 0;
+        if (end <= start) continue;
+        if (++seen == 2) return end - start + 1;
     }
     return 0;
 }

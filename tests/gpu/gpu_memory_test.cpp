@@ -355,3 +355,38 @@ TEST_SUITE("GPU memory on a real GPU" * doctest::skip(!gpuverbs::test::gpu_avail
     }
 #endif
 }
+
+// gpuverbs-doctor's live run on the GPU machine: the GPU and its attributes
+// found, the open kernel module recognised, and no RDMA device named as such.
+#include "gpuverbs/doctor.hpp"
+
+TEST_SUITE("gpuverbs-doctor on a real GPU" * doctest::skip(!gpuverbs::test::gpu_available())) {
+    TEST_CASE("the doctor sees the GPU, the open module, DMA-BUF on the GPU side, and no RDMA device") {
+        DoctorReport r = diagnose();
+        auto gpus = list_gpus();
+        std::string subject = "GPU " + gpus[0].pci_bus_id;
+        auto find = [&](const std::string& id, const std::string& s) -> const DoctorCheck& {
+            for (const auto& c : r.checks) {
+                if (c.id == id && c.subject == s) return c;
+            }
+            FAIL("no check ", id, " for ", s);
+            static DoctorCheck none;
+            return none;
+        };
+        CHECK(find("gpu", subject).status == CheckStatus::ok);
+        CHECK(find("gpu", subject).found.starts_with(gpus[0].name + ", CUDA device 0"));
+        CHECK(find("nvidia-driver", "system").status == CheckStatus::ok);
+        CHECK(contains(find("nvidia-driver", "system").found, "open kernel module"));
+        CHECK(find("gpu-direct-rdma", subject).status == CheckStatus::ok);
+        CHECK(find("gpu-dmabuf", subject).status == CheckStatus::ok);
+        CHECK(find("gpu-vmm-rdma", subject).status == CheckStatus::ok);
+        CHECK(find("gpu-write-ordering", subject).status == CheckStatus::ok);
+        CHECK(find("gpu-bar1", subject).status == CheckStatus::ok);
+        CHECK(find("rdma-devices", "system").status == CheckStatus::fail);
+        CHECK(contains(find("rdma-devices", "system").found, "/sys/class/infiniband is empty"));
+        CHECK(find("registration", subject).status == CheckStatus::fail);
+        REQUIRE(r.conclusions.size() == gpus.size());
+        CHECK(r.conclusions[0].nic.empty());
+        CHECK_FALSE(r.conclusions[0].method.has_value());
+    }
+}

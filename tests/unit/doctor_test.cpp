@@ -1,0 +1,307 @@
+// gpuverbs-doctor on fixture trees modelled on real machines (tests/data/topology),
+// the pure topology pieces, the JSON, the command itself, and a live run on
+// this machine, where every check must say why.
+#include "gpuverbs/doctor.hpp"
+#include "gpuverbs/detail/pcie_topology.hpp"
+
+#include "sysfs_fixture.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+using gpuverbs::CheckStatus;
+using gpuverbs::DoctorReport;
+using gpuverbs::PciPath;
+using gpuverbs::test::SysfsFixture;
+
+namespace {
+
+std::filesystem::path topology(const char* name) {
+    return std::filesystem::path(GPUVERBS_TEST_DATA_DIR) / "topology" / name;
+}
+
+DoctorReport diagnose_fixture(const SysfsFixture& f, const char* kernel = "6.8.0-45-generic") {
+    gpuverbs::DoctorOptions o;
+    o.sys_root = f.sys();
+    o.proc_root = f.proc();
+    o.live = false;
+    o.kernel_release = kernel;
+    return gpuverbs::diagnose(o);
+}
+
+const gpuverbs::DoctorCheck& check(const DoctorReport& r, const std::string& id, const std::string& subject) {
+    for (const auto& c : r.checks) {
+        if (c.id == id && c.subject == subject) return c;
+    }
+    FAIL("no check ", id, " for ", subject);
+    static gpuverbs::DoctorCheck none;
+    return none;
+}
+
+std::optional<PciPath> path_of(const DoctorReport& r, const std::string& gpu, const std::string& nic) {
+    for (const auto& p : r.paths) {
+        if (p.gpu == gpu && p.nic == nic) return p.path;
+    }
+    return std::nullopt;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_SUITE("doctor topology") {
+    TEST_CASE("an 8-GPU server: every GPU gets its own PIX NIC, other switches are NODE or SYS") {
+        SysfsFixture f(topology("hgx-8gpu-pix.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        REQUIRE(r.conclusions.size() == 8);
+        CHECK(r.paths.size() == 64);
+        std::set<std::string> nics;
+        for (const auto& c : r.conclusions) {
+            CAPTURE(c.gpu);
+            CHECK(c.path == PciPath::pix);
+            CHECK(c.nccl_ib_hca == c.nic);
+            CHECK(c.nccl_net_gdr_level == "PIX");
+            nics.insert(c.nic);
+            CHECK(check(r, "pcie-path", "GPU " + c.gpu + " - " + c.nic).status == CheckStatus::ok);
+            const auto& acs = check(r, "pcie-acs", "GPU " + c.gpu + " - " + c.nic);
+            CHECK(acs.status == CheckStatus::ok);
+            CHECK(contains(acs.found, "ACSCtl all off"));
+        }
+        CHECK(nics.size() == 8); // the two GPUs of a switch take its two NICs, one each
+        CHECK(path_of(r, "0000:03:00.0", "mlx5_0") == PciPath::pix);
+        CHECK(path_of(r, "0000:03:00.0", "mlx5_1") == PciPath::pix);
+        CHECK(path_of(r, "0000:03:00.0", "mlx5_2") == PciPath::node); // other root complex, same socket
+        CHECK(path_of(r, "0000:03:00.0", "mlx5_4") == PciPath::sys);  // other socket
+        CHECK(check(r, "iommu", "system").status == CheckStatus::ok);
+        CHECK(contains(check(r, "iommu", "system").found, "passthrough"));
+        CHECK(contains(check(r, "iommu", "system").found, "iommu=pt"));
+        CHECK(check(r, "nvidia-driver", "system").status == CheckStatus::ok);
+        CHECK(check(r, "nvidia-driver", "system").found == "NVIDIA driver 535.183.01, open kernel module");
+        CHECK(check(r, "peermem", "system").status == CheckStatus::ok);
+        CHECK(check(r, "gpu-bar1", "GPU 0000:03:00.0").found == "BAR1 is 128 GiB");
+        const auto& nccl = check(r, "nccl", "system");
+        CHECK(nccl.found ==
+              "NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 "
+              "(NCCL_NET_GDR_LEVEL default PXB suffices)");
+    }
+
+    TEST_CASE("a two-socket host with the NIC on the other socket: SYS, and the old stack is named") {
+        SysfsFixture f(topology("two-socket-sys.topo"));
+        DoctorReport r = diagnose_fixture(f, "5.4.0-150-generic");
+        REQUIRE(r.conclusions.size() == 1);
+        CHECK(r.conclusions[0].path == PciPath::sys);
+        CHECK(r.conclusions[0].nccl_net_gdr_level == "SYS");
+        const auto& path = check(r, "pcie-path", "GPU 0000:3b:00.0 - mlx5_0");
+        CHECK(path.status == CheckStatus::fail);
+        CHECK(contains(path.found, "another CPU socket"));
+        CHECK(path.doc == "troubleshooting.md#doctor-pcie-path");
+        CHECK(check(r, "nvidia-driver", "system").status == CheckStatus::warn);
+        CHECK(contains(check(r, "nvidia-driver", "system").found, "470.223.02, proprietary kernel module"));
+        CHECK(check(r, "kernel-dmabuf", "system").status == CheckStatus::warn);
+        CHECK(check(r, "peermem", "system").status == CheckStatus::warn);
+        CHECK(check(r, "iommu", "system").found == "no IOMMU is active; no IOMMU options on the kernel command line");
+        CHECK(check(r, "nccl", "system").found == "NCCL_IB_HCA=mlx5_0 NCCL_NET_GDR_LEVEL=SYS");
+        CHECK(r.worst() == CheckStatus::fail);
+    }
+
+    TEST_CASE("GPU and NIC on two root ports of one root complex: PHB, a warning with NCCL's setting") {
+        SysfsFixture f(topology("one-host-bridge-phb.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        CHECK(r.conclusions.at(0).path == PciPath::phb);
+        const auto& path = check(r, "pcie-path", "GPU 0000:01:00.0 - mlx5_0");
+        CHECK(path.status == CheckStatus::warn);
+        CHECK(contains(path.advice, "NCCL_NET_GDR_LEVEL=PHB"));
+        // The path crosses both root ports; ACS is off on them.
+        CHECK(check(r, "pcie-acs", "GPU 0000:01:00.0 - mlx5_0").status == CheckStatus::ok);
+        CHECK(check(r, "nccl", "system").found == "NCCL_IB_HCA=mlx5_0 NCCL_NET_GDR_LEVEL=PHB");
+    }
+
+    TEST_CASE("ACS redirect on a switch port fails the pair and names the bridge; a translating IOMMU warns") {
+        SysfsFixture f(topology("switch-acs-enabled.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        CHECK(r.conclusions.at(0).path == PciPath::pix);
+        const auto& acs = check(r, "pcie-acs", "GPU 0000:19:00.0 - mlx5_0");
+        CHECK(acs.status == CheckStatus::fail);
+        CHECK(contains(acs.found, "0000:18:00.0 SrcValid+ ReqRedir+ CmpltRedir+ UpstreamFwd+"));
+        CHECK_FALSE(contains(acs.found, "0000:18:01.0"));
+        CHECK(contains(acs.advice, "setpci"));
+        const auto& iommu = check(r, "iommu", "system");
+        CHECK(iommu.status == CheckStatus::warn);
+        CHECK(contains(iommu.found, "GPU 0000:19:00.0 (DMA-FQ)"));
+        CHECK(contains(iommu.found, "intel_iommu=on"));
+        CHECK(contains(iommu.advice, "iommu=pt"));
+    }
+
+    TEST_CASE("two switches deep: PXB; ACS cannot be read without root, and says so") {
+        SysfsFixture f(topology("two-level-switch-pxb.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        CHECK(r.conclusions.at(0).path == PciPath::pxb);
+        CHECK(check(r, "pcie-path", "GPU 0000:05:00.0 - mlx5_0").status == CheckStatus::ok);
+        const auto& acs = check(r, "pcie-acs", "GPU 0000:05:00.0 - mlx5_0");
+        CHECK(acs.status == CheckStatus::unknown);
+        CHECK(acs.found.starts_with("unknown, needs root"));
+        REQUIRE(r.paths.size() == 1);
+        CHECK(r.paths[0].bridges ==
+              std::vector<std::string>{"0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0", "0000:02:01.0"});
+    }
+
+    TEST_CASE("a VM's flat bus: PHB with no bridges, so ACS is not applicable") {
+        SysfsFixture f(topology("vm-flat-bus.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        CHECK(r.conclusions.at(0).path == PciPath::phb);
+        CHECK(check(r, "pcie-acs", "GPU 0000:00:06.0 - mlx5_0").status == CheckStatus::not_applicable);
+        CHECK(check(r, "gpu-bar1", "GPU 0000:00:06.0").found == "BAR1 is 256 GiB");
+        // Without live probes the conclusion says what it could not find out.
+        CHECK_FALSE(r.conclusions[0].method.has_value());
+        CHECK(check(r, "registration", "GPU 0000:00:06.0").status == CheckStatus::fail);
+    }
+}
+
+TEST_SUITE("doctor pieces") {
+    TEST_CASE("path classes from chains") {
+        using gpuverbs::detail::classify_path;
+        using gpuverbs::detail::PciChain;
+        PciChain gpu{"0000:03:00.0", "pci0000:00", {"0000:00:01.0", "0000:01:00.0", "0000:02:00.0"}, 0};
+        PciChain same_switch{"0000:04:00.0", "pci0000:00", {"0000:00:01.0", "0000:01:00.0", "0000:02:01.0"}, 0};
+        PciChain other_port{"0000:81:00.0", "pci0000:00", {"0000:00:02.0"}, 0};
+        PciChain other_root_same_node{"0000:41:00.0", "pci0000:40", {"0000:40:01.0"}, 0};
+        PciChain other_socket{"0000:c1:00.0", "pci0000:c0", {"0000:c0:01.0"}, 1};
+        CHECK(classify_path(gpu, same_switch) == PciPath::pix);
+        CHECK(classify_path(gpu, other_port) == PciPath::phb);
+        CHECK(classify_path(gpu, other_root_same_node) == PciPath::node);
+        CHECK(classify_path(gpu, other_socket) == PciPath::sys);
+        PciChain deep{
+            "0000:09:00.0", "pci0000:00", {"0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:08:00.0"}, 0};
+        CHECK(classify_path(deep, same_switch) == PciPath::pxb);
+        CHECK(classify_path(same_switch, deep) == PciPath::pxb);
+    }
+
+    TEST_CASE("ACS from config space: absent, off, redirecting, unreadable, and a chain of capabilities") {
+        using gpuverbs::detail::AcsState;
+        using gpuverbs::detail::parse_acs;
+        std::vector<std::uint8_t> config(4096, 0);
+        CHECK(parse_acs(config).kind == AcsState::absent);
+        CHECK(parse_acs(std::span(config).first(256)).kind == AcsState::unknown);
+        // AER at 0x100 pointing to ACS at 0x148.
+        config[0x100] = 0x01;
+        config[0x102] = 0x81; // version 1, next 0x148 (0x148 << 20 split over bytes 2-3)
+        config[0x103] = 0x14;
+        config[0x148] = 0x0d;
+        config[0x14a] = 0x01;
+        CHECK(parse_acs(config).kind == AcsState::disabled);
+        config[0x14e] = 0x04; // ReqRedir
+        AcsState on = parse_acs(config);
+        CHECK(on.kind == AcsState::redirecting);
+        CHECK(on.detail == "ReqRedir+");
+        config[0x14e] = 0x11; // SrcValid + UpstreamFwd: no redirection of peer traffic
+        CHECK(parse_acs(config).kind == AcsState::disabled);
+        // A loop in the capability list ends.
+        config[0x14a] = 0x01;
+        config[0x148] = 0x0b;
+        config[0x14a] = 0x01 | 0x00;
+        config[0x14b] = 0x10; // next = 0x100
+        CHECK(parse_acs(config).kind == AcsState::absent);
+    }
+
+    TEST_CASE("BAR1 is the second memory BAR, after a 32-bit or a 64-bit BAR0") {
+        namespace fs = std::filesystem;
+        fs::path root = fs::temp_directory_path() / ("gpuverbs-bar1-" + std::to_string(::getpid()));
+        fs::create_directories(root / "bus/pci/devices/0000:01:00.0");
+        auto write = [&](const char* text) { std::ofstream(root / "bus/pci/devices/0000:01:00.0/resource") << text; };
+        write(
+            "0x00000000de000000 0x00000000deffffff 0x0000000000040200\n"
+            "0x000000c000000000 0x000000c00fffffff 0x000000000014220c\n"
+            "0x0000000000000000 0x0000000000000000 0x0000000000000000\n");
+        CHECK(gpuverbs::detail::read_bar1_bytes(root.string(), "0000:01:00.0") == (std::uint64_t{256} << 20));
+        write(
+            "0x0000104002000000 0x0000104002ffffff 0x000000000014220c\n"
+            "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+            "0x0000100000000000 0x0000103fffffffff 0x000000000014220c\n");
+        CHECK(gpuverbs::detail::read_bar1_bytes(root.string(), "0000:01:00.0") == (std::uint64_t{256} << 30));
+        CHECK(gpuverbs::detail::read_bar1_bytes(root.string(), "0000:02:00.0") == 0);
+        fs::remove_all(root);
+    }
+
+    TEST_CASE("the JSON report has the documented shape and escapes text") {
+        DoctorReport r;
+        r.checks.push_back({"memlock", "system", CheckStatus::warn, "a \"quoted\"\nline", "do\\this", "x.md#y"});
+        r.paths.push_back({"0000:03:00.0", "mlx5_0", PciPath::pix, {"0000:02:00.0"}});
+        gpuverbs::GpuConclusion c;
+        c.gpu = "0000:03:00.0";
+        c.nic = "mlx5_0";
+        c.path = PciPath::pix;
+        c.method = gpuverbs::Registration::dmabuf;
+        c.rejected = {{gpuverbs::Registration::peermem, "nvidia_peermem is not loaded"}};
+        c.nccl_ib_hca = "mlx5_0";
+        c.nccl_net_gdr_level = "PIX";
+        r.conclusions.push_back(c);
+        std::string json = gpuverbs::to_json(r);
+        CHECK(json == R"({
+  "schema": "gpuverbs-doctor/1",
+  "worst": "warn",
+  "checks": [
+    {"id": "memlock", "subject": "system", "status": "warn", "found": "a \"quoted\"\nline", "advice": "do\\this", "doc": "x.md#y"}
+  ],
+  "paths": [
+    {"gpu": "0000:03:00.0", "nic": "mlx5_0", "class": "PIX", "bridges": ["0000:02:00.0"]}
+  ],
+  "conclusions": [
+    {"gpu": "0000:03:00.0", "nic": "mlx5_0", "class": "PIX", "method": "dmabuf", "rejected": [{"method": "peermem", "reason": "nvidia_peermem is not loaded"}], "nccl": {"NCCL_IB_HCA": "mlx5_0", "NCCL_NET_GDR_LEVEL": "PIX"}}
+  ]
+}
+)");
+    }
+
+    TEST_CASE("the command: --json on a fixture, exit status by the worst result, bad arguments") {
+        SysfsFixture f(topology("two-socket-sys.topo"));
+        auto self = std::filesystem::read_symlink("/proc/self/exe");
+        std::string doctor = (self.parent_path().parent_path() / "gpuverbs-doctor").string();
+        auto run = [](const std::string& command, std::string& out) {
+            FILE* pipe = ::popen(command.c_str(), "r");
+            REQUIRE(pipe != nullptr);
+            char chunk[4096];
+            while (std::size_t n = std::fread(chunk, 1, sizeof chunk, pipe)) out.append(chunk, n);
+            int status = ::pclose(pipe);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        };
+        std::string out;
+        int rc =
+            run(doctor + " --json --no-live --kernel-release 5.4.0 --sys-root " + f.sys() + " --proc-root " + f.proc(),
+                out);
+        CHECK(rc == 2);
+        CHECK(out.starts_with("{\n  \"schema\": \"gpuverbs-doctor/1\",\n  \"worst\": \"fail\","));
+        CHECK(contains(out, R"("class": "SYS")"));
+        std::string text;
+        CHECK(run(doctor + " --no-live --sys-root " + f.sys() + " --proc-root " + f.proc(), text) == 2);
+        CHECK(contains(text, "[fail]    pcie-path: SYS: the NIC is on another CPU socket than the GPU"));
+        CHECK_FALSE(contains(text, "\033[")); // no colour into a pipe
+        std::string bad;
+        CHECK(run(doctor + " --frobnicate 2>&1", bad) == 64);
+        CHECK(contains(bad, "unknown argument '--frobnicate'"));
+    }
+
+    TEST_CASE("a live run on this machine says why for every check that is not ok") {
+        DoctorReport r = gpuverbs::diagnose();
+        CHECK_FALSE(r.checks.empty());
+        for (const auto& c : r.checks) {
+            CAPTURE(c.id);
+            CAPTURE(c.subject);
+            CHECK_FALSE(c.found.empty());
+            if (c.status == CheckStatus::warn || c.status == CheckStatus::fail) {
+                CHECK_FALSE(c.advice.empty());
+                CHECK(c.doc.starts_with("troubleshooting.md#doctor-"));
+            }
+        }
+        std::string text = gpuverbs::format_report(r);
+        CHECK(contains(text, "worst result: "));
+    }
+}
