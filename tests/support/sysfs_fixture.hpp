@@ -139,7 +139,7 @@ private:
 
     // Config space: 4096 bytes as root reads it, with an ACS extended
     // capability at 0x100 whose control register holds `acs`'s bits.
-    void write_config(const std::string& path, const std::string& acs) {
+    void write_config(const std::string& path, const std::string& acs) const {
         std::vector<unsigned char> config(acs == "unreadable" ? 64 : 4096, 0);
         if (acs == "off" || acs == "redirect") {
             config[0x100] = 0x0d; // ACS, version 1, no next capability

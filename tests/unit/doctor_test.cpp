@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 using gpuverbs::CheckStatus;
 using gpuverbs::DoctorReport;
@@ -163,6 +164,32 @@ TEST_SUITE("doctor topology") {
         // Without live probes the conclusion says what it could not find out.
         CHECK_FALSE(r.conclusions[0].method.has_value());
         CHECK(check(r, "registration", "GPU 0000:00:06.0").status == CheckStatus::fail);
+    }
+}
+
+TEST_SUITE("doctor documentation") {
+    TEST_CASE("every doc pointer a report can carry has its anchor in docs/troubleshooting.md") {
+        std::ifstream in(std::filesystem::path(GPUVERBS_TEST_DATA_DIR).parent_path().parent_path() / "docs" /
+                         "troubleshooting.md");
+        std::stringstream text;
+        text << in.rdbuf();
+        std::set<std::string> docs;
+        for (const char* name : {"hgx-8gpu-pix.topo", "two-socket-sys.topo", "one-host-bridge-phb.topo",
+                                 "switch-acs-enabled.topo", "two-level-switch-pxb.topo", "vm-flat-bus.topo"}) {
+            SysfsFixture f(topology(name));
+            for (const auto& c : diagnose_fixture(f, "5.4.0").checks) {
+                if (!c.doc.empty()) docs.insert(c.doc);
+            }
+        }
+        for (const auto& c : gpuverbs::diagnose().checks) {
+            if (!c.doc.empty()) docs.insert(c.doc);
+        }
+        CHECK(docs.size() >= 12);
+        for (const auto& doc : docs) {
+            CAPTURE(doc);
+            REQUIRE(doc.starts_with("troubleshooting.md#"));
+            CHECK(contains(text.str(), "<a id=\"" + doc.substr(doc.find('#') + 1) + "\"></a>"));
+        }
     }
 }
 
