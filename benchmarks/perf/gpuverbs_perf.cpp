@@ -11,9 +11,10 @@
 // the server gets ready (posts receives), both run, and the client reports.
 // Bandwidth: iterations back to back with up to --tx-depth in flight, timed
 // from the first post to the last completion. Latency: ping-pong with a
-// write-with-immediate (or a send) each way, one way = half the round trip,
-// as perftest reports it; the receiver learns of arrival from a completion,
-// which is also what GPU memory needs (a CPU cannot poll GPU memory).
+// write each way, one way = half the round trip, as perftest reports it.
+// On host memory the receiver sees a write arrive by polling the buffer's
+// last byte (as ib_write_lat does); on GPU memory, which the CPU cannot poll,
+// by the completion of a write-with-immediate; send_lat by the receive's completion.
 #include "perf_options.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
@@ -61,7 +62,8 @@ struct End {
             if (!policy) throw gv::Error(gv::errc::invalid_argument, "--registration", "auto, dmabuf or peermem");
             mr = gv::register_gpu_memory(pd, gpu, gv::access_all, *policy);
         } else {
-            host.resize(bytes);
+            // write_lat polls memory: writes arrive in the lower half and are sent from the upper half.
+            host.resize(o.mode == Mode::write_lat ? 2 * bytes : bytes);
             mr = gv::MemoryRegion(pd, host, gv::access_all);
         }
         gv::QueuePairOptions q;
@@ -222,13 +224,45 @@ void wait_message(End& e, Receives& receives) {
     }
 }
 
-Result latency(const Options& o, End& e, std::size_t size, Receives& receives) {
+// write_lat on host memory detects arrival as perftest does: by polling the
+// last byte of the buffer, which each write sets to the exchange's number.
+// (GPU memory cannot be polled by the CPU: there it is write-with-immediate.)
+bool polls_memory(const Options& o) {
+    return o.mode == Mode::write_lat && !o.gpu;
+}
+
+std::uint8_t mark(std::uint32_t i) {
+    return static_cast<std::uint8_t>(i % 255 + 1);
+}
+
+void post_marked_write(const Options& o, End& e, std::size_t size, std::uint32_t i) {
+    std::size_t from = e.host.size() / 2; // send from the upper half; the peer polls its lower half
+    e.host[from + size - 1] = std::byte{mark(i)};
+    gv::SendOptions s;
+    s.inline_data = size <= o.inline_size;
+    s.signaled = i % 64 == 63; // reap completions now and then; the queue never fills
+    check(e.qp.post_write(e.mr.slice(from, size), e.peer, 0, s), "post_write");
+    if (s.signaled) poll_one(e.cq);
+}
+
+void wait_mark(End& e, std::size_t size, std::uint32_t i) {
+    const volatile auto* last = reinterpret_cast<const volatile std::uint8_t*>(e.host.data() + size - 1);
+    while (*last != mark(i)) {
+    }
+}
+
+Result latency(const Options& o, End& e, std::size_t size, std::optional<Receives>& receives) {
     std::vector<double> us;
     us.reserve(o.iterations);
     for (std::uint32_t i = 0; i < o.iterations; ++i) {
         auto t0 = Clock::now();
-        post_message(o, e, size);
-        wait_message(e, receives);
+        if (polls_memory(o)) {
+            post_marked_write(o, e, size, i);
+            wait_mark(e, size, i);
+        } else {
+            post_message(o, e, size);
+            wait_message(e, *receives);
+        }
         us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 2);
     }
     // Our last send's completion may still be queued: reap it so the next size starts clean.
@@ -255,7 +289,11 @@ Result latency(const Options& o, End& e, std::size_t size, Receives& receives) {
 // The server's part for one size: receives for sends, the pong for latency.
 void serve(const Options& o, End& e, Control& control, std::size_t size) {
     std::optional<Receives> receives;
-    if (o.mode == Mode::send_bw || perf::is_latency(o.mode)) receives.emplace(o, e, size);
+    if (polls_memory(o)) {
+        e.host[size - 1] = std::byte{0};
+    } else if (o.mode == Mode::send_bw || perf::is_latency(o.mode)) {
+        receives.emplace(o, e, size);
+    }
     control.put(ready);
     if (o.mode == Mode::send_bw) {
         for (std::uint32_t got = 0; got < o.iterations;) {
@@ -263,6 +301,11 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
             if (c.opcode != gv::Opcode::receive) continue;
             ++got;
             receives->post();
+        }
+    } else if (polls_memory(o)) {
+        for (std::uint32_t i = 0; i < o.iterations; ++i) {
+            wait_mark(e, size, i);
+            post_marked_write(o, e, size, i);
         }
     } else if (perf::is_latency(o.mode)) {
         for (std::uint32_t i = 0; i < o.iterations; ++i) {
@@ -286,11 +329,15 @@ std::vector<Result> run_client(const Options& o, End& e, Control& control) {
             std::fprintf(stderr, "\r%s: %zu bytes (%zu of %zu)   ", perf::name_of(o.mode), size, i + 1, o.sizes.size());
         }
         std::optional<Receives> receives;
-        if (perf::is_latency(o.mode)) receives.emplace(o, e, size);
+        if (polls_memory(o)) {
+            e.host[size - 1] = std::byte{0};
+        } else if (perf::is_latency(o.mode)) {
+            receives.emplace(o, e, size);
+        }
         control.put(size);
         control.put(o.iterations);
         if (control.get() != ready) throw std::runtime_error("control channel out of step");
-        results.push_back(perf::is_latency(o.mode) ? latency(o, e, size, *receives) : bandwidth(o, e, size));
+        results.push_back(perf::is_latency(o.mode) ? latency(o, e, size, receives) : bandwidth(o, e, size));
         control.put(done);
         if (control.get() != done) throw std::runtime_error("control channel out of step");
     }
