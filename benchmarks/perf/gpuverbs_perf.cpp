@@ -322,6 +322,12 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
 }
 
 std::vector<Result> run_client(const Options& o, End& e, Control& control) {
+    std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+    if (e.peer.length < largest) {
+        throw std::runtime_error("the server's buffer is " + std::to_string(e.peer.length) + " bytes, smaller than " +
+                                 std::to_string(largest) + ": start the server with --size " + std::to_string(largest) +
+                                 " (or the same --max-size)");
+    }
     std::vector<Result> results;
     for (std::size_t i = 0; i < o.sizes.size(); ++i) {
         std::size_t size = o.sizes[i];

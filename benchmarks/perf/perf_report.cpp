@@ -40,7 +40,8 @@ const char* usage =
     "  --mtu N           256|512|1024|2048|4096                --gpu N       GPU memory on CUDA device N\n"
     "  --registration auto|dmabuf|peermem                      --json | --csv   machine-readable output\n"
     "  --svg FILE        plot bandwidth or latency against size --no-progress\n"
-    "Both sides must be started with the same MODE; the client chooses sizes and iterations.\n";
+    "Both sides must be started with the same MODE; the client chooses sizes and iterations\n"
+    "(the server's buffer must hold the largest size: give it the same --size or --max-size).\n";
 
 std::optional<std::size_t> number(const char* s) {
     char* end = nullptr;
@@ -225,7 +226,7 @@ std::string json(const Options& o, const std::vector<Result>& rows) {
         const auto& r = rows[i];
         std::snprintf(item, sizeof item,
                       "%s\n  {\"bytes\": %zu, \"iterations\": %u, \"seconds\": %.6f, \"bw_mib_s\": %.3f, "
-                      "\"msg_rate_mpps\": %.6f, \"lat_min_us\": %.3f, \"lat_typical_us\": %.3f, \"lat_avg_us\": %.3f, "
+                      "\"msg_rate_mpps\": %.9f, \"lat_min_us\": %.3f, \"lat_typical_us\": %.3f, \"lat_avg_us\": %.3f, "
                       "\"lat_p99_us\": %.3f, \"lat_max_us\": %.3f, \"lat_stdev_us\": %.3f}",
                       i ? "," : "", r.bytes, r.iterations, r.seconds, r.bw_mib_s, r.msg_rate_mpps, r.lat_min,
                       r.lat_typical, r.lat_avg, r.lat_p99, r.lat_max, r.lat_stdev);
@@ -240,7 +241,7 @@ std::string csv(const Options& o, const std::vector<Result>& rows) {
         "lat_p99_us,lat_max_us,lat_stdev_us\n";
     char line[256];
     for (const auto& r : rows) {
-        std::snprintf(line, sizeof line, "%s,%zu,%u,%.6f,%.3f,%.6f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", name_of(o.mode),
+        std::snprintf(line, sizeof line, "%s,%zu,%u,%.6f,%.3f,%.9f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", name_of(o.mode),
                       r.bytes, r.iterations, r.seconds, r.bw_mib_s, r.msg_rate_mpps, r.lat_min, r.lat_typical,
                       r.lat_avg, r.lat_p99, r.lat_max, r.lat_stdev);
         out += line;
