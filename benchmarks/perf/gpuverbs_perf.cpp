@@ -236,11 +236,13 @@ std::uint8_t mark(std::uint32_t i) {
 }
 
 void post_marked_write(const Options& o, End& e, std::size_t size, std::uint32_t i) {
+    // Signal now and then and at the end of the size, and reap it: unsignaled
+    // requests are only freed by a later signaled one, so the queue never fills.
     std::size_t from = e.host.size() / 2; // send from the upper half; the peer polls its lower half
     e.host[from + size - 1] = std::byte{mark(i)};
     gv::SendOptions s;
     s.inline_data = size <= o.inline_size;
-    s.signaled = i % 64 == 63; // reap completions now and then; the queue never fills
+    s.signaled = i % 64 == 63 || i + 1 == o.iterations;
     check(e.qp.post_write(e.mr.slice(from, size), e.peer, 0, s), "post_write");
     if (s.signaled) poll_one(e.cq);
 }
@@ -334,18 +336,33 @@ std::vector<Result> run_client(const Options& o, End& e, Control& control) {
         if (o.progress && ::isatty(STDERR_FILENO) != 0) {
             std::fprintf(stderr, "\r%s: %zu bytes (%zu of %zu)   ", perf::name_of(o.mode), size, i + 1, o.sizes.size());
         }
-        std::optional<Receives> receives;
-        if (polls_memory(o)) {
-            e.host[size - 1] = std::byte{0};
-        } else if (perf::is_latency(o.mode)) {
-            receives.emplace(o, e, size);
+        // One measured round of `iterations` messages of `size` bytes, server in step.
+        auto round = [&](std::uint32_t iterations) {
+            Options with = o;
+            with.iterations = iterations;
+            std::optional<Receives> receives;
+            if (polls_memory(with)) {
+                e.host[size - 1] = std::byte{0};
+            } else if (perf::is_latency(with.mode)) {
+                receives.emplace(with, e, size);
+            }
+            control.put(size);
+            control.put(iterations);
+            if (control.get() != ready) throw std::runtime_error("control channel out of step");
+            Result r = perf::is_latency(with.mode) ? latency(with, e, size, receives) : bandwidth(with, e, size);
+            control.put(done);
+            if (control.get() != done) throw std::runtime_error("control channel out of step");
+            return r;
+        };
+        std::uint32_t iterations = o.iterations;
+        if (o.duration > 0) {
+            // --duration: a short probe gives the rate, the count follows from it.
+            std::uint32_t probe = perf::is_latency(o.mode) ? 20 : 64;
+            Result p = round(probe);
+            double per = p.seconds / probe;
+            iterations = static_cast<std::uint32_t>(std::clamp(o.duration / (per > 0 ? per : 1e-6), 1.0, 1e7));
         }
-        control.put(size);
-        control.put(o.iterations);
-        if (control.get() != ready) throw std::runtime_error("control channel out of step");
-        results.push_back(perf::is_latency(o.mode) ? latency(o, e, size, receives) : bandwidth(o, e, size));
-        control.put(done);
-        if (control.get() != done) throw std::runtime_error("control channel out of step");
+        results.push_back(round(iterations));
     }
     control.put(finished);
     if (o.progress && ::isatty(STDERR_FILENO) != 0) std::fprintf(stderr, "\r%60s\r", "");

@@ -25,6 +25,7 @@ struct Options {
     std::uint8_t ib_port = 1;
     std::vector<std::size_t> sizes{65536};
     std::uint32_t iterations = 0;   // 0: the mode's default
+    double duration = 0;            // seconds per size instead of --iters (a short probe run sets the count)
     std::uint32_t tx_depth = 128;   // send-side requests in flight
     std::uint32_t rx_depth = 512;   // receives posted ahead (send_bw, latency)
     std::uint32_t inline_size = 0;  // sizes up to this go inline

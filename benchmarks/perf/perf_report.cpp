@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace perf {
@@ -35,6 +36,8 @@ const char* usage =
     "  --size N          one message size (65536)              --sweep       2 B .. 8 MiB, powers of two\n"
     "  --min-size N --max-size N   sweep bounds\n"
     "  --iters N         messages per size (bw 5000, lat 1000) --tx-depth N  requests in flight (128)\n"
+    "  --duration S      about S seconds per size instead of --iters (a short probe run sets the count)\n"
+    "  --duration S      about S seconds per size instead of --iters (a short probe run sets the count)\n"
     "  --rx-depth N      receives posted ahead (512)           --inline N    sizes up to N go inline\n"
     "  --batch N         requests per doorbell (1)             --signal-every N  selective signaling (1)\n"
     "  --mtu N           256|512|1024|2048|4096                --gpu N       GPU memory on CUDA device N\n"
@@ -136,7 +139,11 @@ std::optional<Options> parse(int argc, char** argv) {
             sweep = true;
         } else if (a == "--iters")
             ok = num(o.iterations);
-        else if (a == "--tx-depth")
+        else if (a == "--duration") {
+            const char* v = value();
+            ok = v != nullptr && std::atof(v) > 0;
+            if (ok) o.duration = std::atof(v);
+        } else if (a == "--tx-depth")
             ok = num(o.tx_depth);
         else if (a == "--rx-depth")
             ok = num(o.rx_depth);
