@@ -81,6 +81,13 @@ int attribute(const GpuHandle& h, CUdevice_attribute a) {
 
 #endif
 
+// Why GPU probes say no in a build without CUDA (the loader's own sentence).
+[[maybe_unused]] Check without_cuda() {
+    Status status;
+    (void)detail::cuda::driver_api(status);
+    return Check::no(status.detail);
+}
+
 [[maybe_unused]] Check kernel_supports_dmabuf() {
     utsname u{};
     if (::uname(&u) != 0) return Check::yes(); // cannot tell; let registration decide
@@ -139,9 +146,7 @@ Check probe_gpu_direct_rdma(int gpu) {
     return Check::yes();
 #else
     (void)gpu;
-    Status status;
-    (void)detail::cuda::driver_api(status);
-    return Check::no(status.detail);
+    return without_cuda();
 #endif
 }
 
@@ -163,9 +168,7 @@ Check probe_gpu_dmabuf(int gpu) {
         return kernel_supports_dmabuf();
 #else
         (void)gpu;
-        Status status;
-        (void)detail::cuda::driver_api(status);
-        return Check::no(status.detail);
+        return without_cuda();
 #endif
     });
 }

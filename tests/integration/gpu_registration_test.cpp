@@ -75,22 +75,28 @@ struct InjectedGpu {
     }
 };
 
+// One rxe device, a protection domain, host memory standing in for GPU
+// memory, the injected GPU half, and what a registration reports.
+struct OnRxe {
+    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
+    ProtectionDomain pd{device};
+    std::vector<std::byte> host = std::vector<std::byte>(1 << 16);
+    InjectedGpu gpu;
+    std::vector<Rejection> why;
+    detail::Status status;
+};
+
 } // namespace
 
 TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!rig_present())){
-    TEST_CASE("the NIC-side dma-buf probe really runs on rxe and says it is unsupported"){
-        Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-ProtectionDomain pd(device);
-Check answer = probe_nic_dmabuf(pd);
+    TEST_CASE_FIXTURE(OnRxe, "the NIC-side dma-buf probe really runs on rxe and says it is unsupported"){
+        Check answer = probe_nic_dmabuf(pd);
 CHECK_FALSE(answer.ok);
 CHECK(answer.reason.starts_with("the NIC " + device.name() + " does not support dma-buf memory regions (EOPNOTSUPP)"));
 CHECK(probe_nic_dmabuf(pd) == answer); // cached, same words
 }
 
-TEST_CASE("without a GPU, register_gpu_memory names every method and every reason") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
-    std::vector<std::byte> host(1 << 16);
+TEST_CASE_FIXTURE(OnRxe, "without a GPU, register_gpu_memory names every method and every reason") {
     try {
         (void)register_gpu_memory(pd, stand_in(host), access_all);
         FAIL("register_gpu_memory succeeded without a GPU");
@@ -113,7 +119,6 @@ TEST_CASE("without a GPU, register_gpu_memory names every method and every reaso
     }
     // The error_code form gives the same reasons as data.
     std::error_code ec;
-    std::vector<Rejection> why;
     CHECK_FALSE(register_gpu_memory(pd, stand_in(host), access_all, GpuRegistration::automatic, ec, &why));
     CHECK(ec == errc::gpu_direct_unavailable);
     CHECK(why.size() == 2);
@@ -156,13 +161,7 @@ TEST_CASE(
     CHECK(has_pattern(gpu_stand_in, 42));
 }
 
-TEST_CASE("policy dmabuf reaches ibv_reg_dmabuf_mr only, and fails with rxe's answer") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
-    std::vector<std::byte> host(1 << 16);
-    InjectedGpu gpu;
-    std::vector<Rejection> why;
-    detail::Status status;
+TEST_CASE_FIXTURE(OnRxe, "policy dmabuf reaches ibv_reg_dmabuf_mr only, and fails with rxe's answer") {
     MemoryRegion mr = detail::register_gpu_memory_with(pd, stand_in(host), access_all, GpuRegistration::dmabuf,
                                                        gpu.inputs(Check::yes()), why, status);
     CHECK_FALSE(mr);
@@ -176,13 +175,7 @@ TEST_CASE("policy dmabuf reaches ibv_reg_dmabuf_mr only, and fails with rxe's an
     CHECK(gpu.all_closed());
 }
 
-TEST_CASE("with the real NIC answer, automatic skips DMA-BUF on rxe and registers through peermem") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
-    std::vector<std::byte> host(1 << 16);
-    InjectedGpu gpu;
-    std::vector<Rejection> why;
-    detail::Status status;
+TEST_CASE_FIXTURE(OnRxe, "with the real NIC answer, automatic skips DMA-BUF on rxe and registers through peermem") {
     MemoryRegion mr = detail::register_gpu_memory_with(pd, stand_in(host), Access::local_write,
                                                        GpuRegistration::automatic, gpu.inputs(), why, status);
     REQUIRE(mr);
@@ -192,18 +185,12 @@ TEST_CASE("with the real NIC answer, automatic skips DMA-BUF on rxe and register
     CHECK(contains(why[0].reason, "does not support dma-buf memory regions (EOPNOTSUPP)"));
 }
 
-TEST_CASE("a failed export is a reason, and the fallback still runs") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
-    std::vector<std::byte> host(1 << 16);
-    InjectedGpu gpu;
+TEST_CASE_FIXTURE(OnRxe, "a failed export is a reason, and the fallback still runs") {
     auto inputs = gpu.inputs(Check::yes());
     inputs.export_dmabuf = [](const GpuMemory&, detail::Status& s) {
         s.fail(errc::cuda_error, "cuMemGetHandleForAddressRange", "cannot export: CUDA_ERROR_INVALID_VALUE");
         return detail::DmabufExport{};
     };
-    std::vector<Rejection> why;
-    detail::Status status;
     MemoryRegion mr = detail::register_gpu_memory_with(pd, stand_in(host), access_all, GpuRegistration::automatic,
                                                        inputs, why, status);
     REQUIRE(mr);
@@ -212,15 +199,10 @@ TEST_CASE("a failed export is a reason, and the fallback still runs") {
     CHECK(why[0].reason == "cannot export: CUDA_ERROR_INVALID_VALUE");
 }
 
-TEST_CASE("peermem refused by the kernel (unmapped pages: EFAULT) is a reason, not a crash") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
+TEST_CASE_FIXTURE(OnRxe, "peermem refused by the kernel (unmapped pages: EFAULT) is a reason, not a crash") {
     // A reserved range with no access: the kernel cannot pin it, as when nvidia_peermem does not take GPU pages.
     void* hole = ::mmap(nullptr, 1 << 16, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     REQUIRE(hole != MAP_FAILED);
-    InjectedGpu gpu;
-    std::vector<Rejection> why;
-    detail::Status status;
     MemoryRegion mr = detail::register_gpu_memory_with(pd, stand_in({static_cast<std::byte*>(hole), 1 << 16}),
                                                        access_all, GpuRegistration::peermem, gpu.inputs(), why, status);
     CHECK_FALSE(mr);
@@ -230,18 +212,12 @@ TEST_CASE("peermem refused by the kernel (unmapped pages: EFAULT) is a reason, n
     CHECK(contains(status.detail, "peermem: ibv_reg_mr"));
     ::munmap(hole, 1 << 16);
     // The protection domain is still usable.
-    std::vector<std::byte> host(4096);
-    CHECK(MemoryRegion(pd, host, access_all));
+    std::vector<std::byte> small(4096);
+    CHECK(MemoryRegion(pd, small, access_all));
 }
 
-TEST_CASE("GPUVERBS_GPU_REGISTRATION overrides automatic, and a bad value is named") {
-    Device device = Device::open(gpuverbs::test::rig_devices()->dev0);
-    ProtectionDomain pd(device);
-    std::vector<std::byte> host(1 << 16);
-    InjectedGpu gpu;
-    std::vector<Rejection> why;
+TEST_CASE_FIXTURE(OnRxe, "GPUVERBS_GPU_REGISTRATION overrides automatic, and a bad value is named") {
     ::setenv(gpu_registration_env, "dmabuf", 1); // NOLINT(concurrency-mt-unsafe): no other thread reads it now
-    detail::Status status;
     MemoryRegion mr = detail::register_gpu_memory_with(pd, stand_in(host), access_all, GpuRegistration::automatic,
                                                        gpu.inputs(), why, status);
     CHECK_FALSE(mr);

@@ -4,6 +4,8 @@
 // peermem probe on fixture sysfs trees, and what GPU calls say without a GPU.
 #include "gpuverbs/detail/gpu_registration.hpp"
 
+#include "scratch_dir.hpp"
+
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -20,6 +22,7 @@ using gpuverbs::GpuDirectProbes;
 using gpuverbs::GpuRegistration;
 using gpuverbs::Registration;
 using gpuverbs::Rejection;
+using gpuverbs::test::ScratchDir;
 
 namespace {
 
@@ -30,22 +33,6 @@ bool contains(const std::string& text, const std::string& part) {
 GpuDirectProbes all_yes() {
     return {Check::yes(), Check::yes(), Check::yes(), Check::yes(), Check::yes()};
 }
-
-struct ScratchDir {
-    fs::path path;
-    ScratchDir() {
-        path = fs::temp_directory_path() / ("gpuverbs-peermem-" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ScratchDir(const ScratchDir&) = delete;
-    ScratchDir& operator=(const ScratchDir&) = delete;
-    ~ScratchDir() { fs::remove_all(path); }
-    void touch(const std::string& relative) const {
-        fs::create_directories((path / relative).parent_path());
-        std::ofstream(path / relative) << "1.0\n";
-    }
-};
 
 } // namespace
 
@@ -214,7 +201,7 @@ TEST_SUITE("gpu registration probes") {
                                  "kernel/mm/memory_peers/nv_mem/version", "kernel/mm/memory_peers/nv_mem_nc/version"}) {
             CAPTURE(file);
             ScratchDir one;
-            one.touch(file);
+            one.write(file, "1.0\n");
             CHECK(gpuverbs::probe_peermem(one.path.string()).ok);
         }
         // A directory without the version file (module being unloaded) is not enough.

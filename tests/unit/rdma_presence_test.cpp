@@ -1,6 +1,8 @@
 // The "why no RDMA device" sentence, on fixture sysfs trees.
 #include "gpuverbs/detail/rdma_presence.hpp"
 
+#include "scratch_dir.hpp"
+
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -9,18 +11,9 @@
 #include <string>
 
 namespace fs = std::filesystem;
+using gpuverbs::test::ScratchDir;
 
 namespace {
-
-struct ScratchDir {
-    fs::path path;
-    ScratchDir() {
-        path = fs::temp_directory_path() / ("gpuverbs-sysfs-" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~ScratchDir() { fs::remove_all(path); }
-};
 
 bool contains(const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
