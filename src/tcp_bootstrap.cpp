@@ -169,6 +169,20 @@ Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, st
                     "a handshake carries at most " + std::to_string(wire::max_regions) + " regions");
         return {};
     }
+    // The exchange works non-blocking, for its deadline; the socket goes back
+    // to the caller in the mode it came in (blocking asio reads after the
+    // handshake would otherwise fail with "would block").
+    struct RestoreMode {
+        asio::ip::tcp::socket& socket;
+        bool non_blocking;
+        RestoreMode(asio::ip::tcp::socket& s, bool mode) : socket(s), non_blocking(mode) {}
+        RestoreMode(const RestoreMode&) = delete;
+        RestoreMode& operator=(const RestoreMode&) = delete;
+        ~RestoreMode() {
+            boost::system::error_code ignored;
+            socket.non_blocking(non_blocking, ignored);
+        }
+    } restore(socket, socket.non_blocking());
     std::vector<std::byte> payload = wire::serialize(ours);
     write_frame(socket, payload, deadline, status);
     if (!status.ok()) return {};

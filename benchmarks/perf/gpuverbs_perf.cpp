@@ -88,15 +88,9 @@ struct Control {
     explicit Control(boost::asio::ip::tcp::socket s) : socket(std::move(s)) {
         socket.set_option(boost::asio::ip::tcp::no_delay(true));
     }
-    // Plain blocking reads and writes between the measurements (the handshake
-    // leaves the socket non-blocking for its own deadlines).
-    void put(std::uint64_t v) {
-        socket.non_blocking(false);
-        boost::asio::write(socket, boost::asio::buffer(&v, sizeof v));
-    }
+    void put(std::uint64_t v) { boost::asio::write(socket, boost::asio::buffer(&v, sizeof v)); }
     std::uint64_t get() {
         std::uint64_t v = 0;
-        socket.non_blocking(false);
         boost::asio::read(socket, boost::asio::buffer(&v, sizeof v));
         return v;
     }

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
 #include <future>
@@ -69,6 +70,36 @@ TEST_SUITE("tcp bootstrap") {
         Handshake from_server = exchange_handshake(socket, sample(1), 5s);
         CHECK(from_server == sample(2));
         CHECK(server.get() == sample(1));
+    }
+
+    TEST_CASE("the socket comes back in the mode it was given, so plain blocking reads work after the exchange") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        auto server = std::async(std::launch::async, [&] {
+            auto s = listener.accept(5s);
+            (void)exchange_handshake(s, sample(2), 5s);
+            CHECK_FALSE(s.non_blocking());
+            std::uint64_t v = 42;
+            asio::write(s, asio::buffer(&v, sizeof v));
+        });
+        auto socket = tcp_connect(io, "127.0.0.1", listener.port(), 5s);
+        REQUIRE_FALSE(socket.non_blocking());
+        (void)exchange_handshake(socket, sample(1), 5s);
+        CHECK_FALSE(socket.non_blocking());
+        std::uint64_t v = 0;
+        asio::read(socket, asio::buffer(&v, sizeof v)); // would throw "would block" if the mode leaked
+        CHECK(v == 42);
+        server.get();
+        // A caller that chose non-blocking keeps it.
+        auto server2 = std::async(std::launch::async, [&] {
+            auto s = listener.accept(5s);
+            (void)exchange_handshake(s, sample(2), 5s);
+        });
+        auto socket2 = tcp_connect(io, "127.0.0.1", listener.port(), 5s);
+        socket2.non_blocking(true);
+        (void)exchange_handshake(socket2, sample(1), 5s);
+        CHECK(socket2.non_blocking());
+        server2.get();
     }
 
     TEST_CASE("garbage from the peer is refused as a malformed record") {
