@@ -448,17 +448,17 @@ DoctorReport diagnose(const DoctorOptions& o) {
     Builder b;
     // What is there: GPUs and NICs from sysfs, merged with CUDA's view.
     std::vector<GpuFacts> gpus;
-    std::string cuda_problem = "not queried (fixture run)";
+    // Why CUDA does not describe a GPU sysfs shows: not asked, no driver, or hidden from CUDA.
+    std::string cuda_problem =
+        o.live ? "the driver does not list it (hidden by CUDA_VISIBLE_DEVICES?)" : "not queried (fixture run)";
+    bool cuda_failed = false;
     std::vector<GpuInfo> cuda_gpus;
     if (o.live) {
-        std::error_code ec;
-        cuda_gpus = list_gpus(ec);
-        if (ec) {
-            try {
-                (void)list_gpus();
-            } catch (const Error& e) {
-                cuda_problem = e.what();
-            }
+        try {
+            cuda_gpus = list_gpus(); // the throwing form: its message says why
+        } catch (const Error& e) {
+            cuda_problem = e.what();
+            cuda_failed = true;
         }
     }
     for (const auto& bdf : detail::find_nvidia_gpus(o.sys_root)) {
@@ -489,7 +489,7 @@ DoctorReport diagnose(const DoctorOptions& o) {
     check_iommu(b, o, gpus, nics);
     if (gpus.empty()) {
         std::string found = "no NVIDIA GPU in " + o.sys_root + "/bus/pci/devices";
-        if (o.live && !cuda_problem.empty() && cuda_problem != "not queried (fixture run)") {
+        if (cuda_failed) {
             found += " (" + cuda_problem + ")";
         }
         b.add("gpus", "system", CheckStatus::fail, found, "GPUDirect RDMA needs an NVIDIA data-center GPU");

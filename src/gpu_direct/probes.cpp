@@ -238,53 +238,37 @@ GpuDirectAttributes gpu_direct_attributes(int gpu, std::error_code& ec) {
     return detail::or_code(ec, [&](Status& s) { return attributes_impl(gpu, s); });
 }
 
+namespace {
+constexpr int ordered_for_owner = 100; // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER
+} // namespace
+
 bool gpu_orders_rdma_writes(int gpu) {
-    return detail::or_throw([&](Status& status) {
-        bool out = false;
-#ifdef GPUVERBS_WITH_CUDA
-        GpuHandle h = open_gpu(gpu);
-        if (h.cu == nullptr) {
-            status.fail(errc::invalid_argument, "cuDeviceGetAttribute", h.problem.reason);
-            return out;
-        }
-        out = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING) >=
-              CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
-#else
-        (void)gpu;
-        (void)detail::cuda::driver_api(status);
-#endif
-        return out;
-    });
+    return gpu_direct_attributes(gpu).writes_ordering >= ordered_for_owner;
 }
 
 void flush_gpu_direct_rdma_writes(int gpu) {
     Status status;
+    GpuDirectAttributes a = attributes_impl(gpu, status); // no driver, no such GPU: said here
+    const bool host_flush = (a.flush_writes_options & 1) != 0;
+    if (status.ok() && !host_flush && a.writes_ordering < ordered_for_owner) {
+        status.fail(errc::unsupported, "cuFlushGPUDirectRDMAWrites",
+                    "GPU " + std::to_string(gpu) +
+                        " offers no host-side flush of RDMA writes (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_"
+                        "FLUSH_WRITES_OPTIONS lacks the host bit): have a GPU kernel read a flag written last, or "
+                        "issue a loopback RDMA read before launching work that reads the data");
+    }
 #ifdef GPUVERBS_WITH_CUDA
-    GpuHandle h = open_gpu(gpu);
-    if (h.cu == nullptr) {
-        status.fail(errc::invalid_argument, "cuFlushGPUDirectRDMAWrites", h.problem.reason);
-    } else if ((attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS) &
-                CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST) == 0) {
-        if (!gpu_orders_rdma_writes(gpu)) {
-            status.fail(errc::unsupported, "cuFlushGPUDirectRDMAWrites",
-                        h.name +
-                            " offers no host-side flush of RDMA writes (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_"
-                            "FLUSH_WRITES_OPTIONS lacks the host bit): have a GPU kernel read a flag written "
-                            "last, or issue a loopback RDMA read before launching work that reads the data");
-        }
-    } else {
-        detail::cuda::PrimaryContext context(*h.cu, gpu, status);
+    if (status.ok() && host_flush) {
+        const detail::cuda::DriverApi* cu = detail::cuda::driver_api(status);
+        detail::cuda::PrimaryContext context(*cu, gpu, status);
         if (context) {
-            detail::cuda::PrimaryContext::Scope scope(*h.cu, context.get());
+            detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
             (void)detail::cuda::failed(
-                h.cu->cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
-                                                 CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER),
-                "cuFlushGPUDirectRDMAWrites", "cannot flush RDMA writes to " + h.name, status);
+                cu->cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                                               CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER),
+                "cuFlushGPUDirectRDMAWrites", "cannot flush RDMA writes to GPU " + std::to_string(gpu), status);
         }
     }
-#else
-    (void)gpu;
-    (void)detail::cuda::driver_api(status);
 #endif
     status.check();
 }

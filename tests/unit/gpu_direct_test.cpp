@@ -238,6 +238,16 @@ TEST_SUITE("gpu memory without a GPU") {
         CHECK_FALSE(gdr.ok);
         CHECK(contains(gdr.reason, gpuverbs::built_with_cuda() ? "libcuda.so.1" : "built without CUDA"));
         CHECK(gpuverbs::probe_gpu_dmabuf(0) == gdr);
+        // The flush and ordering queries name the missing driver, not a bad argument.
+        for (auto call :
+             {+[] { (void)gpuverbs::gpu_orders_rdma_writes(0); }, +[] { gpuverbs::flush_gpu_direct_rdma_writes(0); }}) {
+            try {
+                call();
+                FAIL("no exception without a GPU");
+            } catch (const gpuverbs::Error& e) {
+                CHECK(e.code() == gpus_ec);
+            }
+        }
     }
 
     TEST_CASE("bad sizes are refused before the driver is asked") {
