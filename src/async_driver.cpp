@@ -73,17 +73,22 @@ void AsyncDriver::shutdown() noexcept {
     destroy_all();                // breaks the CQ <-> driver cycle; the CQ goes when its last QP goes
 }
 
-void AsyncDriver::destroy_all() noexcept {
-    closed_ = true;
+template <class OnOp>
+void AsyncDriver::take_each(OnOp&& on_op) {
     for (OpList* list : {&live_, &pending_}) {
         OpList ops = list->take();
         while (!ops.empty()) {
             AsyncOpBase* op = ops.front();
             ops.erase(op);
             if (list == &pending_) op->qp->async_pending = 0;
-            op->destroy();
+            on_op(op);
         }
     }
+}
+
+void AsyncDriver::destroy_all() noexcept {
+    closed_ = true;
+    take_each([](AsyncOpBase* op) { op->destroy(); });
     live_count_ = pending_count_ = 0;
     cq_.reset();
 }
@@ -304,16 +309,10 @@ void AsyncDriver::abort_qp(const QpCore* qp) {
 }
 
 void AsyncDriver::abort_all() {
-    for (OpList* list : {&live_, &pending_}) {
-        OpList ops = list->take();
-        while (!ops.empty()) {
-            AsyncOpBase* op = ops.front();
-            ops.erase(op);
-            if (list == &pending_) op->qp->async_pending = 0;
-            op->posted = false;
-            op->fail(aborted());
-        }
-    }
+    take_each([](AsyncOpBase* op) {
+        op->posted = false;
+        op->fail(aborted());
+    });
     live_count_ = pending_count_ = 0;
 }
 

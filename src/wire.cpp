@@ -15,6 +15,12 @@ public:
     void magic(const std::array<char, 4>& m) {
         for (char c : m) u8(static_cast<std::uint8_t>(c));
     }
+    /// A record's 8-byte header: magic, version, and the record's own 16-bit word.
+    void header(const std::array<char, 4>& m, std::uint16_t record_version, std::uint16_t word) {
+        magic(m);
+        u16(record_version);
+        u16(word);
+    }
     void u8(std::uint8_t v) { out_[at_++] = std::byte{v}; }
     void u16(std::uint16_t v) { be(v, 2); }
     void u32(std::uint32_t v) { be(v, 4); }
@@ -58,9 +64,7 @@ private:
 };
 
 void write_endpoint(Writer& w, const Endpoint& e) {
-    w.magic(endpoint_magic);
-    w.u16(version);
-    w.u16(0);
+    w.header(endpoint_magic, version, 0);
     w.u32(e.qp_num);
     w.u32(e.psn);
     w.u16(e.lid);
@@ -71,9 +75,7 @@ void write_endpoint(Writer& w, const Endpoint& e) {
 }
 
 void write_remote(Writer& w, const RemoteMemory& m) {
-    w.magic(remote_magic);
-    w.u16(version);
-    w.u16(0);
+    w.header(remote_magic, version, 0);
     w.u64(m.address);
     w.u64(m.length);
     w.u32(m.rkey);
@@ -129,9 +131,7 @@ std::vector<std::byte> serialize(const Handshake& handshake) {
     }
     std::vector<std::byte> out(handshake_header_size + endpoint_size + handshake.regions.size() * remote_memory_size);
     Writer w(out);
-    w.magic(handshake_magic);
-    w.u16(version);
-    w.u16(static_cast<std::uint16_t>(handshake.regions.size()));
+    w.header(handshake_magic, version, static_cast<std::uint16_t>(handshake.regions.size()));
     write_endpoint(w, handshake.endpoint);
     for (const RemoteMemory& m : handshake.regions) write_remote(w, m);
     return out;

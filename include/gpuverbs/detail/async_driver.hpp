@@ -145,6 +145,9 @@ private:
     void abort_qp(const QpCore* qp);
     void stop_waiting_if_idle();
     void abort_all();
+    /// Empties the live and pending lists, handing each operation to `on_op`.
+    template <class OnOp>
+    void take_each(OnOp&& on_op);
     void finish(AsyncOpBase* op, const Completion* c, std::error_code ec);
 
     boost::asio::any_io_executor executor_;
