@@ -1,6 +1,7 @@
 #include "gpuverbs/gpu_buffer.hpp"
 
 #include "cuda/driver_api.hpp"
+#include "text.hpp"
 
 #include <cctype>
 #include <cstdio>
@@ -17,14 +18,8 @@ constexpr std::size_t gpu_page_size = std::size_t{64} << 10; // GPUDirect RDMA m
     return (n + unit - 1) / unit * unit;
 }
 
-std::string hex(std::uint64_t address) {
-    char text[24];
-    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
-    return text;
-}
-
 std::string describe_range(std::uint64_t address, std::size_t size) {
-    return std::to_string(size) + " bytes at " + hex(address);
+    return std::to_string(size) + " bytes at " + detail::hex_address(address);
 }
 
 // The range [offset, offset + n) must lie inside `gpu`.
@@ -100,7 +95,8 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
     GpuMemory out;
     const char* verb = "cuPointerGetAttribute";
     if (size == 0) {
-        status.fail(errc::invalid_argument, "GpuMemory", "GPU memory of 0 bytes at " + hex(address) + " is empty");
+        status.fail(errc::invalid_argument, "GpuMemory",
+                    "GPU memory of 0 bytes at " + detail::hex_address(address) + " is empty");
         return out;
     }
 #ifdef GPUVERBS_WITH_CUDA
@@ -111,7 +107,7 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
     CUresult r = cu->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr);
     if (r != CUDA_SUCCESS) {
         status.fail(errc::not_gpu_memory, verb,
-                    hex(address) + " is not memory CUDA knows (" + detail::cuda::describe(r) +
+                    detail::hex_address(address) + " is not memory CUDA knows (" + detail::cuda::describe(r) +
                         "): pass a device pointer from cudaMalloc, cuMemAlloc or cuMemMap, or a GpuBuffer; register "
                         "host memory with MemoryRegion");
         return out;
@@ -120,28 +116,28 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
     (void)cu->cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr);
     if (managed != 0) {
         status.fail(errc::not_gpu_memory, verb,
-                    hex(address) +
+                    detail::hex_address(address) +
                         " is managed memory (cudaMallocManaged), which GPUDirect RDMA cannot use: allocate "
                         "it with cudaMalloc or GpuBuffer");
         return out;
     }
     if (type != CU_MEMORYTYPE_DEVICE) {
         status.fail(errc::not_gpu_memory, verb,
-                    hex(address) +
+                    detail::hex_address(address) +
                         " is host memory known to CUDA (cudaMallocHost or cudaHostRegister), not GPU "
                         "memory: register it with MemoryRegion");
         return out;
     }
     int ordinal = 0;
     if (failed(cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr), verb,
-               "cannot tell which GPU holds " + hex(address), status)) {
+               "cannot tell which GPU holds " + detail::hex_address(address), status)) {
         return out;
     }
     with_context(ordinal, "cuMemGetAddressRange", status, [&](const DriverApi& api) {
         CUdeviceptr base = 0;
         std::size_t length = 0;
         if (failed(api.cuMemGetAddressRange(&base, &length, ptr), "cuMemGetAddressRange",
-                   "cannot find the allocation holding " + hex(address), status)) {
+                   "cannot find the allocation holding " + detail::hex_address(address), status)) {
             return;
         }
         std::uint64_t end = base + length;
@@ -180,10 +176,10 @@ void copy_to_impl(const GpuMemory& gpu, std::size_t offset, std::span<const std:
     if (!check_inside(gpu, offset, host.size(), "cuMemcpyHtoD", status) || host.empty()) return;
 #ifdef GPUVERBS_WITH_CUDA
     with_context(gpu.gpu, "cuMemcpyHtoD", status, [&](const DriverApi& cu) {
-        (void)failed(
-            cu.cuMemcpyHtoD(gpu.address + offset, host.data(), host.size()), "cuMemcpyHtoD",
-            "cannot copy " + std::to_string(host.size()) + " bytes to GPU memory at " + hex(gpu.address + offset),
-            status);
+        (void)failed(cu.cuMemcpyHtoD(gpu.address + offset, host.data(), host.size()), "cuMemcpyHtoD",
+                     "cannot copy " + std::to_string(host.size()) + " bytes to GPU memory at " +
+                         detail::hex_address(gpu.address + offset),
+                     status);
     });
 #else
     (void)detail::cuda::driver_api(status);
@@ -194,10 +190,10 @@ void copy_from_impl(const GpuMemory& gpu, std::size_t offset, std::span<std::byt
     if (!check_inside(gpu, offset, host.size(), "cuMemcpyDtoH", status) || host.empty()) return;
 #ifdef GPUVERBS_WITH_CUDA
     with_context(gpu.gpu, "cuMemcpyDtoH", status, [&](const DriverApi& cu) {
-        (void)failed(
-            cu.cuMemcpyDtoH(host.data(), gpu.address + offset, host.size()), "cuMemcpyDtoH",
-            "cannot copy " + std::to_string(host.size()) + " bytes from GPU memory at " + hex(gpu.address + offset),
-            status);
+        (void)failed(cu.cuMemcpyDtoH(host.data(), gpu.address + offset, host.size()), "cuMemcpyDtoH",
+                     "cannot copy " + std::to_string(host.size()) + " bytes from GPU memory at " +
+                         detail::hex_address(gpu.address + offset),
+                     status);
     });
 #else
     (void)detail::cuda::driver_api(status);

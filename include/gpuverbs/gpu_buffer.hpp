@@ -100,16 +100,21 @@ public:
     GpuBuffer& operator=(const GpuBuffer&) = delete;
     ~GpuBuffer();
 
+    /// False for an empty (default, moved-from or failed) buffer.
     explicit operator bool() const noexcept { return address_ != 0; }
+    /// The device address (CUdeviceptr) of the first byte.
     [[nodiscard]] std::uint64_t address() const noexcept { return address_; }
+    /// The same address as a pointer, for CUDA runtime calls and kernels.
     [[nodiscard]] void* pointer() const noexcept { return memory().pointer(); }
     /// The size asked for.
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
     /// The size allocated (rounded up to 64 KiB pages or the VMM granularity).
     [[nodiscard]] std::size_t allocated_size() const noexcept { return allocated_; }
+    /// The CUDA device ordinal the memory is on.
     [[nodiscard]] int gpu() const noexcept { return gpu_; }
     /// device or vmm: what `automatic` chose.
     [[nodiscard]] GpuAllocation allocation() const noexcept { return allocation_; }
+    /// The GPU's lower-case PCI bus id, to match against NICs (see gpuverbs-doctor).
     [[nodiscard]] std::string pci_bus_id() const { return gpu_pci_bus_id(gpu_); }
 
     /// The first size() bytes, as a GpuMemory.
@@ -117,6 +122,7 @@ public:
     // NOLINTNEXTLINE(google-explicit-constructor): a GpuBuffer is usable wherever GPU memory is asked for.
     operator GpuMemory() const noexcept { return memory(); }
 
+    /// Synchronous copies and fill (see copy_to_gpu); ranges outside size() throw errc::invalid_argument.
     void copy_from_host(std::span<const std::byte> host, std::size_t offset = 0) const {
         copy_to_gpu(memory(), offset, host);
     }

@@ -4,6 +4,7 @@
 #include "gpu_direct/probes.hpp"
 
 #include "cuda/driver_api.hpp"
+#include "text.hpp"
 
 #include <dlfcn.h>
 #include <sys/utsname.h>
@@ -194,9 +195,7 @@ Check probe_peermem(std::string_view sys_root) {
 
 Check probe_memory(const GpuMemory& memory) {
     if (memory.gpu_direct_rdma_capable) return Check::yes();
-    char where[40];
-    std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(memory.address));
-    return Check::no("the memory at " + std::string(where) + " on GPU " + std::to_string(memory.gpu) +
+    return Check::no("the memory at " + detail::hex_address(memory.address) + " on GPU " + std::to_string(memory.gpu) +
                      " was allocated without GPUDirect RDMA capability (a cuMemCreate allocation needs "
                      "allocFlags.gpuDirectRDMACapable=1): allocate it with that flag, or use GpuBuffer");
 }

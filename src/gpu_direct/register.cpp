@@ -4,6 +4,7 @@
 #include "gpu_direct/probes.hpp"
 
 #include "cuda/driver_api.hpp"
+#include "text.hpp"
 
 #include <unistd.h>
 
@@ -16,15 +17,9 @@ namespace {
 
 using detail::Status;
 
-std::string hex(std::uint64_t v) {
-    char text[24];
-    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-    return text;
-}
-
 std::string describe(const GpuMemory& m) {
-    return std::to_string(m.size) + " bytes of GPU memory at " + hex(m.address) + " (GPU " + std::to_string(m.gpu) +
-           ")";
+    return std::to_string(m.size) + " bytes of GPU memory at " + detail::hex_address(m.address) + " (GPU " +
+           std::to_string(m.gpu) + ")";
 }
 
 detail::DmabufExport export_dmabuf(const GpuMemory& memory, Status& status) {
@@ -46,7 +41,7 @@ detail::DmabufExport export_dmabuf(const GpuMemory& memory, Status& status) {
     if (detail::cuda::failed(
             cu->cuMemGetHandleForAddressRange(&fd, range.start, range.size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
             "cuMemGetHandleForAddressRange",
-            "cannot export " + std::to_string(range.size) + " bytes at " + hex(range.start) +
+            "cannot export " + std::to_string(range.size) + " bytes at " + detail::hex_address(range.start) +
                 " (the host pages around " + describe(memory) + ") as a dma-buf",
             status)) {
         return out;
