@@ -309,7 +309,8 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
             post_message(o, e, size);
         }
     }
-    if (control.get() != done) throw std::runtime_error("control channel out of step");
+    if (control.get() != done)
+        throw std::runtime_error("the peer is out of step with this gpuverbs-perf (a different version?)");
     // Our last reply's send completion: reap it so the next size starts with an empty CQ.
     gv::Completion c;
     while (e.cq.poll({&c, 1}) != 0) {
@@ -317,7 +318,16 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
     control.put(done);
 }
 
+// Both sides must run the same test: the client says which, the server answers
+// whether it matches, and each side says so in words before anything runs.
+constexpr std::uint64_t same_mode = 1, other_mode = 2;
+
 std::vector<Result> run_client(const Options& o, End& e, Control& control) {
+    control.put(static_cast<std::uint64_t>(o.mode));
+    if (control.get() != same_mode) {
+        throw std::runtime_error(std::string("the server runs another test than ") + perf::name_of(o.mode) +
+                                 ": start both sides with the same MODE");
+    }
     std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
     if (e.peer.length < largest) {
         throw std::runtime_error("the server's buffer is " + std::to_string(e.peer.length) + " bytes, smaller than " +
@@ -342,10 +352,12 @@ std::vector<Result> run_client(const Options& o, End& e, Control& control) {
             }
             control.put(size);
             control.put(iterations);
-            if (control.get() != ready) throw std::runtime_error("control channel out of step");
+            if (control.get() != ready)
+                throw std::runtime_error("the peer is out of step with this gpuverbs-perf (a different version?)");
             Result r = perf::is_latency(with.mode) ? latency(with, e, size, receives) : bandwidth(with, e, size);
             control.put(done);
-            if (control.get() != done) throw std::runtime_error("control channel out of step");
+            if (control.get() != done)
+                throw std::runtime_error("the peer is out of step with this gpuverbs-perf (a different version?)");
             return r;
         };
         std::uint32_t iterations = o.iterations;
@@ -364,6 +376,12 @@ std::vector<Result> run_client(const Options& o, End& e, Control& control) {
 }
 
 void run_server(const Options& o, End& e, Control& control) {
+    std::uint64_t theirs = control.get();
+    control.put(theirs == static_cast<std::uint64_t>(o.mode) ? same_mode : other_mode);
+    if (theirs != static_cast<std::uint64_t>(o.mode)) {
+        throw std::runtime_error(std::string("the client runs another test than ") + perf::name_of(o.mode) +
+                                 ": start both sides with the same MODE");
+    }
     // The client decides each size and its iteration count; the server follows.
     for (std::uint64_t size = control.get(); size != finished; size = control.get()) {
         Options follow = o;
