@@ -1,15 +1,34 @@
 // Instructions per RDMA write, counted by callgrind (repeatable, unlike time
-// under QEMU): a plain raw-ibverbs loop, gpuverbs' synchronous API, a batch of
-// 32 with one signaled request (SendBatch), and the Asio callback and
-// coroutine paths. Run by benchmarks/instructions under
-// valgrind --tool=callgrind --collect-atstart=no; only the data path is
-// collected: posting and the poll that returns the completion. The wait for
-// the completion (blocking in the kernel on a completion channel, armed before
-// posting so it cannot be missed) is not collected, so no spin loop inflates
-// the counts. The async forms are collected whole, reactor included, because
-// that is their cost.
+// under QEMU). Run by benchmarks/instructions under
+// valgrind --tool=callgrind --collect-atstart=no: only the data path is
+// collected, never a wait.
 //
-//   instructions_per_op raw|sync|batched|callback|coroutine [--ops N]   (inside the rig)
+//   instructions_per_op FORM [--ops N]        (inside the rig)
+//
+// Forms (64-byte RDMA writes from DEV0 to DEV1, one QP):
+//   raw                 raw ibverbs: one WR per ibv_post_send, signaled, then ibv_poll_cq
+//   raw_batched         raw ibverbs: 32 linked WRs per ibv_post_send, the last signaled, then one poll
+//   sync                gpuverbs post_write + CompletionQueue::poll
+//   batched             gpuverbs SendBatch of 32, the last signaled, + poll
+//   callback            async_write with a callback, event-driven CQ, a dependent chain
+//   coroutine           co_await async_write, event-driven CQ, a dependent chain
+//   callback_adaptive   as callback, adaptive CQ (polls from the executor)
+//   coroutine_adaptive  as coroutine, adaptive CQ
+//   callback_pipelined  callbacks, event-driven, 32 writes in flight (each completion starts the next)
+//
+// How waits are kept out of the counts:
+// - raw, raw_batched, sync, batched: the CQ's event is armed before posting and
+//   the wait for it (blocked in the kernel) is not collected;
+// - event-driven forms: the wait is blocked in epoll_wait, in the kernel; the
+//   user-space work around it (re-arming, the reactor, reading the event) is
+//   the price of the form and is collected;
+// - adaptive forms would otherwise count every empty poll of the spin: right
+//   after each write is started (inside the initiation, through the `settled`
+//   token adapter below) the benchmark stops collecting, waits until the write
+//   has landed in the peer's memory and its completion has had time to reach
+//   the CQ, and collects again. The driver's next poll then finds the
+//   completion; the number of polls that found nothing is printed beside the
+//   count (CompletionQueue::async_statistics) so the claim can be checked.
 #include <gpuverbs/gpuverbs.hpp>
 
 #if __has_include(<valgrind/callgrind.h>)
@@ -17,22 +36,32 @@
 #else // built without valgrind's headers: runs, but collects nothing
 #define CALLGRIND_TOGGLE_COLLECT
 #endif
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace asio = boost::asio;
 namespace gv = gpuverbs;
 
 namespace {
+
+constexpr std::size_t size = 64;
+constexpr int batch_size = 32;
+
+void collect() {
+    CALLGRIND_TOGGLE_COLLECT;
+}
 
 struct Pair {
     gv::Device d0, d1;
@@ -43,10 +72,12 @@ struct Pair {
     gv::MemoryRegion mr0{pd0, m0, gv::access_all}, mr1{pd1, m1, gv::access_all};
     gv::QueuePair qp, peer;
 
-    using MakeCq = std::function<gv::CompletionQueue(const gv::Device&, const gv::CompletionChannel&)>;
-    Pair(const char* dev0, const char* dev1, const MakeCq& make)
+    template <class MakeCq>
+    Pair(const char* dev0, const char* dev1, MakeCq make)
         : d0(gv::Device::open(dev0)), d1(gv::Device::open(dev1)), cq0(make(d0, channel)), cq1(d1, 64) {
-        gv::PreparedQueuePair a(pd0, cq0, cq0), b(pd1, cq1, cq1);
+        gv::QueuePairOptions options;
+        options.max_send_wr = 256;
+        gv::PreparedQueuePair a(pd0, cq0, cq0, options), b(pd1, cq1, cq1);
         auto ea = a.endpoint(), eb = b.endpoint();
         qp = std::move(a).connect(eb);
         peer = std::move(b).connect(ea);
@@ -59,10 +90,213 @@ struct Pair {
         void* context = nullptr;
         if (ibv_get_cq_event(channel.native_handle(), &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
     }
+
+    // Each write carries a sequence number in its first 8 bytes; the peer's
+    // copy shows when the write has landed.
+    std::uint64_t sequence = 0;
+    void stamp() { std::memcpy(m0.data(), &++sequence, sizeof sequence); }
+    void wait_landed() const {
+        for (;;) {
+            std::uint64_t seen = 0;
+            std::atomic_thread_fence(std::memory_order_acquire);
+            std::memcpy(&seen, m1.data(), sizeof seen);
+            if (seen == sequence) break;
+            std::this_thread::yield();
+        }
+        // The requester's completion follows the responder's ACK.
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
 };
 
-void collect() {
-    CALLGRIND_TOGGLE_COLLECT;
+// A completion token adapter: starts the operation with the inner token, then
+// runs `after` (here: stop collecting, wait until the completion is in the
+// CQ, collect again) before control returns to the driver.
+template <class Inner, class After>
+struct settled_t {
+    Inner inner;
+    After after;
+};
+template <class Inner, class After>
+settled_t<Inner, After> settled(Inner inner, After after) {
+    return {std::move(inner), std::move(after)};
+}
+
+} // namespace
+
+template <class Inner, class After, class Signature>
+struct boost::asio::async_result<settled_t<Inner, After>, Signature> {
+    template <class Initiation, class RawToken, class... Args>
+    static auto initiate(Initiation&& initiation, RawToken&& token, Args&&... args) {
+        return boost::asio::async_initiate<Inner, Signature>(
+            [initiation = std::forward<Initiation>(initiation), after = token.after](auto&& handler,
+                                                                                     auto&&... a) mutable {
+                std::move(initiation)(std::forward<decltype(handler)>(handler), std::forward<decltype(a)>(a)...);
+                after();
+            },
+            token.inner, std::forward<Args>(args)...);
+    }
+};
+
+namespace {
+
+int run_polled(Pair& p, const std::string& form, int ops) {
+    ibv_qp* qp = p.qp.native_handle();
+    ibv_cq* cq = p.cq0.native_handle();
+    const gv::RemoteMemory dst = p.mr1.remote();
+    const bool raw = form == "raw" || form == "raw_batched";
+    const int per_round = form == "batched" || form == "raw_batched" ? batch_size : 1;
+    // What a careful raw-ibverbs program writes: each field the request needs
+    // set once (no zeroing of the whole ibv_send_wr), the same work gpuverbs does.
+    std::array<ibv_sge, batch_size> sges;
+    std::array<ibv_send_wr, batch_size> wrs;
+    auto fill = [&](ibv_send_wr& wr, ibv_sge& sge, std::uint64_t id, ibv_send_wr* next, unsigned flags) {
+        sge.addr = reinterpret_cast<std::uintptr_t>(p.m0.data());
+        sge.length = static_cast<std::uint32_t>(size);
+        sge.lkey = p.mr0.lkey();
+        wr.wr_id = id;
+        wr.next = next;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = flags;
+        wr.wr.rdma.remote_addr = dst.address;
+        wr.wr.rdma.rkey = dst.rkey;
+    };
+    auto raw_post = [&](int n) {
+        ibv_send_wr* bad = nullptr;
+        if (n == 1) { // one request on the stack, as a plain loop writes it
+            ibv_sge sge;
+            ibv_send_wr wr;
+            fill(wr, sge, 1, nullptr, IBV_SEND_SIGNALED);
+            if (ibv_post_send(qp, &wr, &bad) != 0) std::abort();
+            return;
+        }
+        for (int k = 0; k < n; ++k) {
+            fill(wrs[k], sges[k], static_cast<std::uint64_t>(k), k + 1 < n ? &wrs[k + 1] : nullptr,
+                 k + 1 == n ? IBV_SEND_SIGNALED : 0);
+        }
+        if (ibv_post_send(qp, wrs.data(), &bad) != 0) std::abort();
+    };
+    std::array<gv::Completion, 4> done;
+    ibv_wc wc[4];
+    auto round = [&](bool measured) {
+        p.arm();
+        if (measured) collect();
+        if (raw) {
+            raw_post(per_round);
+        } else if (per_round == 1) {
+            if (p.qp.post_write(p.mr0.slice(0, size), dst)) std::abort();
+        } else {
+            auto batch = p.qp.batch();
+            for (int k = 0; k < per_round; ++k) {
+                gv::SendOptions s;
+                s.signaled = k + 1 == per_round; // selective signaling: one completion per batch
+                if (batch.write(p.mr0.slice(0, size), dst, 0, s)) std::abort();
+            }
+            if (batch.post()) std::abort();
+        }
+        if (measured) collect();
+        p.wait();
+        if (measured) collect();
+        if (raw) {
+            if (ibv_poll_cq(cq, 4, wc) != 1 || wc[0].status != IBV_WC_SUCCESS) std::abort();
+        } else {
+            if (p.cq0.poll(done) != 1 || !done[0].ok()) std::abort();
+        }
+        if (measured) collect();
+    };
+    for (int i = 0; i < 50; ++i) round(false); // warm-up: first-touch paths are not the steady state
+    const int rounds = ops / per_round;
+    for (int i = 0; i < rounds; ++i) round(true);
+    std::printf("%s: %d operations\n", form.c_str(), rounds * per_round);
+    return 0;
+}
+
+// The handler of the callback forms: a small copyable function object that
+// allocates nothing (a std::function would allocate per copy).
+struct Chain {
+    Pair* p;
+    int* left;
+    int* completed;
+    bool settle;
+    void operator()(boost::system::error_code ec, std::size_t /*bytes*/) const {
+        if (ec) {
+            std::fprintf(stderr, "write failed: %s\n", ec.message().c_str());
+            std::abort();
+        }
+        ++*completed;
+        if (*left > 0) start(*this);
+    }
+    static void start(const Chain& c) {
+        --*c.left;
+        c.p->stamp();
+        if (c.settle) {
+            c.p->qp.async_write(c.p->mr0.slice(0, size), c.p->mr1.remote(), 0, settled(c, [p = c.p] {
+                                    collect();
+                                    p->wait_landed();
+                                    collect();
+                                }));
+        } else {
+            c.p->qp.async_write(c.p->mr0.slice(0, size), c.p->mr1.remote(), 0, c);
+        }
+    }
+};
+
+int run_async(const char* dev0, const char* dev1, const std::string& form, int ops) {
+    asio::io_context io(1);
+    const bool adaptive = form.ends_with("_adaptive");
+    const bool pipelined = form.ends_with("_pipelined");
+    const bool coroutine = form.starts_with("coroutine");
+    gv::AsyncOptions options{adaptive ? gv::CompletionMode::adaptive : gv::CompletionMode::event_driven,
+                             std::chrono::microseconds(adaptive ? 100000 : 0)};
+    Pair p(dev0, dev1, [&](const gv::Device& d, const gv::CompletionChannel&) {
+        return gv::CompletionQueue(d, 256, io.get_executor(), options);
+    });
+    int completed = 0;
+    auto run = [&](int n) {
+        int left = n;
+        if (coroutine) {
+            asio::co_spawn(
+                io,
+                [&]() -> asio::awaitable<void> {
+                    for (int i = 0; i < n; ++i) {
+                        p.stamp();
+                        if (adaptive) {
+                            co_await p.qp.async_write(p.mr0.slice(0, size), p.mr1.remote(), 0,
+                                                      settled(asio::use_awaitable, [&p] {
+                                                          collect();
+                                                          p.wait_landed();
+                                                          collect();
+                                                      }));
+                        } else {
+                            co_await p.qp.async_write(p.mr0.slice(0, size), p.mr1.remote(), 0, asio::use_awaitable);
+                        }
+                        ++completed;
+                    }
+                },
+                asio::detached);
+        } else {
+            Chain chain{&p, &left, &completed, adaptive};
+            const int in_flight = pipelined ? std::min(batch_size, n) : 1;
+            for (int i = 0; i < in_flight; ++i) Chain::start(chain);
+        }
+        io.restart();
+        io.run();
+    };
+    run(50); // warm-up
+    completed = 0;
+    collect();
+    run(ops);
+    collect();
+    if (completed != ops) {
+        std::fprintf(stderr, "%s: only %d of %d writes completed\n", form.c_str(), completed, ops);
+        return 1;
+    }
+    const gv::AsyncStatistics stats = p.cq0.async_statistics();
+    std::printf("%s: %d operations (polls %llu, empty %llu, wake-ups %llu)\n", form.c_str(), ops,
+                static_cast<unsigned long long>(stats.polls), static_cast<unsigned long long>(stats.empty_polls),
+                static_cast<unsigned long long>(stats.wakeups));
+    return 0;
 }
 
 } // namespace
@@ -71,117 +305,22 @@ int main(int argc, char** argv) {
     const char* dev0 = std::getenv("GPUVERBS_TEST_DEV0"); // NOLINT(concurrency-mt-unsafe)
     const char* dev1 = std::getenv("GPUVERBS_TEST_DEV1"); // NOLINT(concurrency-mt-unsafe)
     if (argc < 2 || dev0 == nullptr || dev1 == nullptr) {
-        std::fprintf(stderr, "usage: instructions_per_op raw|sync|batched|callback|coroutine [--ops N] (in the rig)\n");
+        std::fprintf(stderr, "usage: instructions_per_op FORM [--ops N]   (in the rig; forms: see the source)\n");
         return 2;
     }
-    std::string mode = argv[1];
+    const std::string form = argv[1];
     int ops = 1000;
     if (argc > 3 && std::strcmp(argv[2], "--ops") == 0) ops = std::atoi(argv[3]);
-    const std::size_t size = 64;
 
-    if (mode == "raw" || mode == "sync" || mode == "batched") {
+    if (form == "raw" || form == "raw_batched" || form == "sync" || form == "batched") {
         Pair p(dev0, dev1,
                [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
-        ibv_qp* qp = p.qp.native_handle();
-        ibv_cq* cq = p.cq0.native_handle();
-        gv::RemoteMemory dst = p.mr1.remote();
-        // The raw loop: what a careful raw-ibverbs program writes per operation.
-        auto raw_one = [&] {
-            ibv_sge sge{reinterpret_cast<std::uintptr_t>(p.m0.data()), static_cast<std::uint32_t>(size), p.mr0.lkey()};
-            ibv_send_wr wr{};
-            wr.wr_id = 1;
-            wr.sg_list = &sge;
-            wr.num_sge = 1;
-            wr.opcode = IBV_WR_RDMA_WRITE;
-            wr.send_flags = IBV_SEND_SIGNALED;
-            wr.wr.rdma.remote_addr = dst.address;
-            wr.wr.rdma.rkey = dst.rkey;
-            ibv_send_wr* bad = nullptr;
-            if (ibv_post_send(qp, &wr, &bad) != 0) std::abort();
-        };
-        enum class Form { raw, sync, batched };
-        const Form form = mode == "raw" ? Form::raw : mode == "sync" ? Form::sync : Form::batched;
-        const int per_round = form == Form::batched ? 32 : 1;
-        std::array<gv::Completion, 4> done;
-        ibv_wc wc[4];
-        const int rounds = ops / per_round;
-        auto round = [&](bool measured) {
-            p.arm();
-            if (measured) collect();
-            if (form == Form::raw) {
-                raw_one();
-            } else if (form == Form::sync) {
-                if (p.qp.post_write(p.mr0.slice(0, size), dst)) std::abort();
-            } else {
-                auto batch = p.qp.batch();
-                for (int k = 0; k < per_round; ++k) {
-                    gv::SendOptions s;
-                    s.signaled = k + 1 == per_round; // selective signaling: one completion per batch
-                    if (batch.write(p.mr0.slice(0, size), dst, 0, s)) std::abort();
-                }
-                if (batch.post()) std::abort();
-            }
-            if (measured) collect();
-            p.wait();
-            if (measured) collect();
-            if (form == Form::raw) {
-                if (ibv_poll_cq(cq, 4, wc) != 1 || wc[0].status != IBV_WC_SUCCESS) std::abort();
-            } else {
-                if (p.cq0.poll(done) != 1 || !done[0].ok()) std::abort();
-            }
-            if (measured) collect();
-        };
-        for (int i = 0; i < 50; ++i) round(false); // warm-up: first-touch paths are not the steady state
-        for (int i = 0; i < rounds; ++i) round(true);
-        std::printf("%s: %d operations\n", mode.c_str(), rounds * per_round);
-        return 0;
+        return run_polled(p, form, ops);
     }
-
-    if (mode == "callback" || mode == "coroutine") {
-        asio::io_context io(1);
-        gv::AsyncOptions options{gv::CompletionMode::event_driven, std::chrono::microseconds(0)};
-        Pair p(dev0, dev1, [&](const gv::Device& d, const gv::CompletionChannel&) {
-            return gv::CompletionQueue(d, 256, io.get_executor(), options);
-        });
-        int completed = 0;
-        const bool callback = mode == "callback";
-        auto run = [&](int n) {
-            // The chain's state lives until io.run() has finished with it.
-            int left = n;
-            std::function<void(boost::system::error_code, std::size_t)> next;
-            if (callback) {
-                next = [&](boost::system::error_code ec, std::size_t) {
-                    if (ec) std::abort();
-                    ++completed;
-                    if (--left > 0) p.qp.async_write(p.mr0.slice(0, size), p.mr1.remote(), 0, next);
-                };
-                p.qp.async_write(p.mr0.slice(0, size), p.mr1.remote(), 0, next);
-            } else {
-                asio::co_spawn(
-                    io,
-                    [&]() -> asio::awaitable<void> {
-                        for (int i = 0; i < n; ++i) {
-                            co_await p.qp.async_write(p.mr0.slice(0, size), p.mr1.remote(), 0, asio::use_awaitable);
-                            ++completed;
-                        }
-                    },
-                    asio::detached);
-            }
-            io.restart();
-            io.run();
-        };
-        run(50); // warm-up
-        completed = 0;
-        collect();
-        run(ops);
-        collect();
-        if (completed != ops) {
-            std::fprintf(stderr, "%s: only %d of %d writes completed\n", mode.c_str(), completed, ops);
-            return 1;
-        }
-        std::printf("%s: %d operations\n", mode.c_str(), ops);
-        return 0;
+    if (form == "callback" || form == "coroutine" || form == "callback_adaptive" || form == "coroutine_adaptive" ||
+        form == "callback_pipelined") {
+        return run_async(dev0, dev1, form, ops);
     }
-    std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
+    std::fprintf(stderr, "unknown form '%s'\n", form.c_str());
     return 2;
 }

@@ -3,11 +3,18 @@
 // Lists every RDMA device with its ports and GID table, marks the GID a
 // connection would use, then lists the GPUs the CUDA driver sees (or says why
 // there are none). Run it in the Soft-RoCE rig: tests/softroce/run build/ci/examples/01_devices
+#include "command_line.hpp"
+
 #include <gpuverbs/gpuverbs.hpp>
 
 #include <cstdio>
 
-int main() {
+static int main_body(int argc, char** argv) {
+    // 0. No arguments; --help says so (CLI11, as in every example).
+    tools::CommandLine cli("01_devices", "What this machine offers for GPUDirect RDMA.", 2);
+    cli.usage({{"", "list RDMA devices, their ports and GID tables, then the GPUs"}});
+    if (auto status = cli.parse(argc, argv)) return *status;
+
     // 1. RDMA devices. list() is empty (not an error) on a machine without RDMA.
     std::vector<gpuverbs::DeviceInfo> devices = gpuverbs::Device::list();
     if (devices.empty()) {
@@ -58,4 +65,8 @@ int main() {
         std::printf("no GPU: %s\n", e.what());
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    return tools::run_main("01_devices", [&] { return main_body(argc, argv); });
 }

@@ -8,6 +8,8 @@
 // The client writes its buffer `iterations` times, then a zero-byte write with
 // immediate data: RC delivers in order, so when that one arrives every earlier
 // byte has landed. The server verifies the buffer and both print what moved.
+#include "two_processes.hpp"
+
 #include <gpuverbs/gpuverbs.hpp>
 
 #include <chrono>
@@ -110,34 +112,22 @@ int run(const Args& a) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
+    // The command line: server | client HOST, --device, --port (examples/common), and ours.
     Args a;
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty() || (args[0] != "server" && args[0] != "client") || (args[0] == "client" && args.size() < 2)) {
-        std::fprintf(stderr, "usage: %s server|client HOST [--device D] [--port P] [--size B] [--iterations N]\n",
-                     argv[0]);
-        return 2;
-    }
-    a.server = args[0] == "server";
-    std::size_t i = 1;
-    if (!a.server) a.host = args[i++];
+    tools::CommandLine cli("02_rdma_write", "Writes a buffer into another process's memory with RDMA.", 2);
+    example::add_two_process_options(cli, a);
+    cli.app.add_option("--size", a.size, "bytes in the buffer (start both sides with the same)")->type_name("BYTES");
+    cli.app.add_option("--iterations", a.iterations, "client: how many times to write it")->type_name("N");
+    if (auto status = cli.parse(argc, argv)) return *status;
     try {
-        for (; i + 1 < args.size(); i += 2) {
-            if (args[i] == "--device")
-                a.device = args[i + 1];
-            else if (args[i] == "--port")
-                a.port = static_cast<std::uint16_t>(std::stoul(args[i + 1]));
-            else if (args[i] == "--size")
-                a.size = std::stoull(args[i + 1]);
-            else if (args[i] == "--iterations")
-                a.iterations = static_cast<std::uint32_t>(std::stoul(args[i + 1]));
-        }
         return run(a);
-    } catch (const gpuverbs::Error& e) {
+    } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s\n", a.server ? "server" : "client", e.what());
         return 1;
-    } catch (const std::exception& e) { // a malformed number in the arguments
-        std::fprintf(stderr, "%s: bad argument: %s\n", argv[0], e.what());
-        return 2;
     }
+}
+
+int main(int argc, char** argv) {
+    return tools::run_main("02_rdma_write", [&] { return main_body(argc, argv); });
 }

@@ -4,6 +4,8 @@
 //
 //   03_echo_coroutines server [--device rxe1] [--port 18520]
 //   03_echo_coroutines client HOST [--device rxe0] [--port 18520] [--count N]
+#include "two_processes.hpp"
+
 #include <gpuverbs/gpuverbs.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -26,8 +28,7 @@ struct Args {
     int count = 1000;
 };
 
-asio::awaitable<void> run(Args a) {
-    auto ex = co_await asio::this_coro::executor;
+asio::awaitable<void> run(asio::any_io_executor ex, Args a) {
     // 1. The device, and a completion queue bound to our executor.
     auto device = a.device.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(a.device);
     gpuverbs::ProtectionDomain pd(device);
@@ -77,28 +78,17 @@ asio::awaitable<void> run(Args a) {
     std::printf("client: %d echoes verified, %.1f us per round trip\n", a.count, us / a.count);
 }
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
+    // The command line: server | client HOST, --device, --port (examples/common), and --count.
     Args a;
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty() || (args[0] != "server" && args[0] != "client") || (args[0] == "client" && args.size() < 2)) {
-        std::fprintf(stderr, "usage: %s server|client HOST [--device D] [--port P] [--count N]\n", argv[0]);
-        return 2;
-    }
-    a.server = args[0] == "server";
-    std::size_t i = 1;
-    if (!a.server) a.host = args[i++];
+    tools::CommandLine cli("03_echo_coroutines", "An RDMA echo service and its client, each one C++20 coroutine.", 2);
+    example::add_two_process_options(cli, a);
+    cli.app.add_option("--count", a.count, "client: messages to send and check")->type_name("N");
+    if (auto status = cli.parse(argc, argv)) return *status;
     try {
-        for (; i + 1 < args.size(); i += 2) {
-            if (args[i] == "--device")
-                a.device = args[i + 1];
-            else if (args[i] == "--port")
-                a.port = static_cast<std::uint16_t>(std::stoul(args[i + 1]));
-            else if (args[i] == "--count")
-                a.count = std::stoi(args[i + 1]);
-        }
         asio::io_context io;
         int status = 0;
-        asio::co_spawn(io, run(a), [&](const std::exception_ptr& e) {
+        asio::co_spawn(io, run(io.get_executor(), a), [&](const std::exception_ptr& e) {
             if (!e) return;
             status = 1;
             try {
@@ -113,4 +103,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", e.what());
         return 1;
     }
+}
+
+int main(int argc, char** argv) {
+    return tools::run_main("03_echo_coroutines", [&] { return main_body(argc, argv); });
 }

@@ -11,6 +11,7 @@
 // reasons and exits with status 0. Compare with 02_rdma_write: only the
 // buffer and its registration differ.
 #include "04_gpudirect_kernels.hpp"
+#include "two_processes.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
 
@@ -127,33 +128,26 @@ int run(const Args& a) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
+    // The command line: server | client HOST, --device, --port (examples/common), and ours.
     Args a;
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty() || (args[0] != "server" && args[0] != "client") || (args[0] == "client" && args.size() < 2)) {
-        std::fprintf(stderr, "usage: %s server|client HOST [--device D] [--port P] [--gpu G] [--size B]\n", argv[0]);
-        return 2;
-    }
-    a.server = args[0] == "server";
-    std::size_t i = 1;
-    if (!a.server) a.host = args[i++];
+    tools::CommandLine cli("04_gpudirect_write", "GPUDirect RDMA: writes GPU memory into another process's GPU memory.",
+                           2);
+    example::add_two_process_options(cli, a);
+    cli.app.add_option("--gpu", a.gpu, "CUDA device whose memory is used")->type_name("G");
+    cli.app.add_option("--size", a.size, "bytes of GPU memory (start both sides with the same)")->type_name("BYTES");
+    if (auto status = cli.parse(argc, argv)) return *status;
     try {
-        for (; i + 1 < args.size(); i += 2) {
-            if (args[i] == "--device")
-                a.device = args[i + 1];
-            else if (args[i] == "--port")
-                a.port = static_cast<std::uint16_t>(std::stoul(args[i + 1]));
-            else if (args[i] == "--gpu")
-                a.gpu = std::stoi(args[i + 1]);
-            else if (args[i] == "--size")
-                a.size = std::stoull(args[i + 1]);
-        }
         return run(a);
     } catch (const gpuverbs::Error& e) {
         std::fprintf(stderr, "%s: %s\n", a.server ? "server" : "client", e.what());
         return 1;
-    } catch (const std::exception& e) { // a bad number in the arguments, or a CUDA runtime failure
+    } catch (const std::exception& e) { // a CUDA runtime failure
         std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
         return 1;
     }
+}
+
+int main(int argc, char** argv) {
+    return tools::run_main("04_gpudirect_write", [&] { return main_body(argc, argv); });
 }

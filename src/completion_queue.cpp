@@ -84,17 +84,15 @@ CompletionQueue::CompletionQueue(const Device& device, int capacity, boost::asio
                                  const AsyncOptions& options)
     : CompletionQueue(device, capacity, CompletionChannel(device)) {
     if (!executor) throw Error(errc::invalid_argument, "CompletionQueue", "the executor is empty");
-    auto driver = std::make_shared<detail::AsyncDriver>(executor, core_, options);
+    auto driver = std::make_shared<detail::AsyncDriver>(executor, *core_, options);
     core_->set_driver(driver);
     auto& context = boost::asio::query(executor, boost::asio::execution::context);
     boost::asio::use_service<detail::AsyncDriverService>(context).add(driver);
 }
 
-std::size_t CompletionQueue::poll(std::span<Completion> out) {
-    std::error_code ec;
-    std::size_t n = poll(out, ec);
-    if (ec) throw Error(ec, "ibv_poll_cq", "cannot poll the completion queue: " + ec.message());
-    return n;
+void CompletionQueue::throw_poll_error(int err) {
+    const std::error_code ec(err, std::system_category());
+    throw Error(ec, "ibv_poll_cq", "cannot poll the completion queue: " + ec.message());
 }
 
 bool CompletionQueue::wait(std::chrono::milliseconds timeout, std::error_code& ec) noexcept {

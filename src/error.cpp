@@ -36,6 +36,9 @@ public:
                 return "atomics need 8-byte aligned local and remote addresses and an 8-byte local buffer; "
                        "nothing was posted";
             case errc::batch_full: return "the send batch is full; post it and start another";
+            case errc::receives_through_srq:
+                return "this queue pair takes its receives from a SharedReceiveQueue: post receives to the "
+                       "SharedReceiveQueue, not to the queue pair; nothing was posted";
             case errc::invalid_endpoint: return "the remote endpoint cannot be used with this queue pair";
             case errc::malformed_record: return "the received record is truncated, oversized or not a gpuverbs record";
             case errc::unsupported_version: return "the received record has a version this gpuverbs cannot read";
@@ -58,6 +61,7 @@ public:
         switch (static_cast<errc>(value)) {
             case errc::unsupported: return std::errc::operation_not_supported;
             case errc::invalid_argument:
+            case errc::receives_through_srq:
             case errc::local_range_outside_region:
             case errc::remote_range_outside_region:
             case errc::inline_too_large:

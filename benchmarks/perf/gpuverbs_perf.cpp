@@ -452,10 +452,10 @@ int run(const Options& o) {
 } // namespace
 
 int main(int argc, char** argv) {
-    auto options = perf::parse(argc, argv);
-    if (!options) return 64;
+    perf::Options options;
+    if (auto status = perf::parse(argc, argv, options)) return *status;
     try {
-        return run(*options);
+        return run(options);
     } catch (const gv::GpuRegistrationError& e) {
         std::fprintf(stderr, "gpuverbs-perf: GPU memory cannot be registered here:\n");
         for (const auto& r : e.rejections()) {

@@ -39,8 +39,9 @@ struct Options {
     bool progress = true;
 };
 
-/// Parses argv; on error prints why and returns nothing.
-std::optional<Options> parse(int argc, char** argv);
+/// Parses argv into `o`. Nothing: go on. Otherwise the exit status: 0 after
+/// --help, 64 for bad arguments (having said why).
+std::optional<int> parse(int argc, char** argv, Options& o);
 
 /// One size's measurement.
 struct Result {

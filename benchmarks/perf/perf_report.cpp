@@ -1,6 +1,8 @@
 // gpuverbs-perf's arguments and its outputs: a perftest-like table, JSON, CSV, SVG.
 #include "perf_options.hpp"
 
+#include "command_line.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,26 +28,14 @@ bool is_latency(Mode m) {
 
 namespace {
 
-const char* usage =
-    "usage: gpuverbs-perf MODE server [options]\n"
-    "       gpuverbs-perf MODE client HOST [options]\n"
-    "       gpuverbs-perf MODE loopback --device D0 --device2 D1 [options]\n"
-    "MODE: write_bw read_bw send_bw write_lat send_lat\n"
-    "  --device D        RDMA device (default: the first)      --device2 D   the second (loopback)\n"
-    "  --port P          TCP port of the bootstrap (18600)     --ib-port N   RDMA port (1)\n"
-    "  --size N          one message size (65536)              --sweep       2 B .. 8 MiB, powers of two\n"
-    "  --min-size N --max-size N   sweep bounds\n"
-    "  --iters N         messages per size (bw 5000, lat 1000) --tx-depth N  requests in flight (128)\n"
-    "  --duration S      about S seconds per size instead of --iters (a short probe run sets the count)\n"
-    "  --duration S      about S seconds per size instead of --iters (a short probe run sets the count)\n"
-    "  --rx-depth N      receives posted ahead (512)           --inline N    sizes up to N go inline\n"
-    "  --batch N         requests per doorbell (1)             --signal-every N  selective signaling (1)\n"
-    "  --mtu N           256|512|1024|2048|4096                --gpu N       GPU memory on CUDA device N\n"
-    "  --registration auto|dmabuf|peermem                      --json | --csv   machine-readable output\n"
-    "  --svg FILE        plot bandwidth or latency against size --no-progress\n"
-    "Both sides must be started with the same MODE; the client chooses sizes and iterations\n"
-    "(the server's buffer must hold the largest size: give it the same --size or --max-size).\n";
+std::optional<Mode> mode_of(const std::string& name) {
+    for (Mode m : {Mode::write_bw, Mode::read_bw, Mode::send_bw, Mode::write_lat, Mode::send_lat}) {
+        if (name == name_of(m)) return m;
+    }
+    return std::nullopt;
+}
 
+// perftest's numbers: decimal, with an optional K or M suffix (x 1024, x 1024^2).
 std::optional<std::size_t> number(const char* s) {
     char* end = nullptr;
     unsigned long long v = std::strtoull(s, &end, 10);
@@ -67,136 +57,163 @@ std::optional<std::size_t> number(const char* s) {
     return static_cast<std::size_t>(v);
 }
 
+// Rewrites "64K" as "65536" before CLI11 converts it (and checks its range).
+CLI::Validator suffixed() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            auto n = number(s.c_str());
+            if (!n) return "'" + s + "' is not a number (decimal, K or M suffix allowed)";
+            s = std::to_string(*n);
+            return {};
+        },
+        "");
+}
+
 } // namespace
 
-std::optional<Options> parse(int argc, char** argv) {
-    Options o;
-    auto fail = [](const std::string& why) -> std::optional<Options> {
-        std::fprintf(stderr, "gpuverbs-perf: %s\n%s", why.c_str(), usage);
-        return std::nullopt;
-    };
-    if (argc < 3) return fail("a mode and a role are needed");
-    std::string mode = argv[1];
-    if (mode == "write_bw")
-        o.mode = Mode::write_bw;
-    else if (mode == "read_bw")
-        o.mode = Mode::read_bw;
-    else if (mode == "send_bw")
-        o.mode = Mode::send_bw;
-    else if (mode == "write_lat")
-        o.mode = Mode::write_lat;
-    else if (mode == "send_lat")
-        o.mode = Mode::send_lat;
-    else
-        return fail("unknown mode '" + mode + "'");
-    std::string role = argv[2];
-    int i = 3;
-    if (role == "server")
-        o.role = Role::server;
-    else if (role == "loopback")
-        o.role = Role::loopback;
-    else if (role == "client" && argc > 3) {
-        o.role = Role::client;
-        o.host = argv[i++];
-    } else
-        return fail("the role is server, client HOST or loopback");
+std::optional<int> parse(int argc, char** argv, Options& o) {
+    tools::CommandLine cli("gpuverbs-perf",
+                           "perftest's measurements (ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat, ib_send_lat)\n"
+                           "made with gpuverbs, on host or GPU memory.",
+                           64);
+    cli.usage({{"MODE server [options]", "wait for the client, which chooses sizes and iterations"},
+               {"MODE client HOST [options]", "connect to the server at HOST, measure, report"},
+               {"MODE loopback --device D0 --device2 D1 [options]", "both ends in this process, over 127.0.0.1"}});
+    CLI::App& app = cli.app;
+    std::string mode, role, host;
+    app.add_option("MODE", mode, "write_bw, read_bw, send_bw, write_lat or send_lat")
+        ->required()
+        ->check([](const std::string& m) { return mode_of(m) ? std::string() : "unknown mode '" + m + "'"; });
+    app.add_option("ROLE", role, "server, client or loopback")->required()->check([](const std::string& r) {
+        return r == "server" || r == "client" || r == "loopback" ? std::string()
+                                                                 : "the role is server, client HOST or loopback";
+    });
+    app.add_option("HOST", host, "client: the server's address");
+
+    std::string group = "Connection";
+    app.add_option("--device", o.device, "RDMA device (default: the first)")->type_name("D")->group(group);
+    app.add_option("--device2", o.device2, "the second device (loopback)")->type_name("D")->group(group);
+    app.add_option("--port", o.tcp_port, "TCP port of the bootstrap")
+        ->type_name("P")
+        ->transform(suffixed())
+        ->group(group);
+    app.add_option("--ib-port", o.ib_port, "RDMA port")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->default_str(std::to_string(o.ib_port)) // a std::uint8_t would show as a character
+        ->group(group);
+    int mtu = 0;
+    app.add_option("--mtu", mtu, "path MTU: 256, 512, 1024, 2048 or 4096")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->default_str("the ports' active MTU")
+        ->group(group);
+
+    group = "Sizes and iterations";
+    std::size_t size = o.sizes.front(), min_size = 2, max_size = 8 << 20;
     bool sweep = false;
-    std::size_t min_size = 2, max_size = 8 << 20;
-    for (; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-        auto num = [&](auto& out) {
-            const char* v = value();
-            auto n = v ? number(v) : std::nullopt;
-            if (!n) return false;
-            out = static_cast<std::remove_reference_t<decltype(out)>>(*n);
-            return true;
-        };
-        bool ok = true;
-        if (a == "--device") {
-            const char* v = value();
-            ok = v;
-            if (v) o.device = v;
-        } else if (a == "--device2") {
-            const char* v = value();
-            ok = v;
-            if (v) o.device2 = v;
-        } else if (a == "--port")
-            ok = num(o.tcp_port);
-        else if (a == "--ib-port")
-            ok = num(o.ib_port);
-        else if (a == "--size") {
-            std::size_t s = 0;
-            ok = num(s);
-            o.sizes = {s};
-        } else if (a == "--sweep")
-            sweep = true;
-        else if (a == "--min-size") {
-            ok = num(min_size);
-            sweep = true;
-        } else if (a == "--max-size") {
-            ok = num(max_size);
-            sweep = true;
-        } else if (a == "--iters")
-            ok = num(o.iterations);
-        else if (a == "--duration") {
-            const char* v = value();
-            ok = v != nullptr && std::atof(v) > 0;
-            if (ok) o.duration = std::atof(v);
-        } else if (a == "--tx-depth")
-            ok = num(o.tx_depth);
-        else if (a == "--rx-depth")
-            ok = num(o.rx_depth);
-        else if (a == "--inline")
-            ok = num(o.inline_size);
-        else if (a == "--batch")
-            ok = num(o.batch);
-        else if (a == "--signal-every")
-            ok = num(o.signal_every);
-        else if (a == "--mtu") {
-            int m = 0;
-            ok = num(m);
-            o.mtu = m;
-        } else if (a == "--gpu") {
-            int g = 0;
-            ok = num(g);
-            o.gpu = g;
-        } else if (a == "--registration") {
-            const char* v = value();
-            ok = v;
-            if (v) o.registration = v;
-        } else if (a == "--json")
-            o.output = Options::Output::json;
-        else if (a == "--csv")
-            o.output = Options::Output::csv;
-        else if (a == "--svg") {
-            const char* v = value();
-            ok = v;
-            if (v) o.svg = v;
-        } else if (a == "--no-progress")
-            o.progress = false;
-        else
-            return fail("unknown option '" + a + "'");
-        if (!ok) return fail("option " + a + " needs a valid value");
-    }
+    app.add_option("--size", size, "one message size (K, M suffixes)")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->group(group);
+    app.add_flag("--sweep", sweep, "sizes 2 B .. 8 MiB, powers of two")->group(group);
+    app.add_option("--min-size", min_size, "sweep from N")->type_name("N")->transform(suffixed())->group(group);
+    app.add_option("--max-size", max_size, "sweep up to N")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->default_str("8M")
+        ->group(group);
+    app.add_option("--iters", o.iterations, "messages per size")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->default_str("5000 for bandwidth, 1000 for latency")
+        ->group(group);
+    app.add_option("--duration", o.duration,
+                   "about S seconds per size instead of --iters (a short probe sets the count)")
+        ->type_name("S")
+        ->check(CLI::Validator(
+            [](std::string& s) { return std::atof(s.c_str()) > 0 ? std::string() : "'" + s + "' is not positive"; },
+            ""))
+        ->default_str("")
+        ->group(group);
+
+    group = "Queues";
+    app.add_option("--tx-depth", o.tx_depth, "requests in flight")->type_name("N")->transform(suffixed())->group(group);
+    app.add_option("--rx-depth", o.rx_depth, "receives posted ahead (send_bw, latency)")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->group(group);
+    app.add_option("--inline", o.inline_size, "sizes up to N go inline")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->group(group);
+    app.add_option("--batch", o.batch, "requests per doorbell (SendBatch, at most 32)")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->group(group);
+    app.add_option("--signal-every", o.signal_every, "selective signaling: one signaled request per N")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->group(group);
+
+    group = "Memory";
+    int gpu = 0;
+    app.add_option("--gpu", gpu, "GPU memory on CUDA device N")
+        ->type_name("N")
+        ->transform(suffixed())
+        ->default_str("host memory")
+        ->group(group);
+    app.add_option("--registration", o.registration, "how GPU memory is registered: auto, dmabuf or peermem")
+        ->type_name("R")
+        ->group(group);
+
+    group = "Output";
+    bool json = false, csv = false;
+    auto* json_flag = app.add_flag("--json", json, "JSON instead of the table")->group(group);
+    app.add_flag("--csv", csv, "CSV instead of the table")->group(group)->excludes(json_flag);
+    app.add_option("--svg", o.svg, "also plot bandwidth or latency against size into FILE")
+        ->type_name("FILE")
+        ->group(group);
+    app.add_flag_callback(
+           "--no-progress", [&] { o.progress = false; }, "no progress line on a terminal")
+        ->group(group);
+    app.footer(
+        "Both sides must be started with the same MODE; the client chooses sizes and iterations\n"
+        "(the server's buffer must hold the largest size: give it the same --size or --max-size).\n"
+        "Exit status: 0 done, 1 a failure while running, 2 GPU memory cannot be registered, 64 bad arguments.");
+
+    if (auto status = cli.parse(argc, argv)) return status;
+
+    o.mode = *mode_of(mode);
+    o.role = role == "server" ? Role::server : role == "loopback" ? Role::loopback : Role::client;
+    if (o.role == Role::client && host.empty()) return cli.fail("the role is server, client HOST or loopback");
+    if (o.role != Role::client && !host.empty()) return cli.fail("unknown argument '" + host + "'");
+    o.host = host;
+    if (app.count("--size") != 0) o.sizes = {size};
+    if (app.count("--mtu") != 0) o.mtu = mtu;
+    if (app.count("--gpu") != 0) o.gpu = gpu;
+    if (json) o.output = Options::Output::json;
+    if (csv) o.output = Options::Output::csv;
+    if (app.count("--min-size") != 0 || app.count("--max-size") != 0) sweep = true;
     if (sweep) {
         o.sizes.clear();
         for (std::size_t s = 1; s <= max_size; s *= 2) {
             if (s >= min_size) o.sizes.push_back(s);
         }
     }
-    if (o.sizes.empty() || o.sizes.front() == 0) return fail("message sizes must be at least 1 byte");
+    if (o.sizes.empty() || o.sizes.front() == 0) return cli.fail("message sizes must be at least 1 byte");
     if (o.tx_depth == 0 || o.batch == 0 || o.signal_every == 0 || o.rx_depth == 0) {
-        return fail("depths, --batch and --signal-every must be at least 1");
+        return cli.fail("depths, --batch and --signal-every must be at least 1");
     }
-    if (o.signal_every > o.tx_depth) return fail("--signal-every must not exceed --tx-depth (the queue would fill)");
-    if (o.batch > 32) return fail("--batch is at most 32 (SendBatch::max_requests)");
+    if (o.signal_every > o.tx_depth)
+        return cli.fail("--signal-every must not exceed --tx-depth (the queue would fill)");
+    if (o.batch > 32) return cli.fail("--batch is at most 32 (SendBatch::max_requests)");
     if (o.mtu && (*o.mtu < 256 || *o.mtu > 4096 || (*o.mtu & (*o.mtu - 1)) != 0)) {
-        return fail("--mtu is 256, 512, 1024, 2048 or 4096");
+        return cli.fail("--mtu is 256, 512, 1024, 2048 or 4096");
     }
-    if (o.role == Role::loopback && o.device2.empty()) return fail("loopback needs --device and --device2");
+    if (o.role == Role::loopback && o.device2.empty()) return cli.fail("loopback needs --device and --device2");
     if (o.iterations == 0) o.iterations = is_latency(o.mode) ? 1000 : 5000;
-    return o;
+    return std::nullopt;
 }
 
 std::string table(const Options& o, const std::vector<Result>& rows) {

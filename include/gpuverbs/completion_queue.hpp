@@ -10,8 +10,10 @@
 // attached to this CQ; two threads must not poll the same CQ at once.
 #pragma once
 
+#include "gpuverbs/async.hpp"
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/detail/async_driver.hpp"
+#include "gpuverbs/detail/completion_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/error.hpp"
@@ -87,6 +89,11 @@ public:
 
     explicit operator bool() const noexcept { return core_ != nullptr; }
 
+    /// What the asynchronous engine has done so far (zeros if the CQ is not bound to an executor).
+    [[nodiscard]] AsyncStatistics async_statistics() const noexcept {
+        return core_ && core_->driver() != nullptr ? core_->driver()->statistics() : AsyncStatistics{};
+    }
+
     /// Fills `out` with up to out.size() finished requests, oldest first, and
     /// returns how many. Never blocks, never allocates. On the (rare) failure
     /// of ibv_poll_cq, `ec` is set and the completions before it are returned.
@@ -100,7 +107,11 @@ public:
         return static_cast<std::size_t>(n);
     }
     /// poll() that throws gpuverbs::Error on failure.
-    std::size_t poll(std::span<Completion> out);
+    std::size_t poll(std::span<Completion> out) {
+        int n = core_->poll(out.data(), static_cast<int>(std::min<std::size_t>(out.size(), INT32_MAX)));
+        if (n < 0) throw_poll_error(-n);
+        return static_cast<std::size_t>(n);
+    }
 
     /// Arms the CQ: the next completion (or next solicited one) signals the channel.
     std::error_code request_notify(bool solicited_only = false) noexcept {
@@ -124,6 +135,7 @@ private:
     }
     static CompletionQueue create_impl(const Device& device, int capacity, const CompletionChannel* channel,
                                        detail::Status& status);
+    [[noreturn]] static void throw_poll_error(int err);
     std::shared_ptr<detail::CqCore> core_;
 };
 

@@ -66,41 +66,41 @@ public:
     [[nodiscard]] std::uint32_t qkey() const noexcept { return qkey_; }
     [[nodiscard]] std::uint8_t port() const noexcept { return port_.port; }
     [[nodiscard]] std::uint32_t gid_index() const noexcept { return port_.gid_index; }
-    [[nodiscard]] const detail::QpCore::Caps& capabilities() const noexcept { return core_->caps(); }
+    [[nodiscard]] const QueuePairCapabilities& capabilities() const noexcept { return core_->caps(); }
 
     /// Sends one datagram (at most the port's MTU; errc::invalid_argument if longer).
     std::error_code post_send(const LocalBuffer& src, const AddressHandle& to, std::uint32_t remote_qp_num,
                               std::uint32_t remote_qkey, const SendOptions& options = {}) noexcept {
-        return post_datagram({Opcode::send, {&src, 1}, nullptr, 0, 0, 0, 0, options}, to, remote_qp_num, remote_qkey);
+        return post_datagram(WorkRequest::send(src).options(options), to, remote_qp_num, remote_qkey);
     }
     std::error_code post_send_with_imm(const LocalBuffer& src, const AddressHandle& to, std::uint32_t remote_qp_num,
                                        std::uint32_t remote_qkey, std::uint32_t immediate,
                                        const SendOptions& options = {}) noexcept {
-        return post_datagram({Opcode::send_with_imm, {&src, 1}, nullptr, 0, immediate, 0, 0, options}, to,
-                             remote_qp_num, remote_qkey);
+        return post_datagram(WorkRequest::send_with_imm(src, immediate).options(options), to, remote_qp_num,
+                             remote_qkey);
     }
     /// A receive of grh_size + the largest datagram expected; the payload
     /// starts grh_size bytes in, and Completion::byte_length includes the header.
     std::error_code post_receive(const LocalBuffer& dst, std::uint64_t context = 0) noexcept {
-        return detail::post_receive_to(
-            core_->receive, detail::QueueKind::receive, core_->caps().max_recv_sge, {&dst, 1}, context,
-            [this](ibv_recv_wr* wr, ibv_recv_wr** bad) { return ibv_post_recv(core_->qp(), wr, bad); });
+        detail::ReceiveTarget target{};
+        if (std::error_code ec = detail::receive_target(*core_, target)) return ec;
+        return detail::post_receive(target, {&dst, 1}, context);
     }
 
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 
 private:
-    std::error_code post_datagram(const detail::SendDescription& d, const AddressHandle& to,
-                                  std::uint32_t remote_qp_num, std::uint32_t remote_qkey) noexcept {
+    std::error_code post_datagram(const WorkRequest& r, const AddressHandle& to, std::uint32_t remote_qp_num,
+                                  std::uint32_t remote_qkey) noexcept {
         if (!to) return errc::invalid_argument;
         ibv_send_wr wr;
         std::array<ibv_sge, detail::max_sge_per_request> sges;
-        if (auto ec = detail::fill_send_request(d, core_->caps(), wr, sges.data())) return ec;
-        if (d.local[0].length > mtu_bytes(port_.active_mtu)) return errc::invalid_argument;
+        if (auto ec = detail::lower(r, core_->caps(), wr, sges.data())) return ec;
+        if (r.local()[0].length > mtu_bytes(port_.active_mtu)) return errc::invalid_argument;
         wr.wr.ud.ah = to.native_handle();
         wr.wr.ud.remote_qpn = remote_qp_num;
         wr.wr.ud.remote_qkey = remote_qkey;
-        return detail::post_send_request(*core_, wr, d.options.context, d.opcode);
+        return detail::submit_send(*core_, wr, r.send_options().context, r.opcode());
     }
 
     std::shared_ptr<detail::QpCore> core_;

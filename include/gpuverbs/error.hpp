@@ -35,6 +35,7 @@ enum class errc {
     receive_queue_full,          ///< no free receive slot: poll completions
     misaligned_atomic,           ///< an atomic's addresses are not 8-byte aligned, or its buffer is not 8 bytes
     batch_full,                  ///< the SendBatch holds as many requests as it can
+    receives_through_srq,        ///< the queue pair takes its receives from a SharedReceiveQueue: post them there
     // Connection set-up and the wire format.
     invalid_endpoint,    ///< a remote Endpoint cannot be used with this QP
     malformed_record,    ///< a received record is truncated, oversized or not a gpuverbs record

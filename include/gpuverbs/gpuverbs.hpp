@@ -1,8 +1,10 @@
 // gpuverbs: GPUDirect RDMA from ordinary C++. Include this for everything.
 #pragma once
 
+#include "gpuverbs/async.hpp"
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/data_path.hpp"
 #include "gpuverbs/datagram.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/doctor.hpp"
@@ -16,7 +18,9 @@
 #include "gpuverbs/queue_pair.hpp"
 #include "gpuverbs/queue_pair_types.hpp"
 #include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/send_batch.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
 #include "gpuverbs/tcp_bootstrap.hpp"
 #include "gpuverbs/version.hpp"
 #include "gpuverbs/wire.hpp"
+#include "gpuverbs/work_request.hpp"

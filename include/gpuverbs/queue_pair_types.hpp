@@ -27,6 +27,16 @@ struct QueuePairOptions {
     GidPreference gid_preference;
 };
 
+/// What the device granted a queue pair: depths, scatter/gather entries and
+/// inline size (may exceed what QueuePairOptions asked for).
+struct QueuePairCapabilities {
+    std::uint32_t max_send_wr = 0;     ///< send requests outstanding at once
+    std::uint32_t max_recv_wr = 0;     ///< receives outstanding at once (0 with a SharedReceiveQueue)
+    std::uint32_t max_send_sge = 0;    ///< scatter/gather entries per send-side request
+    std::uint32_t max_recv_sge = 0;    ///< … per receive
+    std::uint32_t max_inline_data = 0; ///< bytes a send or write may carry inline
+};
+
 /// What the peer needs to connect to a queue pair; exchange it out of band
 /// (wire.hpp serializes it). gid is used on RoCE, lid on InfiniBand.
 struct Endpoint {

@@ -6,6 +6,7 @@
 //   srq.post_receive(buffers.slice(i * size, size), i);
 #pragma once
 
+#include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/memory_region.hpp"
@@ -40,9 +41,7 @@ public:
         return post_receive(std::span<const LocalBuffer>(&dst, 1), context);
     }
     std::error_code post_receive(std::span<const LocalBuffer> dst, std::uint64_t context = 0) noexcept {
-        return detail::post_receive_to(
-            core_->receive, detail::QueueKind::shared_receive, core_->max_sge, dst, context,
-            [this](ibv_recv_wr* wr, ibv_recv_wr** bad) { return ibv_post_srq_recv(core_->srq(), wr, bad); });
+        return detail::post_receive(detail::receive_target(*core_), dst, context);
     }
 
     [[nodiscard]] ibv_srq* native_handle() const noexcept { return core_ ? core_->srq() : nullptr; }

@@ -5,46 +5,31 @@
 //
 // Exit status: 0 when nothing is worse than unknown, 1 with warnings, 2 with
 // failures, 64 for bad arguments.
+#include "command_line.hpp"
+
 #include <gpuverbs/doctor.hpp>
 
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <string>
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
     gpuverbs::DoctorOptions options;
     bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                std::fprintf(stderr, "gpuverbs-doctor: %s needs a value\n", a.c_str());
-                std::exit(64); // NOLINT(concurrency-mt-unsafe): single-threaded here
-            }
-            return argv[++i];
-        };
-        if (a == "--json") {
-            json = true;
-        } else if (a == "--sys-root") {
-            options.sys_root = value();
-        } else if (a == "--proc-root") {
-            options.proc_root = value();
-        } else if (a == "--no-live") {
-            options.live = false;
-        } else if (a == "--kernel-release") {
-            options.kernel_release = value();
-        } else if (a == "--help" || a == "-h") {
-            std::printf(
-                "usage: gpuverbs-doctor [--json] [--sys-root DIR] [--proc-root DIR] [--no-live] "
-                "[--kernel-release R]\nChecks this machine for GPUDirect RDMA; see docs/doctor.md.\n");
-            return 0;
-        } else {
-            std::fprintf(stderr, "gpuverbs-doctor: unknown argument '%s' (try --help)\n", a.c_str());
-            return 64;
-        }
-    }
+    tools::CommandLine cli("gpuverbs-doctor", "Checks this machine for GPUDirect RDMA; see docs/doctor.md.", 64);
+    cli.usage({{"[options]", "the readiness checklist, each answer explained, with what to do"}});
+    cli.app.add_flag("--json", json, "the report as JSON, for programs (schema gpuverbs-doctor/1)");
+    cli.app.add_option("--sys-root", options.sys_root, "read sysfs from DIR (a fixture tree)")->type_name("DIR");
+    cli.app.add_option("--proc-root", options.proc_root, "read procfs from DIR (a fixture tree)")->type_name("DIR");
+    cli.app.add_flag_callback(
+        "--no-live", [&] { options.live = false; }, "skip libibverbs and libcuda: read only the trees");
+    cli.app.add_option("--kernel-release", options.kernel_release, "use R instead of uname -r")->type_name("R");
+    cli.app.footer(
+        "Exit status: 0 when no check is worse than unknown, 1 when the worst is a warning,\n"
+        "2 when something fails, 64 for bad arguments.");
+    if (auto status = cli.parse(argc, argv)) return *status;
+
     gpuverbs::DoctorReport report = gpuverbs::diagnose(options);
     if (json) {
         std::fputs(gpuverbs::to_json(report).c_str(), stdout);
@@ -56,4 +41,8 @@ int main(int argc, char** argv) {
         case gpuverbs::CheckStatus::warn: return 1;
         default: return 0;
     }
+}
+
+int main(int argc, char** argv) {
+    return tools::run_main("gpuverbs-doctor", [&] { return main_body(argc, argv); });
 }

@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -415,5 +417,178 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!rig_present()
             MESSAGE("allocations per operation: " << double(after - before) / 2000);
             CHECK(after - before == 0);
         }
+    }
+
+    TEST_CASE("async_receive on a QP that receives through an SRQ gets the same clear error as post_receive") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            Device dev = Device::open(gpuverbs::test::rig_devices()->dev1);
+            Device other = Device::open(gpuverbs::test::rig_devices()->dev0);
+            ProtectionDomain pd(dev), pd0(other);
+            CompletionQueue cq(dev, 64, io.get_executor(), mode), cq0(other, 64);
+            SharedReceiveQueue srq(pd, 16);
+            std::vector<std::byte> m(4096);
+            MemoryRegion mr(pd, m, access_all);
+            PreparedQueuePair a(pd, cq, cq, srq), b(pd0, cq0, cq0);
+            Endpoint ea = a.endpoint(), eb = b.endpoint();
+            QueuePair qp = std::move(a).connect(eb);
+            QueuePair peer = std::move(b).connect(ea);
+            const std::error_code sync = qp.post_receive(mr.slice(0, 64));
+            boost::system::error_code async;
+            int calls = 0;
+            qp.async_receive(mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
+                async = ec;
+                ++calls;
+            });
+            io.run();
+            CHECK(calls == 1);
+            CHECK(sync == errc::receives_through_srq);
+            CHECK(async == boost::system::error_code(sync));
+            CHECK(async.message() == sync.message());
+        }
+    }
+
+    TEST_CASE("an async inline write carries its payload, verified byte for byte, from an unregistered buffer") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            QueuePairOptions options;
+            options.max_inline_data = 64;
+            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            std::array<std::byte, 48> payload{};
+            gpuverbs::test::fill_pattern(payload, 21);
+            boost::system::error_code got = asio::error::would_block;
+            std::size_t bytes = 0;
+            p.a.qp.async_post(WorkRequest::write(unregistered(payload), p.b.mr.remote(), 100).inline_data(),
+                              [&](boost::system::error_code ec, std::size_t n) {
+                                  got = ec;
+                                  bytes = n;
+                              });
+            payload.fill(std::byte{0}); // inline: the payload was copied when posted
+            io.run();
+            CHECK_FALSE(got);
+            CHECK(bytes == 48);
+            CHECK(gpuverbs::test::has_pattern(std::span(p.b.memory).subspan(100, 48), 21));
+            // Too long for inline: the same error as the synchronous form.
+            std::array<std::byte, 65> big{};
+            p.a.qp.async_post(WorkRequest::write(unregistered(big), p.b.mr.remote()).inline_data(),
+                              [&](boost::system::error_code ec, std::size_t) { got = ec; });
+            io.restart();
+            io.run();
+            CHECK(got == errc::inline_too_large);
+        }
+    }
+
+    TEST_CASE("an async gather write and a scatter receive move every byte where the lists say") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            QueuePairOptions options;
+            options.max_send_sge = 3;
+            options.max_recv_sge = 3;
+            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            gpuverbs::test::fill_pattern(std::span(p.a.memory).first(3000), 5);
+            const std::array<LocalBuffer, 3> gather{p.a.mr.slice(0, 1000), p.a.mr.slice(1000, 1500),
+                                                    p.a.mr.slice(2500, 500)};
+            boost::system::error_code wrote = asio::error::would_block;
+            std::size_t bytes = 0;
+            p.a.qp.async_post(WorkRequest::write(gather, p.b.mr.remote(), 4096),
+                              [&](boost::system::error_code ec, std::size_t n) {
+                                  wrote = ec;
+                                  bytes = n;
+                              });
+            io.run();
+            CHECK_FALSE(wrote);
+            CHECK(bytes == 3000);
+            CHECK(std::memcmp(p.a.memory.data(), p.b.memory.data() + 4096, 3000) == 0);
+            // A scatter receive of a send: three pieces, reassembled.
+            const std::array<LocalBuffer, 3> scatter{p.b.mr.slice(20000, 100), p.b.mr.slice(30000, 200),
+                                                     p.b.mr.slice(40000, 700)};
+            Received got{};
+            boost::system::error_code received = asio::error::would_block;
+            p.b.qp.async_receive(std::span<const LocalBuffer>(scatter), [&](boost::system::error_code ec, Received r) {
+                received = ec;
+                got = r;
+            });
+            p.a.qp.async_send(p.a.mr.slice(0, 1000), [](boost::system::error_code, std::size_t) {});
+            io.restart();
+            io.run();
+            CHECK_FALSE(received);
+            CHECK(got.bytes == 1000);
+            CHECK(std::memcmp(p.b.memory.data() + 20000, p.a.memory.data(), 100) == 0);
+            CHECK(std::memcmp(p.b.memory.data() + 30000, p.a.memory.data() + 100, 200) == 0);
+            CHECK(std::memcmp(p.b.memory.data() + 40000, p.a.memory.data() + 300, 700) == 0);
+        }
+    }
+
+    TEST_CASE("cancelling an operation still waiting for a slot completes it with operation_aborted, unposted") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            QueuePairOptions options;
+            options.max_send_wr = 2;
+            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            const std::size_t depth = p.a.qp.capabilities().max_send_wr;
+            std::vector<boost::system::error_code> results(depth + 2, asio::error::would_block);
+            asio::cancellation_signal cancel_last;
+            std::fill_n(p.b.memory.begin(), 8192, std::byte{0});
+            std::fill_n(p.a.memory.begin(), 8192, std::byte{0x77});
+            for (std::size_t i = 0; i < depth + 2; ++i) {
+                auto handler = [&results, i](boost::system::error_code ec, std::size_t) { results[i] = ec; };
+                const LocalBuffer src = p.a.mr.slice(i * 64, 64);
+                if (i == depth + 1) {
+                    p.a.qp.async_write(src, p.b.mr.remote(), i * 64,
+                                       asio::bind_cancellation_slot(cancel_last.slot(), handler));
+                } else {
+                    p.a.qp.async_write(src, p.b.mr.remote(), i * 64, handler);
+                }
+            }
+            // The last one waits behind a full queue: cancel it before anything completes.
+            cancel_last.emit(asio::cancellation_type::terminal);
+            io.run();
+            for (std::size_t i = 0; i <= depth; ++i) CHECK_FALSE(results[i]);
+            CHECK(results[depth + 1] == aborted);
+            CHECK(p.b.memory[(depth + 1) * 64] == std::byte{0}); // never posted, never written
+            CHECK(p.b.memory[depth * 64] == std::byte{0x77});
+            CHECK(p.a.cq.async_statistics().cancelled == 1);
+        }
+    }
+
+    TEST_CASE("a cancellation of an operation already posted is ignored: it completes with its result") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            asio::cancellation_signal cancel;
+            boost::system::error_code got = asio::error::would_block;
+            std::size_t bytes = 0;
+            p.a.qp.async_write(
+                p.a.mr.slice(0, 512), p.b.mr.remote(), 0,
+                asio::bind_cancellation_slot(cancel.slot(), [&](boost::system::error_code ec, std::size_t n) {
+                    got = ec;
+                    bytes = n;
+                }));
+            cancel.emit(asio::cancellation_type::terminal);
+            io.run();
+            CHECK_FALSE(got);
+            CHECK(bytes == 512);
+            CHECK(p.a.cq.async_statistics().cancelled == 0);
+        }
+    }
+
+    TEST_CASE("the initiation exposes the queue pair's executor to the token machinery") {
+        asio::io_context io;
+        AsyncPair p(io.get_executor(), modes[0]);
+        // async_initiate hands the initiation to the token: a deferred operation
+        // launched later still runs on the CQ's executor.
+        auto op = p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, asio::deferred);
+        bool ran_on_io = false;
+        std::move(op)([&](boost::system::error_code ec, std::size_t) {
+            CHECK_FALSE(ec);
+            ran_on_io = io.get_executor().running_in_this_thread();
+        });
+        io.run();
+        CHECK(ran_on_io);
     }
 }

@@ -258,7 +258,9 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
         Endpoint ea = a.endpoint(), eb = b.endpoint();
         QueuePair qa = std::move(a).connect(eb);
         QueuePair qb = std::move(b).connect(ea);
-        CHECK(qb.post_receive(mr1.slice(0, 100)) == errc::invalid_argument); // receives go to the SRQ
+        CHECK(qb.post_receive(mr1.slice(0, 100)) == errc::receives_through_srq); // receives go to the SRQ
+        CHECK(std::error_code(errc::receives_through_srq).message().find("post receives to the SharedReceiveQueue") !=
+              std::string::npos);
         for (std::size_t i = 0; i < 4; ++i) REQUIRE_FALSE(srq.post_receive(mr1.slice(i * 1024, 1024), 100 + i));
         for (int i = 0; i < 4; ++i) {
             m0[i] = std::byte(i + 1);

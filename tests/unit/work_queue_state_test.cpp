@@ -44,7 +44,7 @@ TEST_SUITE("work queue state") {
             q.record(0, round * 10, Opcode::send);
             auto s = q.slot(0);
             q.commit(1);
-            CHECK(s == round % 3);
+            CHECK(s == round % 4); // a ring of 4 (the next power of two) holds 3 outstanding
             CHECK(q.complete(s).context == round * 10);
         }
         CHECK(q.outstanding() == 0);
@@ -59,12 +59,31 @@ TEST_SUITE("work queue state") {
         CHECK(q.slot(0) == 0);
     }
 
-    TEST_CASE("wr_id encodes the queue kind and slot and decodes them back") {
+    TEST_CASE("wr_id encodes the queue kind, the QP's registry index and generation, and the slot") {
         using namespace gpuverbs::detail;
         for (auto kind : {QueueKind::send, QueueKind::receive, QueueKind::shared_receive}) {
-            std::uint64_t id = encode_wr_id(kind, 12345);
-            CHECK(wr_id_kind(id) == kind);
-            CHECK(wr_id_slot(id) == 12345);
+            const std::uint32_t tag = WrId::tag(65535, 0x3fff);
+            std::uint64_t id = WrId::encode(kind, tag, 0xfffffffe);
+            CHECK(WrId::kind(id) == kind);
+            CHECK(WrId::index(id) == 65535);
+            CHECK(WrId::generation(id) == 0x3fff);
+            CHECK(WrId::slot(id) == 0xfffffffe);
         }
+        CHECK(WrId::generation(WrId::encode(QueueKind::send, WrId::tag(1, 0x4001), 0)) == 1); // wraps at 14 bits
+    }
+
+    TEST_CASE("the slot ring is a power of two but the room is the capacity asked for") {
+        WorkQueueState q(5);
+        CHECK(q.capacity() == 5);
+        for (std::uint32_t i = 0; i < 5; ++i) {
+            REQUIRE(q.has_room_for(1));
+            q.record(0, i, Opcode::send);
+            q.commit(1);
+        }
+        CHECK_FALSE(q.has_room_for(1));
+        CHECK(q.complete(4).context == 4); // slot numbers run 0..7 before wrapping
+        CHECK(q.has_room_for(5));
+        q.record(0, 99, Opcode::write);
+        CHECK(q.slot(0) == 5);
     }
 }

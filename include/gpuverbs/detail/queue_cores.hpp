@@ -1,39 +1,37 @@
 // The shared state behind completion queues, queue pairs and shared receive
-// queues. A QP's core holds its CQs' and PD's cores, so they outlive it; a CQ
-// knows the QPs attached to it (by number) so that poll() can turn a
-// completion's wr_id back into the caller's context.
+// queues: who keeps whom alive. A QP's core holds its CQs' and PD's cores, so
+// they outlive it; a CQ's registry knows its QPs by a small index that every
+// wr_id carries (work_queue_state.hpp), so a completion finds its queue's
+// state without a lock or a search (the completion path: completion_path.hpp).
 #pragma once
 
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/detail/device_core.hpp"
 #include "gpuverbs/detail/work_queue_state.hpp"
 #include "gpuverbs/protection_domain.hpp"
+#include "gpuverbs/queue_pair_types.hpp"
 
-#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cassert>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace gpuverbs::detail {
 
-/// A lock for the rare attach/detach against the per-batch lookup in poll();
-/// noexcept, unlike std::mutex::lock.
-class SpinLock {
-public:
-    void lock() noexcept {
-        while (flag_.test_and_set(std::memory_order_acquire)) flag_.wait(true, std::memory_order_relaxed);
-    }
-    void unlock() noexcept {
-        flag_.clear(std::memory_order_release);
-        flag_.notify_one();
-    }
-
-private:
-    std::atomic_flag flag_;
-};
+/// Release builds ignore a failed destroy (nothing useful can be done in a
+/// destructor); debug builds stop at it, because it means a leak or a bug
+/// (e.g. a CQ destroyed while a QP still uses it).
+inline void destroyed(int rc) noexcept {
+    assert(rc == 0 && "an ibv_destroy_* / ibv_dealloc_* call failed");
+    (void)rc;
+}
 
 class ChannelCore {
 public:
@@ -41,7 +39,7 @@ public:
         : device_(std::move(device)), channel_(channel) {}
     ChannelCore(const ChannelCore&) = delete;
     ChannelCore& operator=(const ChannelCore&) = delete;
-    ~ChannelCore() { (void)ibv_destroy_comp_channel(channel_); }
+    ~ChannelCore() { destroyed(ibv_destroy_comp_channel(channel_)); }
     [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_; }
 
 private:
@@ -55,7 +53,7 @@ public:
         : pd_(std::move(pd)), srq_(srq), receive(capacity), max_sge(max_sge) {}
     SrqCore(const SrqCore&) = delete;
     SrqCore& operator=(const SrqCore&) = delete;
-    ~SrqCore() { (void)ibv_destroy_srq(srq_); }
+    ~SrqCore() { destroyed(ibv_destroy_srq(srq_)); }
     [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
 
 private:
@@ -70,6 +68,100 @@ public:
 class QpCore;
 class AsyncDriver;
 
+/// The QPs of one CQ, by index. Lookups are lock-free; adding and removing
+/// (QP creation and destruction) take a mutex, and removal waits for a poll in
+/// progress to finish, so a poll never touches a QP being destroyed.
+class QpRegistry {
+public:
+    static constexpr std::uint32_t chunk_size = 256;
+    static constexpr std::uint32_t max_chunks = 256; ///< 65,536 QPs per CQ (16 index bits in the wr_id)
+
+    QpRegistry() = default;
+    QpRegistry(const QpRegistry&) = delete;
+    QpRegistry& operator=(const QpRegistry&) = delete;
+    ~QpRegistry() {
+        for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
+    }
+
+    /// Registers `qp`; returns its tag (WrId::tag). Throws std::bad_alloc, or
+    /// std::length_error past 65,536 QPs on one CQ.
+    std::uint32_t add(QpCore* qp) {
+        std::lock_guard lock(mutex_);
+        std::uint32_t index = 0;
+        if (!free_.empty()) {
+            index = free_.back();
+            free_.pop_back();
+        } else {
+            index = next_.load(std::memory_order_relaxed);
+            if (index == chunk_size * max_chunks) throw std::length_error("more than 65536 queue pairs on one CQ");
+            auto& chunk = chunks_[index / chunk_size];
+            if (chunk.load(std::memory_order_relaxed) == nullptr) {
+                chunk.store(new Chunk, std::memory_order_release);
+            }
+        }
+        free_.reserve(next_.load(std::memory_order_relaxed) + 1); // so that remove() never allocates
+        if (index == next_.load(std::memory_order_relaxed)) next_.store(index + 1, std::memory_order_release);
+        Entry& e = entry(index);
+        const std::uint32_t generation = (e.generation.load(std::memory_order_relaxed) + 1) & WrId::generation_mask;
+        e.generation.store(generation, std::memory_order_relaxed);
+        e.qp.store(qp, std::memory_order_release);
+        return WrId::tag(index, generation);
+    }
+
+    /// Unregisters the QP with `tag` and waits until no poll can still see it.
+    void remove(std::uint32_t tag) noexcept {
+        std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
+        const std::uint32_t index = tag & 0xffff;
+        entry(index).qp.store(nullptr, std::memory_order_seq_cst);
+        while (pollers_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+        free_.push_back(index); // reserved in add()
+    }
+
+    /// The live QP registered with (index, generation), or nullptr. Only
+    /// between PollGuard's construction and destruction.
+    [[nodiscard]] QpCore* find(std::uint32_t index, std::uint32_t generation) const noexcept {
+        const Chunk* c = chunks_[(index / chunk_size) % max_chunks].load(std::memory_order_acquire);
+        if (c == nullptr) return nullptr;
+        const Entry& e = c->entries[index % chunk_size];
+        QpCore* qp = e.qp.load(std::memory_order_seq_cst);
+        return qp != nullptr && e.generation.load(std::memory_order_relaxed) == generation ? qp : nullptr;
+    }
+    /// The live QP with this QP number (for shared-receive-queue completions,
+    /// whose wr_id cannot name the QP that will consume the receive).
+    [[nodiscard]] QpCore* find_by_qp_num(std::uint32_t qp_num) noexcept;
+
+    /// Marks a poll in progress (see remove()).
+    class PollGuard {
+    public:
+        explicit PollGuard(QpRegistry& r) noexcept : r_(r) { r_.pollers_.fetch_add(1, std::memory_order_seq_cst); }
+        PollGuard(const PollGuard&) = delete;
+        PollGuard& operator=(const PollGuard&) = delete;
+        ~PollGuard() { r_.pollers_.fetch_sub(1, std::memory_order_release); }
+
+    private:
+        QpRegistry& r_;
+    };
+
+private:
+    struct Entry {
+        std::atomic<QpCore*> qp{nullptr};
+        std::atomic<std::uint32_t> generation{0};
+    };
+    struct Chunk {
+        std::array<Entry, chunk_size> entries;
+    };
+    Entry& entry(std::uint32_t index) noexcept {
+        return chunks_[index / chunk_size].load(std::memory_order_relaxed)->entries[index % chunk_size];
+    }
+
+    std::array<std::atomic<Chunk*>, max_chunks> chunks_{};
+    std::atomic<int> pollers_{0};
+    std::uint32_t last_srq_index_ = 0; ///< find_by_qp_num's last hit (the poller's own)
+    std::mutex mutex_;
+    std::vector<std::uint32_t> free_;
+    std::atomic<std::uint32_t> next_{0}; ///< indices below were handed out at least once
+};
+
 class CqCore {
 public:
     CqCore(std::shared_ptr<DeviceCore> device, std::shared_ptr<ChannelCore> channel, ibv_cq* cq) noexcept
@@ -79,30 +171,23 @@ public:
     ~CqCore() {
         // Events got from the channel must be acknowledged before destruction.
         if (unacked_events_ != 0) ibv_ack_cq_events(cq_, unacked_events_);
-        (void)ibv_destroy_cq(cq_);
+        destroyed(ibv_destroy_cq(cq_));
     }
 
     [[nodiscard]] ibv_cq* cq() const noexcept { return cq_; }
     [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_ ? channel_->channel() : nullptr; }
     [[nodiscard]] const std::shared_ptr<ChannelCore>& channel_core() const noexcept { return channel_; }
-    /// The driver of asynchronous operations, when the CQ is bound to an executor.
-    /// Set once, before any operation, and never changed.
+    /// The driver of asynchronous operations, when the CQ is bound to an
+    /// executor. Set once, before any operation. The CQ owns it; the driver
+    /// refers back to the CQ without owning it (no cycle).
     [[nodiscard]] AsyncDriver* driver() const noexcept { return driver_.get(); }
     void set_driver(std::shared_ptr<AsyncDriver> driver) noexcept { driver_ = std::move(driver); }
+    [[nodiscard]] const std::shared_ptr<AsyncDriver>& driver_ptr() const noexcept { return driver_; }
 
-    void attach(QpCore* qp) noexcept {
-        lock_.lock();
-        qps_.push_back(qp); // reserved in the constructor of the QP's owner: see QpCore
-        lock_.unlock();
-    }
-    void detach(QpCore* qp) noexcept {
-        lock_.lock();
-        qps_.erase(std::remove(qps_.begin(), qps_.end(), qp), qps_.end());
-        lock_.unlock();
-    }
-    void reserve_one_more() { qps_.reserve(qps_.size() + 1); }
+    [[nodiscard]] QpRegistry& registry() noexcept { return registry_; }
 
-    /// Polls up to out.size() completions; negative errno on failure.
+    /// Polls up to `max` completions into `out`; negative errno on failure.
+    /// The completion path: see completion_path.hpp.
     int poll(Completion* out, int max) noexcept;
 
     /// Events are acknowledged in batches (ibv_ack_cq_events takes a mutex).
@@ -117,17 +202,21 @@ private:
     std::shared_ptr<DeviceCore> device_;
     std::shared_ptr<ChannelCore> channel_;
     ibv_cq* cq_;
-    SpinLock lock_;
-    std::vector<QpCore*> qps_;
+    QpRegistry registry_;
     unsigned unacked_events_ = 0;
     std::shared_ptr<AsyncDriver> driver_;
 };
 
+/// The asynchronous layer's per-work-queue state (see async_fsm.hpp):
+/// operations of this queue waiting for room, guarded by the driver's mutex.
+struct AsyncWorkQueue {
+    std::size_t waiting = 0;
+    std::uint64_t blocked_pass = 0; ///< the machine's last retry pass that found this queue full
+};
+
 class QpCore {
 public:
-    struct Caps {
-        std::uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
-    };
+    using Caps = QueuePairCapabilities;
 
     /// `owner`, when given, owns the ibv_qp (an rdma_cm id): releasing it
     /// destroys the QP, so the QpCore does not.
@@ -138,31 +227,42 @@ public:
           recv_cq_(std::move(recv_cq)),
           srq_(std::move(srq)),
           qp_(qp),
+          qp_num_(qp->qp_num),
           caps_(caps),
           owner_(std::move(owner)),
           send(caps.max_send_wr),
           receive(caps.max_recv_wr) {
-        send_cq_->reserve_one_more();
-        recv_cq_->reserve_one_more();
-        send_cq_->attach(this);
-        if (recv_cq_ != send_cq_) recv_cq_->attach(this);
+        send_tag_ = send_cq_->registry().add(this);
+        if (recv_cq_ == send_cq_) {
+            recv_tag_ = send_tag_;
+        } else {
+            try {
+                recv_tag_ = recv_cq_->registry().add(this);
+            } catch (...) {
+                send_cq_->registry().remove(send_tag_);
+                throw;
+            }
+        }
     }
     QpCore(const QpCore&) = delete;
     QpCore& operator=(const QpCore&) = delete;
     ~QpCore() {
-        if (!owner_) (void)ibv_destroy_qp(qp_);
+        if (!owner_) destroyed(ibv_destroy_qp(qp_));
         owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
-        send_cq_->detach(this);
-        if (recv_cq_ != send_cq_) recv_cq_->detach(this);
+        send_cq_->registry().remove(send_tag_);
+        if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
     }
 
     [[nodiscard]] ibv_qp* qp() const noexcept { return qp_; }
-    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_->qp_num; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
     [[nodiscard]] const Caps& caps() const noexcept { return caps_; }
     [[nodiscard]] SrqCore* srq() const noexcept { return srq_.get(); }
     [[nodiscard]] CqCore* send_cq() const noexcept { return send_cq_.get(); }
     [[nodiscard]] CqCore* recv_cq() const noexcept { return recv_cq_.get(); }
     [[nodiscard]] const std::shared_ptr<PdCore>& pd() const noexcept { return pd_; }
+    /// What this QP's wr_ids carry for its send and receive CQs.
+    [[nodiscard]] std::uint32_t send_tag() const noexcept { return send_tag_; }
+    [[nodiscard]] std::uint32_t recv_tag() const noexcept { return recv_tag_; }
 
 private:
     std::shared_ptr<PdCore> pd_;
@@ -170,71 +270,34 @@ private:
     std::shared_ptr<CqCore> recv_cq_;
     std::shared_ptr<SrqCore> srq_;
     ibv_qp* qp_;
+    std::uint32_t qp_num_;
     Caps caps_;
     std::shared_ptr<void> owner_;
+    std::uint32_t send_tag_ = 0;
+    std::uint32_t recv_tag_ = 0;
 
 public:
     WorkQueueState send;
     WorkQueueState receive;
-    /// Asynchronous operations of this QP waiting for room (guarded by its CQ driver's mutex).
-    std::size_t async_pending = 0;
+    AsyncWorkQueue async_send;
+    AsyncWorkQueue async_receive;
 };
 
-/// Turns one work completion into a Completion, using the owning queue's slot
-/// for the caller's context and the operation. Pure apart from the slot update.
-inline Completion translate(const ibv_wc& wc, QpCore* qp) noexcept {
-    Completion c;
-    c.status = make_wc_error(wc.status);
-    c.byte_length = wc.byte_len;
-    c.qp_num = wc.qp_num;
-    c.source_qp = wc.src_qp;
-    c.vendor_error = wc.vendor_err;
-    if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.immediate = ntohl(wc.imm_data);
-    if (qp == nullptr) return c; // the QP was destroyed before its completions were polled
-    WorkQueueState* queue = nullptr;
-    switch (wr_id_kind(wc.wr_id)) {
-        case QueueKind::send: queue = &qp->send; break;
-        case QueueKind::receive: queue = &qp->receive; break;
-        case QueueKind::shared_receive: queue = qp->srq() != nullptr ? &qp->srq()->receive : nullptr; break;
-    }
-    if (queue == nullptr) return c;
-    WorkQueueState::Finished f = queue->complete(wr_id_slot(wc.wr_id));
-    c.context = f.context;
-    c.opcode = f.opcode;
-    if (c.opcode == Opcode::receive && c.ok() && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        c.opcode = Opcode::receive_with_imm;
-    }
-    return c;
-}
-
-inline int CqCore::poll(Completion* out, int max) noexcept {
-    constexpr int batch = 32;
-    ibv_wc wc[batch];
-    int total = 0;
-    while (total < max) {
-        int want = std::min(batch, max - total);
-        int got = ibv_poll_cq(cq_, want, wc);
-        if (got < 0) return total > 0 ? total : got;
-        if (got == 0) break;
-        lock_.lock();
-        QpCore* last = nullptr;
-        for (int i = 0; i < got; ++i) {
-            if (last == nullptr || last->qp_num() != wc[i].qp_num) {
-                last = nullptr;
-                for (QpCore* q : qps_) {
-                    if (q->qp_num() == wc[i].qp_num) {
-                        last = q;
-                        break;
-                    }
-                }
-            }
-            out[total + i] = translate(wc[i], last);
+inline QpCore* QpRegistry::find_by_qp_num(std::uint32_t qp_num) noexcept {
+    // Usually the same QP as last time; else a scan of the registered range.
+    const std::uint32_t end = next_.load(std::memory_order_acquire);
+    if (end == 0) return nullptr;
+    for (std::uint32_t n = 0; n < end; ++n) {
+        const std::uint32_t index = (last_srq_index_ + n) % end;
+        const Chunk* c = chunks_[index / chunk_size].load(std::memory_order_acquire);
+        if (c == nullptr) continue;
+        QpCore* qp = c->entries[index % chunk_size].qp.load(std::memory_order_seq_cst);
+        if (qp != nullptr && qp->qp_num() == qp_num) {
+            last_srq_index_ = index;
+            return qp;
         }
-        lock_.unlock();
-        total += got;
-        if (got < want) break;
     }
-    return total;
+    return nullptr;
 }
 
 } // namespace gpuverbs::detail

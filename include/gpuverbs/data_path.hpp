@@ -1,0 +1,209 @@
+// The data path of a connected queue pair: every operation in three forms —
+// synchronous (post), batched (batch() → SendBatch) and asynchronous
+// (async_post) — all carrying one WorkRequest through one lowering
+// (detail/posting_path.hpp), so they check and support the same things.
+// The post_* and async_* functions are one-line shorthands for the common
+// requests. QueuePair (queue_pair.hpp) inherits this; what runs per
+// operation is in detail/posting_path.hpp and detail/completion_path.hpp.
+//
+// Synchronous and batched forms: noexcept; an error means nothing was posted;
+// no allocation. Asynchronous forms: see async.hpp for the rules every
+// async_* follows (completion signature, lifetimes, executor, cancellation,
+// thread safety).
+//
+// Thread safety: one thread may post while another polls the CQ; posting from
+// two threads on one QueuePair needs the caller's lock.
+#pragma once
+
+#include "gpuverbs/async.hpp"
+#include "gpuverbs/completion.hpp"
+#include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/posting_path.hpp"
+#include "gpuverbs/detail/queue_cores.hpp"
+#include "gpuverbs/memory_region.hpp"
+#include "gpuverbs/send_batch.hpp"
+#include "gpuverbs/work_request.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <system_error>
+
+namespace gpuverbs {
+
+/// The operations of a connected queue pair. Not used on its own: QueuePair is one.
+class DataPath {
+public:
+    // --- synchronous -------------------------------------------------------
+
+    /// Posts one request after every local check (range, remote range,
+    /// inline size, SGE count, atomic alignment, queue depth).
+    GPUVERBS_HOT std::error_code post(const WorkRequest& request) noexcept { return detail::post(*core_, request); }
+
+    /// RDMA write of `src` to `dst` at `dst_offset`.
+    GPUVERBS_HOT std::error_code post_write(const LocalBuffer& src, const RemoteMemory& dst,
+                                            std::uint64_t dst_offset = 0, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::write(src, dst, dst_offset).options(options));
+    }
+    /// … gathering from several local buffers.
+    GPUVERBS_HOT std::error_code post_write(std::span<const LocalBuffer> src, const RemoteMemory& dst,
+                                            std::uint64_t dst_offset = 0, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::write(src, dst, dst_offset).options(options));
+    }
+    /// RDMA write that also consumes a receive at the peer, handing it `immediate`.
+    GPUVERBS_HOT std::error_code post_write_with_imm(const LocalBuffer& src, const RemoteMemory& dst,
+                                                     std::uint64_t dst_offset, std::uint32_t immediate,
+                                                     const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::write_with_imm(src, dst, dst_offset, immediate).options(options));
+    }
+    /// RDMA read of `src` at `src_offset` into `dst`.
+    GPUVERBS_HOT std::error_code post_read(const LocalBuffer& dst, const RemoteMemory& src,
+                                           std::uint64_t src_offset = 0, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::read(dst, src, src_offset).options(options));
+    }
+    /// … scattering into several local buffers.
+    GPUVERBS_HOT std::error_code post_read(std::span<const LocalBuffer> dst, const RemoteMemory& src,
+                                           std::uint64_t src_offset = 0, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::read(dst, src, src_offset).options(options));
+    }
+    /// Send of `src` (consumes a receive at the peer).
+    GPUVERBS_HOT std::error_code post_send(const LocalBuffer& src, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::send(src).options(options));
+    }
+    /// … gathering from several local buffers.
+    GPUVERBS_HOT std::error_code post_send(std::span<const LocalBuffer> src, const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::send(src).options(options));
+    }
+    GPUVERBS_HOT std::error_code post_send_with_imm(const LocalBuffer& src, std::uint32_t immediate,
+                                                    const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::send_with_imm(src, immediate).options(options));
+    }
+    /// Atomically adds `add` to the 8-byte word at `target`+`offset`; the old value lands in `result`.
+    GPUVERBS_HOT std::error_code post_fetch_add(const LocalBuffer& result, const RemoteMemory& target,
+                                                std::uint64_t offset, std::uint64_t add,
+                                                const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::fetch_add(result, target, offset, add).options(options));
+    }
+    /// Atomically replaces the word with `swap` if it equals `compare`; the old value lands in `result`.
+    GPUVERBS_HOT std::error_code post_compare_swap(const LocalBuffer& result, const RemoteMemory& target,
+                                                   std::uint64_t offset, std::uint64_t compare, std::uint64_t swap,
+                                                   const SendOptions& options = {}) noexcept {
+        return post(WorkRequest::compare_swap(result, target, offset, compare, swap).options(options));
+    }
+    /// A receive for the peer's next send or write-with-immediate.
+    /// errc::receives_through_srq when the QP takes its receives from a SharedReceiveQueue.
+    GPUVERBS_HOT std::error_code post_receive(const LocalBuffer& dst, std::uint64_t context = 0) noexcept {
+        return post_receive(std::span<const LocalBuffer>(&dst, 1), context);
+    }
+    /// … scattering into several local buffers.
+    GPUVERBS_HOT std::error_code post_receive(std::span<const LocalBuffer> dst, std::uint64_t context = 0) noexcept {
+        detail::ReceiveTarget target{};
+        if (std::error_code ec = detail::receive_target(*core_, target)) return ec;
+        return detail::post_receive(target, dst, context);
+    }
+
+    // --- batched -----------------------------------------------------------
+
+    using SendBatch = gpuverbs::SendBatch;
+    /// A batch of send-side requests posted with one doorbell; see SendBatch.
+    SendBatch batch() noexcept { return SendBatch(*core_); }
+
+    // --- asynchronous (the CQ must be bound to an executor; see async.hpp) ---
+
+    using executor_type = boost::asio::any_io_executor;
+    /// The executor of the QP's completion queue (empty if it is not bound).
+    [[nodiscard]] executor_type get_executor() const noexcept {
+        detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
+        return d != nullptr ? d->executor() : executor_type();
+    }
+
+    /// Any send-side request, with every option and check of post().
+    /// Completion signature: void(boost::system::error_code, std::size_t bytes).
+    /// The request is always signaled (its completion completes the handler).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_post(const WorkRequest& request, Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+            detail::InitiateSend<detail::ResultKind::bytes>{core_.get()}, token, request);
+    }
+    /// RDMA write. void(boost::system::error_code, std::size_t bytes).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_write(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset = 0,
+                     Token&& token = Token()) {
+        return async_post(WorkRequest::write(src, dst, dst_offset), std::forward<Token>(token));
+    }
+    /// RDMA write with immediate. void(boost::system::error_code, std::size_t bytes).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_write_with_imm(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset,
+                              std::uint32_t immediate, Token&& token = Token()) {
+        return async_post(WorkRequest::write_with_imm(src, dst, dst_offset, immediate), std::forward<Token>(token));
+    }
+    /// RDMA read. void(boost::system::error_code, std::size_t bytes).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_read(const LocalBuffer& dst, const RemoteMemory& src, std::uint64_t src_offset = 0,
+                    Token&& token = Token()) {
+        return async_post(WorkRequest::read(dst, src, src_offset), std::forward<Token>(token));
+    }
+    /// Send. void(boost::system::error_code, std::size_t bytes).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_send(const LocalBuffer& src, Token&& token = Token()) {
+        return async_post(WorkRequest::send(src), std::forward<Token>(token));
+    }
+    /// Send with immediate. void(boost::system::error_code, std::size_t bytes).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    auto async_send_with_imm(const LocalBuffer& src, std::uint32_t immediate, Token&& token = Token()) {
+        return async_post(WorkRequest::send_with_imm(src, immediate), std::forward<Token>(token));
+    }
+    /// Fetch-and-add; hands back the old value. void(boost::system::error_code, std::uint64_t).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::uint64_t)> Token = default_token_t<executor_type>>
+    auto async_fetch_add(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset, std::uint64_t add,
+                         Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
+            detail::InitiateSend<detail::ResultKind::old_value>{core_.get()}, token,
+            WorkRequest::fetch_add(result, target, offset, add));
+    }
+    /// Compare-and-swap; hands back the old value. void(boost::system::error_code, std::uint64_t).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, std::uint64_t)> Token = default_token_t<executor_type>>
+    auto async_compare_swap(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset,
+                            std::uint64_t compare, std::uint64_t swap, Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
+            detail::InitiateSend<detail::ResultKind::old_value>{core_.get()}, token,
+            WorkRequest::compare_swap(result, target, offset, compare, swap));
+    }
+    /// Receive (a send or a write with immediate from the peer), with the
+    /// same checks as post_receive. void(boost::system::error_code, gpuverbs::Received).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
+    auto async_receive(const LocalBuffer& dst, Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
+            detail::InitiateReceive{core_.get()}, token, dst);
+    }
+    /// … scattering into several local buffers (the list is copied when the operation is initiated).
+    template <
+        boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
+    auto async_receive(std::span<const LocalBuffer> dst, Token&& token = Token()) {
+        return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
+            detail::InitiateReceive{core_.get()}, token, dst);
+    }
+
+protected:
+    DataPath() noexcept = default;
+    explicit DataPath(std::shared_ptr<detail::QpCore> core) noexcept : core_(std::move(core)) {}
+    DataPath(DataPath&&) noexcept = default;
+    DataPath& operator=(DataPath&&) noexcept = default;
+    ~DataPath() = default;
+
+    std::shared_ptr<detail::QpCore> core_;
+};
+
+} // namespace gpuverbs

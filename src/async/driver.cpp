@@ -1,0 +1,355 @@
+// The asynchronous engine's I/O: the lock, the verbs calls, the completion
+// channel's fd and the dispatch of handlers. Every bookkeeping decision is
+// AsyncFsm's (include/gpuverbs/detail/async_fsm.hpp).
+#include "gpuverbs/detail/async_driver.hpp"
+
+#include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/completion_path.hpp"
+#include "gpuverbs/detail/posting_path.hpp"
+
+#include <boost/asio/post.hpp>
+
+#include <array>
+#include <mutex>
+
+namespace gpuverbs::detail {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+AsyncOpBase* op_of(AsyncOpLinks* links) noexcept {
+    return static_cast<AsyncOpBase*>(links);
+}
+} // namespace
+
+AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, CqCore& cq, const AsyncOptions& options)
+    : executor_(executor),
+      cq_(&cq),
+      channel_(cq.channel_core()),
+      descriptor_(executor, channel_->channel()->fd),
+      options_(options) {
+    descriptor_.non_blocking(true);
+}
+
+AsyncDriver::~AsyncDriver() {
+    // The channel owns the fd; the descriptor must not close it.
+    if (descriptor_.is_open()) (void)descriptor_.release();
+    destroy_all();
+}
+
+bool AsyncDriver::has_room(const AsyncOpBase* op) const noexcept {
+    return op->receive ? op->qp->receive.has_room_for(1) : op->qp->send.has_room_for(1);
+}
+
+std::error_code AsyncDriver::post_now(AsyncOpBase* op) noexcept {
+    // The slot's context is the operation: the completion leads back to it.
+    const auto context = reinterpret_cast<std::uintptr_t>(op);
+    if (op->receive) {
+        ReceiveTarget target{};
+        if (std::error_code ec = receive_target(*op->qp, target)) return ec; // also checked at initiation
+        return submit_receive(target, op->recv_wr, context);
+    }
+    return submit_send(*op->qp, op->send_wr, context, op->opcode);
+}
+
+// Only std::bad_alloc from Asio (the wait's or the spin's handler) can escape
+// here; the driver cannot go on without them, so termination is the answer.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void AsyncDriver::submit(AsyncOpBase* op) noexcept {
+    std::error_code refused;
+    {
+        std::lock_guard lock(mutex_);
+        switch (fsm_.submit(op, has_room(op))) {
+            case AsyncFsm::Submit::abort: refused = aborted_error(); break;
+            case AsyncFsm::Submit::wait: break;
+            case AsyncFsm::Submit::post: {
+                // Event-driven and idle: arm before posting, so the completion
+                // cannot slip in before the CQ is armed (and no poll is needed).
+                const bool arm_first = options_.mode == CompletionMode::event_driven && !waiting_;
+                if (arm_first) (void)ibv_req_notify_cq(cq_->cq(), 0);
+                if (std::error_code ec = post_now(op)) {
+                    fsm_.post_failed(op);
+                    refused = ec;
+                    break;
+                }
+                fsm_.posted(op);
+                if (options_.mode == CompletionMode::adaptive) {
+                    start_spinning();
+                } else if (!waiting_) {
+                    waiting_ = true;
+                    descriptor_.async_wait(
+                        asio::posix::stream_descriptor::wait_read,
+                        [self = shared_from_this()](const boost::system::error_code& ec) { self->on_readable(ec); });
+                }
+                break;
+            }
+        }
+    }
+    if (refused) op->complete(AsyncOpBase::How::post, refused);
+}
+
+void AsyncDriver::cancel(AsyncOpBase* op) noexcept {
+    bool taken = false;
+    {
+        std::lock_guard lock(mutex_);
+        taken = fsm_.cancel(op);
+    }
+    // Posted, never run inside the emitter of the cancellation signal.
+    if (taken) op->complete(AsyncOpBase::How::post, aborted_error());
+}
+
+void AsyncDriver::start_spinning() {
+    if (spinning_ || closed_) return;
+    spinning_ = true;
+    spin_deadline_set_ = false;
+    asio::post(executor_, [self = shared_from_this()] { self->spin(); });
+}
+
+std::size_t AsyncDriver::drain(OpList& done) noexcept {
+    constexpr int batch = 32;
+    ibv_wc wc[batch];
+    std::size_t total = 0;
+    for (;;) {
+        const int n = ibv_poll_cq(cq_->cq(), batch, wc);
+        ++polls_;
+        if (n <= 0) {
+            if (total == 0) ++empty_polls_;
+            break;
+        }
+        {
+            QpRegistry::PollGuard guard(cq_->registry());
+            for (int i = 0; i < n; ++i) {
+                WorkQueueState* queue = queue_of(wc[i], cq_->registry());
+                if (queue == nullptr) continue; // a completion of a QP already destroyed (its operations were aborted)
+                auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
+                    static_cast<std::uintptr_t>(queue->complete(WrId::slot(wc[i].wr_id)).context));
+                if (op == nullptr || !fsm_.finished(op)) continue;
+                op->record(wc[i]);
+                done.push_back(op);
+            }
+        }
+        total += static_cast<std::size_t>(n);
+        if (n < batch) break;
+    }
+    return total;
+}
+
+void AsyncDriver::post_ready(OpList& done) noexcept {
+    if (fsm_.waiting_count() == 0) return;
+    fsm_.begin_pass();
+    while (AsyncOpLinks* links = fsm_.next_ready([this](AsyncOpLinks* l) { return has_room(op_of(l)); })) {
+        AsyncOpBase* op = op_of(links);
+        if (std::error_code ec = post_now(op)) {
+            fsm_.post_failed(op);
+            op->failure = ec; // deliver() hands it to the handler
+            done.push_back(op);
+            continue;
+        }
+        fsm_.posted(op);
+    }
+}
+
+void AsyncDriver::arm_and_wait(OpList& done) {
+    if (closed_ || waiting_) return;
+    for (;;) {
+        (void)ibv_req_notify_cq(cq_->cq(), 0);
+        if (drain(done) == 0) break;
+        post_ready(done);
+    }
+    if (fsm_.outstanding() == 0) return;
+    waiting_ = true;
+    descriptor_.async_wait(asio::posix::stream_descriptor::wait_read,
+                           [self = shared_from_this()](const boost::system::error_code& ec) { self->on_readable(ec); });
+}
+
+void AsyncDriver::on_readable(const boost::system::error_code& ec) {
+    OpList done;
+    {
+        std::lock_guard lock(mutex_);
+        waiting_ = false;
+        if (closed_ || ec == asio::error::operation_aborted) return;
+        // Take every event queued on the channel (acknowledged in batches by the CQ core).
+        ibv_cq* cq = nullptr;
+        void* context = nullptr;
+        while (ibv_get_cq_event(channel_->channel(), &cq, &context) == 0) {
+            static_cast<CqCore*>(context)->count_event();
+            ++wakeups_;
+        }
+        drain(done);
+        post_ready(done);
+        // Operations still outstanding need the next event (adaptive: polling
+        // again); a dependent chain's next operation arms for itself when its
+        // handler starts it.
+        if (fsm_.outstanding() > 0) {
+            if (options_.mode == CompletionMode::adaptive) {
+                start_spinning();
+            } else {
+                arm_and_wait(done);
+            }
+        }
+    }
+    deliver(done);
+}
+
+void AsyncDriver::spin() {
+    // Polls from the executor, running handlers between polls, until nothing
+    // is outstanding, or nothing completed for options_.spin (then it waits on
+    // the fd). Yields to the executor's other work every rounds_per_yield polls.
+    constexpr int rounds_per_yield = 64;
+    for (int round = 0; round < rounds_per_yield; ++round) {
+        OpList done;
+        bool keep_spinning = true;
+        {
+            std::lock_guard lock(mutex_);
+            if (closed_) {
+                spinning_ = false;
+                return;
+            }
+            const std::size_t n = drain(done);
+            post_ready(done);
+            if (n > 0) {
+                spin_deadline_set_ = false;
+            } else if (fsm_.outstanding() == 0) {
+                spinning_ = keep_spinning = false; // a handler starting a new operation spins again
+            } else {
+                // The clock is read only when a poll found nothing.
+                const auto now = Clock::now();
+                if (!spin_deadline_set_) {
+                    spin_deadline_ = now + options_.spin;
+                    spin_deadline_set_ = true;
+                } else if (now >= spin_deadline_) {
+                    spinning_ = keep_spinning = false;
+                    arm_and_wait(done);
+                }
+            }
+        }
+        deliver(done);
+        if (!keep_spinning) return;
+    }
+    asio::post(executor_, [self = shared_from_this()] { self->spin(); });
+}
+
+void AsyncDriver::deliver(OpList& done) noexcept {
+    while (AsyncOpLinks* links = done.pop_front()) op_of(links)->complete(AsyncOpBase::How::direct);
+}
+
+void AsyncDriver::abort(OpList& ops) noexcept {
+    while (AsyncOpLinks* links = ops.pop_front()) op_of(links)->complete(AsyncOpBase::How::post, aborted_error());
+}
+
+void AsyncDriver::stop_waiting_if_idle() noexcept {
+    // A pending wait on the channel keeps the io_context running; with nothing
+    // outstanding there is nothing to wait for.
+    if (waiting_ && fsm_.outstanding() == 0) {
+        boost::system::error_code ignored;
+        descriptor_.cancel(ignored);
+    }
+}
+
+void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) noexcept {
+    std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // the QP may hold the last reference to us
+    std::lock_guard lock(mutex_);
+    OpList ops = fsm_.release(qp.get());
+    abort(ops);
+    stop_waiting_if_idle();
+    qp.reset(); // destroys the QP under the lock: no poll runs concurrently
+}
+
+void AsyncDriver::shutdown() noexcept {
+    std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // dropping the CQ may drop the last reference
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    OpList ops = fsm_.shutdown();
+    abort(ops);
+    boost::system::error_code ignored;
+    descriptor_.cancel(ignored);
+    if (descriptor_.is_open()) (void)descriptor_.release();
+}
+
+void AsyncDriver::destroy_all() noexcept {
+    closed_ = true;
+    OpList ops = fsm_.shutdown();
+    while (AsyncOpLinks* links = ops.pop_front()) op_of(links)->complete(AsyncOpBase::How::destroy);
+}
+
+AsyncStatistics AsyncDriver::statistics() noexcept {
+    std::lock_guard lock(mutex_);
+    const AsyncCounters& c = fsm_.counters();
+    return {c.submitted, c.waited, c.finished, c.aborted, c.cancelled, polls_, empty_polls_, wakeups_};
+}
+
+// --- operation memory -------------------------------------------------------
+
+namespace {
+struct Pool {
+    std::mutex mutex;
+    void* free = nullptr;
+    std::size_t cached = 0;
+};
+Pool& pool() {
+    // Never destroyed: operations may be freed during static destruction.
+    static Pool* p = new Pool;
+    return *p;
+}
+} // namespace
+
+void* OpMemory::pool_get() {
+    {
+        Pool& p = pool();
+        std::lock_guard lock(p.mutex);
+        if (p.free != nullptr) {
+            void* block = p.free;
+            p.free = *static_cast<void**>(block);
+            --p.cached;
+            return block;
+        }
+    }
+    return ::operator new(block_size);
+}
+
+void OpMemory::pool_put(void* block) noexcept {
+    {
+        Pool& p = pool();
+        std::lock_guard lock(p.mutex);
+        if (p.cached < max_pooled) {
+            *static_cast<void**>(block) = p.free;
+            p.free = block;
+            ++p.cached;
+            return;
+        }
+    }
+    ::operator delete(block);
+}
+
+boost::system::error_code to_asio_error(const std::error_code& ec) noexcept {
+    if (!ec) return {};
+    if (ec.category() == std::system_category()) {
+        if (ec.value() == ECANCELED) return asio::error::operation_aborted;
+        return {ec.value(), boost::system::system_category()};
+    }
+    return boost::system::error_code(ec);
+}
+
+void AsyncDriverService::add(const std::shared_ptr<AsyncDriver>& driver) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(drivers_, [](const std::weak_ptr<AsyncDriver>& w) { return w.expired(); });
+    drivers_.push_back(driver);
+}
+
+void AsyncDriverService::shutdown() {
+    std::vector<std::shared_ptr<AsyncDriver>> alive;
+    {
+        std::lock_guard lock(mutex_);
+        for (auto& w : drivers_) {
+            if (auto d = w.lock()) alive.push_back(std::move(d));
+        }
+        drivers_.clear();
+    }
+    for (auto& d : alive) {
+        std::lock_guard lock(d->mutex_);
+        d->destroy_all();
+    }
+}
+
+} // namespace gpuverbs::detail
