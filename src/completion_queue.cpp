@@ -25,7 +25,7 @@ CompletionChannel CompletionChannel::create_impl(const Device& device, detail::S
     // wait() uses poll(2) with a timeout, so reads must never block.
     (void)::fcntl(channel->fd, F_SETFL, ::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
     CompletionChannel c;
-    c.core_ = std::make_shared<detail::ChannelCore>(device.core(), channel);
+    c.core_ = std::make_shared<detail::ChannelCore>(detail::access::core(device), channel);
     return c;
 }
 
@@ -62,7 +62,7 @@ CompletionQueue CompletionQueue::create_impl(const Device& device, int capacity,
         return {};
     }
     CompletionQueue q;
-    q.core_ = std::make_shared<detail::CqCore>(device.core(), channel != nullptr ? channel->core() : nullptr, cq);
+    q.core_ = std::make_shared<detail::CqCore>(detail::access::core(device), channel != nullptr ? detail::access::core(*channel) : nullptr, cq);
     // A channel may serve several CQs: its events name the CQ, whose core acknowledges them.
     cq->cq_context = q.core_.get();
     return q;

@@ -1,19 +1,25 @@
 #include "gpuverbs/datagram.hpp"
 
+#include "gpuverbs/detail/qp_factory.hpp"
+
 #include <cerrno>
-#include <random>
 
 namespace gpuverbs {
 
-AddressHandle::AddressHandle(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote) {
-    if (!pd || !local)
-        throw Error(errc::invalid_argument, "ibv_create_ah", "the ProtectionDomain or UdQueuePair is empty");
+AddressHandle AddressHandle::create_impl(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote,
+                                         detail::Status& status) {
+    const char* verb = "ibv_create_ah";
+    if (!pd || !local) {
+        status.fail(errc::invalid_argument, verb, "the ProtectionDomain or UdQueuePair is empty");
+        return {};
+    }
     ibv_ah_attr attr{};
     attr.port_num = local.port();
     attr.dlid = remote.lid;
     if (local.endpoint().link_layer == LinkLayer::ethernet || remote.lid == 0) {
         if (remote.gid.is_zero()) {
-            throw Error(errc::invalid_endpoint, "ibv_create_ah", "the remote endpoint has no GID to address it by");
+            status.fail(errc::invalid_endpoint, verb, "the remote endpoint has no GID to address it by");
+            return {};
         }
         attr.is_global = 1;
         attr.grh.dgid = remote.gid.to_native();
@@ -23,62 +29,66 @@ AddressHandle::AddressHandle(const ProtectionDomain& pd, const UdQueuePair& loca
     errno = 0;
     ibv_ah* ah = ibv_create_ah(pd.native_handle(), &attr);
     if (ah == nullptr) {
-        int err = errno != 0 ? errno : EINVAL;
-        throw Error({err, std::system_category()}, "ibv_create_ah",
-                    "cannot create an address handle to " + remote.gid.to_string() + " on " + pd.device_name() + ": " +
-                        std::system_category().message(err));
+        status.fail_errno(errno != 0 ? errno : EINVAL, verb,
+                          "cannot create an address handle to " + remote.gid.to_string() + " on " + pd.device_name());
+        return {};
     }
-    pd_ = pd.core();
-    ah_ = std::shared_ptr<ibv_ah>(ah, [](ibv_ah* a) { (void)ibv_destroy_ah(a); });
+    AddressHandle h;
+    h.pd_ = detail::access::core(pd);
+    h.ah_ = std::shared_ptr<ibv_ah>(ah, [](ibv_ah* a) { (void)ibv_destroy_ah(a); });
+    return h;
+}
+
+AddressHandle::AddressHandle(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote)
+    : AddressHandle(detail::or_throw([&](detail::Status& s) { return create_impl(pd, local, remote, s); })) {}
+
+AddressHandle AddressHandle::create(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote,
+                                    std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(pd, local, remote, s); });
+}
+
+UdQueuePair UdQueuePair::create_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                     const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                     std::uint32_t qkey, detail::Status& status) {
+    // The same factory as RC queue pairs: the same checks, port, GID and wrapping.
+    detail::NewQp made = detail::create_qp(IBV_QPT_UD, {&pd, &send_cq, &recv_cq, nullptr}, options, status);
+    if (!made.core) return {};
+    ibv_qp* qp = made.core->qp();
+    // A UD QP goes straight to RTS: it has no peer.
+    const std::uint32_t psn = detail::random_psn();
+    if (!detail::modify_qp(qp, detail::ud_init_transition(made.port, qkey), "RESET->INIT", status) ||
+        !detail::modify_qp(qp, detail::ud_rtr_transition(), "INIT->RTR", status) ||
+        !detail::modify_qp(qp, detail::ud_rts_transition(psn), "RTR->RTS", status)) {
+        return {};
+    }
+    UdQueuePair q;
+    q.core_ = std::move(made.core);
+    q.port_ = made.port;
+    q.qkey_ = qkey;
+    q.local_.qp_num = qp->qp_num;
+    q.local_.psn = psn;
+    q.local_.lid = made.port.lid;
+    q.local_.gid = made.gid;
+    q.local_.mtu = made.port.active_mtu;
+    q.local_.link_layer = made.port.link_layer;
+    return q;
 }
 
 UdQueuePair::UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                          const QueuePairOptions& options, std::uint32_t qkey)
-    : qkey_(qkey) {
-    if (!pd || !send_cq || !recv_cq) {
-        throw Error(errc::invalid_argument, "ibv_create_qp", "the ProtectionDomain or a CompletionQueue is empty");
-    }
-    // The port, GID and limits are found as for RC queue pairs.
-    detail::Status status;
-    port_ = detail::resolve_local_port(pd, options, local_.gid, status);
-    status.check();
-    ibv_qp_init_attr init = detail::qp_init_attr(IBV_QPT_UD, send_cq, recv_cq, options);
-    errno = 0;
-    ibv_qp* qp = ibv_create_qp(pd.native_handle(), &init);
-    if (qp == nullptr) {
-        int err = errno != 0 ? errno : ENOMEM;
-        throw Error(
-            {err, std::system_category()}, "ibv_create_qp",
-            "cannot create a UD queue pair on " + pd.device_name() + ": " + std::system_category().message(err));
-    }
-    core_ = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(), nullptr, qp,
-                                             detail::granted(init.cap));
-    // A UD QP goes straight to RTS: it has no peer.
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_INIT;
-    attr.pkey_index = 0;
-    attr.port_num = port_.port;
-    attr.qkey = qkey;
-    if (int rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY); rc != 0) {
-        throw Error({rc, std::system_category()}, "ibv_modify_qp(RESET->INIT)", "cannot initialise the UD queue pair");
-    }
-    attr = {};
-    attr.qp_state = IBV_QPS_RTR;
-    if (int rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE); rc != 0) {
-        throw Error({rc, std::system_category()}, "ibv_modify_qp(INIT->RTR)", "cannot ready the UD queue pair");
-    }
-    thread_local std::minstd_rand engine{std::random_device{}()};
-    attr = {};
-    attr.qp_state = IBV_QPS_RTS;
-    attr.sq_psn = static_cast<std::uint32_t>(engine()) & 0xffffff;
-    if (int rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN); rc != 0) {
-        throw Error({rc, std::system_category()}, "ibv_modify_qp(RTR->RTS)", "cannot ready the UD queue pair");
-    }
-    local_.qp_num = qp->qp_num;
-    local_.psn = attr.sq_psn;
-    local_.lid = port_.lid;
-    local_.mtu = port_.active_mtu;
-    local_.link_layer = port_.link_layer;
+    : UdQueuePair(
+          detail::or_throw([&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, options, qkey, s); })) {}
+
+UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                const CompletionQueue& recv_cq, const QueuePairOptions& options, std::error_code& ec) {
+    return create(pd, send_cq, recv_cq, options, default_qkey, ec);
+}
+
+UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                const CompletionQueue& recv_cq, const QueuePairOptions& options, std::uint32_t qkey,
+                                std::error_code& ec) {
+    return detail::or_code(ec,
+                           [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, options, qkey, s); });
 }
 
 } // namespace gpuverbs

@@ -228,12 +228,20 @@ Device Device::open(std::string_view name, std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& status) { return open_impl(name, false, status); });
 }
 
+Device Device::open(std::string_view name, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& status) { return open_impl(name, false, status); });
+}
+
 Device Device::open_first() {
     return detail::or_throw([&](detail::Status& status) { return open_impl({}, true, status); });
 }
 
 Device Device::open_first(std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& status) { return open_impl({}, true, status); });
+}
+
+Device Device::open_first(std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& status) { return open_impl({}, true, status); });
 }
 
 Device Device::from_native(ibv_context* context, bool owned) {

@@ -111,5 +111,15 @@ void Status::raise() const {
     throw Error(code, verb, detail);
 }
 
+void Status::report(Diagnostics& diagnostics) const {
+    if (ok()) {
+        diagnostics.clear();
+        return;
+    }
+    diagnostics.verb_ = verb;
+    diagnostics.detail_ = detail.empty() ? code.message() : detail;
+    diagnostics.message_ = what_text(verb, detail, code);
+}
+
 } // namespace detail
 } // namespace gpuverbs

@@ -82,7 +82,7 @@ std::string_view to_string(Registration registration) noexcept {
 MemoryRegion detail::adopt_memory_region(const ProtectionDomain& pd, ibv_mr* mr, void* address, std::size_t length,
                                          std::uint64_t iova, Access access, Registration registration) {
     MemoryRegion region;
-    region.core_ = std::make_shared<detail::MrCore>(pd.core(), mr);
+    region.core_ = std::make_shared<detail::MrCore>(detail::access::core(pd), mr);
     region.address_ = address;
     region.length_ = length;
     region.iova_ = iova;
@@ -102,6 +102,12 @@ MemoryRegion::MemoryRegion(const ProtectionDomain& pd, std::span<std::byte> memo
 MemoryRegion MemoryRegion::create(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
                                   std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& s) { return create_impl(pd, address, length, access, s); });
+}
+
+MemoryRegion MemoryRegion::create(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
+                                  std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return create_impl(pd, address, length, access, s); });
 }
 
 } // namespace gpuverbs

@@ -16,7 +16,7 @@ ProtectionDomain ProtectionDomain::create_impl(const Device& device, detail::Sta
                           "cannot allocate a protection domain on " + device.name());
         return {};
     }
-    return ProtectionDomain(std::make_shared<detail::PdCore>(device.core(), pd));
+    return ProtectionDomain(std::make_shared<detail::PdCore>(detail::access::core(device), pd));
 }
 
 ProtectionDomain::ProtectionDomain(const Device& device)

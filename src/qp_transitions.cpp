@@ -110,6 +110,55 @@ QpTransition rts_transition(std::uint32_t local_psn, const LocalPort& local, con
     return t;
 }
 
+QpTransition reset_transition() {
+    QpTransition t;
+    t.attr.qp_state = IBV_QPS_RESET;
+    t.mask = IBV_QP_STATE;
+    return t;
+}
+
+QpTransition access_transition(Access remote_access) {
+    QpTransition t;
+    t.attr.qp_access_flags = init_transition(LocalPort{}, remote_access).attr.qp_access_flags;
+    t.mask = IBV_QP_ACCESS_FLAGS;
+    return t;
+}
+
+QpTransition ud_init_transition(const LocalPort& local, std::uint32_t qkey) {
+    QpTransition t;
+    t.attr.qp_state = IBV_QPS_INIT;
+    t.attr.pkey_index = 0;
+    t.attr.port_num = local.port;
+    t.attr.qkey = qkey;
+    t.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    return t;
+}
+
+QpTransition ud_rtr_transition() {
+    QpTransition t;
+    t.attr.qp_state = IBV_QPS_RTR;
+    t.mask = IBV_QP_STATE;
+    return t;
+}
+
+QpTransition ud_rts_transition(std::uint32_t local_psn) {
+    QpTransition t;
+    t.attr.qp_state = IBV_QPS_RTS;
+    t.attr.sq_psn = local_psn & 0xffffff;
+    t.mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    return t;
+}
+
+CmConnectParameters cm_connect_parameters(const LocalPort& local, const ConnectOptions& options) {
+    // The same clamps as the RTR and RTS rows, so both ways of connecting agree.
+    CmConnectParameters p;
+    p.responder_resources = clamp_rd_atomic(options.max_dest_rd_atomic, local.device_max_dest_rd_atomic);
+    p.initiator_depth = clamp_rd_atomic(options.max_rd_atomic, local.device_max_rd_atomic);
+    p.retry_count = std::min<std::uint8_t>(options.retry_count, 7);
+    p.rnr_retry_count = std::min<std::uint8_t>(options.rnr_retry, 7);
+    return p;
+}
+
 std::string describe(const QpTransition& t) {
     const ibv_qp_attr& a = t.attr;
     std::string s;
@@ -118,6 +167,7 @@ std::string describe(const QpTransition& t) {
         s += part;
     };
     if (t.mask & IBV_QP_PORT) add("port=" + std::to_string(a.port_num));
+    if (t.mask & IBV_QP_QKEY) add("qkey=" + hex(a.qkey));
     if (t.mask & IBV_QP_ACCESS_FLAGS) add("access_flags=" + hex(a.qp_access_flags));
     if (t.mask & IBV_QP_PATH_MTU) add("path_mtu=" + std::to_string(mtu_bytes(static_cast<Mtu>(a.path_mtu))));
     if (t.mask & IBV_QP_DEST_QPN) add("dest_qp_num=" + hex(a.dest_qp_num));

@@ -2,6 +2,8 @@
 
 #if GPUVERBS_HAVE_RDMACM
 
+#include "gpuverbs/detail/qp_factory.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -51,6 +53,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// errno after a failed librdmacm call, never 0 (which would read as success).
+int last_errno(int fallback) {
+    return errno != 0 ? errno : fallback;
+}
+
 rdma_event_channel* new_channel(detail::Status& status) {
     errno = 0;
     rdma_event_channel* ch = rdma_create_event_channel();
@@ -68,7 +75,7 @@ std::shared_ptr<detail::CmIdCore> new_id(detail::Status& status) {
     if (ch == nullptr) return nullptr;
     rdma_cm_id* id = nullptr;
     if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
-        status.fail_errno(errno, "rdma_create_id", "cannot create an rdma_cm id");
+        status.fail_errno(last_errno(ENOMEM), "rdma_create_id", "cannot create an rdma_cm id");
         rdma_destroy_event_channel(ch);
         return nullptr;
     }
@@ -97,7 +104,7 @@ rdma_cm_event* next_event(rdma_event_channel* ch, Clock::time_point deadline, co
         rdma_cm_event* ev = nullptr;
         if (rdma_get_cm_event(ch, &ev) == 0) return ev;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            status.fail_errno(errno, "rdma_get_cm_event", "waiting for " + waiting_for);
+            status.fail_errno(last_errno(EIO), "rdma_get_cm_event", "waiting for " + waiting_for);
             return nullptr;
         }
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -142,29 +149,28 @@ std::string CmConnection::peer_address() const {
     return text;
 }
 
-QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQueue& send_cq,
-                                  const CompletionQueue& recv_cq, const QueuePairOptions& options,
-                                  std::chrono::milliseconds timeout) && {
-    detail::Status status;
+QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                       const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                       std::chrono::milliseconds timeout, detail::Status& status) {
     auto deadline = Clock::now() + timeout;
     if (!id_ || !pd || !send_cq || !recv_cq) {
-        throw Error(errc::invalid_argument, "rdma_create_qp", "the connection, PD or a CQ is empty");
+        status.fail(errc::invalid_argument, "rdma_create_qp", "the connection, PD or a CQ is empty");
+        return {};
     }
     rdma_cm_id* id = id_->id();
     if (pd.native_handle()->context != id->verbs) {
-        throw Error(errc::invalid_argument, "rdma_create_qp",
+        status.fail(errc::invalid_argument, "rdma_create_qp",
                     "the protection domain is on " + pd.device_name() + " but the connection manager chose " +
                         device_.name() + ": make the PD and CQs on conn.device()");
+        return {};
     }
-    ibv_qp_init_attr init = detail::qp_init_attr(IBV_QPT_RC, send_cq, recv_cq, options);
-    if (rdma_create_qp(id, pd.native_handle(), &init) != 0) {
-        throw Error({errno, std::system_category()}, "rdma_create_qp",
-                    "cannot create a queue pair on " + device_.name() + ": " + std::system_category().message(errno));
-    }
-    const detail::QpCore::Caps caps = detail::granted(init.cap);
-    // The QP belongs to the cm id: the QpCore keeps the id alive and lets it destroy the QP.
-    auto core = std::make_shared<detail::QpCore>(pd.core(), send_cq.core(), recv_cq.core(), nullptr, id->qp, caps,
-                                                 std::shared_ptr<void>(id_));
+    // librdmacm makes the QP and keeps it on the cm id: the QpCore keeps the id
+    // alive and lets it destroy the QP.
+    auto core = detail::create_owned_qp(
+        {&pd, &send_cq, &recv_cq, nullptr}, options, "rdma_create_qp",
+        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; },
+        id_, status);
+    if (!core) return {};
     // If establishing fails, destroy the QP now, while its CQs are certainly
     // alive: left to the cm id, it would outlive them and block their destruction.
     struct DestroyQpOnFailure {
@@ -174,22 +180,27 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
             if (!done && id->qp != nullptr) rdma_destroy_qp(id);
         }
     } guard{id};
-    ibv_device_attr dev{};
-    (void)ibv_query_device(id->verbs, &dev);
+    // librdmacm moves the QP through RTR and RTS itself, with the values the
+    // transition table would use for default ConnectOptions.
+    detail::LocalPort port;
+    if (ibv_device_attr dev{}; ibv_query_device(id->verbs, &dev) == 0) {
+        port.device_max_rd_atomic = dev.max_qp_init_rd_atom;
+        port.device_max_dest_rd_atomic = dev.max_qp_rd_atom;
+    }
+    const detail::CmConnectParameters chosen = detail::cm_connect_parameters(port, ConnectOptions{});
     rdma_conn_param param{};
-    param.responder_resources = static_cast<std::uint8_t>(std::clamp(dev.max_qp_rd_atom, 1, 16));
-    param.initiator_depth = static_cast<std::uint8_t>(std::clamp(dev.max_qp_init_rd_atom, 1, 16));
-    param.retry_count = 7;
-    param.rnr_retry_count = 7;
+    param.responder_resources = chosen.responder_resources;
+    param.initiator_depth = chosen.initiator_depth;
+    param.retry_count = chosen.retry_count;
+    param.rnr_retry_count = chosen.rnr_retry_count;
     const char* verb = incoming_ ? "rdma_accept" : "rdma_connect";
     if ((incoming_ ? rdma_accept(id, &param) : rdma_connect(id, &param)) != 0) {
-        throw Error(
-            {errno, std::system_category()}, verb,
-            std::string("cannot ") + (incoming_ ? "accept" : "connect") + ": " + std::system_category().message(errno));
+        status.fail_errno(last_errno(EINVAL), verb, incoming_ ? "cannot accept" : "cannot connect");
+        return {};
     }
     if (!expect_event(*id_, RDMA_CM_EVENT_ESTABLISHED, deadline,
                       incoming_ ? "accepting the connection" : "connecting to " + peer_address(), status)) {
-        status.raise();
+        return {};
     }
     id_->connected = true;
     guard.done = true;
@@ -213,41 +224,78 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
     return q;
 }
 
+QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                  const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                  std::chrono::milliseconds timeout) && {
+    return detail::or_throw(
+        [&](detail::Status& s) { return establish_impl(pd, send_cq, recv_cq, options, timeout, s); });
+}
+
+QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                  const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                  std::chrono::milliseconds timeout, std::error_code& ec) && {
+    return detail::or_code(
+        ec, [&](detail::Status& s) { return establish_impl(pd, send_cq, recv_cq, options, timeout, s); });
+}
+
+QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                  const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                  std::chrono::milliseconds timeout, std::error_code& ec,
+                                  Diagnostics& diagnostics) && {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return establish_impl(pd, send_cq, recv_cq, options, timeout, s);
+    });
+}
+
 void CmConnection::reject() && {
     if (id_ && incoming_) (void)rdma_reject(id_->id(), nullptr, 0);
     id_.reset();
 }
 
-CmListener::CmListener(const std::string& address, std::uint16_t port) {
-    detail::Status status;
-    id_ = new_id(status);
-    status.check();
+CmListener CmListener::create_impl(const std::string& address, std::uint16_t port, detail::Status& status) {
+    std::shared_ptr<detail::CmIdCore> id = new_id(status);
+    if (!id) return {};
     sockaddr_in where{};
     if (!parse_ipv4(address, port, where)) {
-        throw Error(errc::invalid_argument, "rdma_bind_addr", "'" + address + "' is not an IPv4 address or host name");
+        status.fail(errc::invalid_argument, "rdma_bind_addr", "'" + address + "' is not an IPv4 address or host name");
+        return {};
     }
-    if (rdma_bind_addr(id_->id(), reinterpret_cast<sockaddr*>(&where)) != 0) {
-        throw Error({errno, std::system_category()}, "rdma_bind_addr",
-                    "cannot bind to " + address + ":" + std::to_string(port) + ": " +
-                        std::system_category().message(errno) +
-                        (errno == EADDRNOTAVAIL ? " (no RDMA device has that address)" : ""));
+    if (rdma_bind_addr(id->id(), reinterpret_cast<sockaddr*>(&where)) != 0) {
+        int err = last_errno(EINVAL);
+        status.fail_errno(err, "rdma_bind_addr",
+                          "cannot bind to " + address + ":" + std::to_string(port) +
+                              (err == EADDRNOTAVAIL ? " (no RDMA device has that address)" : ""));
+        return {};
     }
-    if (rdma_listen(id_->id(), 16) != 0) {
-        throw Error({errno, std::system_category()}, "rdma_listen",
-                    std::string("cannot listen: ") + std::system_category().message(errno));
+    if (rdma_listen(id->id(), 16) != 0) {
+        status.fail_errno(last_errno(EINVAL), "rdma_listen", "cannot listen");
+        return {};
     }
+    CmListener l;
+    l.id_ = std::move(id);
+    return l;
+}
+
+CmListener::CmListener(const std::string& address, std::uint16_t port)
+    : CmListener(detail::or_throw([&](detail::Status& s) { return create_impl(address, port, s); })) {}
+
+CmListener CmListener::create(const std::string& address, std::uint16_t port, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(address, port, s); });
 }
 
 std::uint16_t CmListener::port() const {
-    return ntohs(rdma_get_src_port(id_->id()));
+    return id_ ? ntohs(rdma_get_src_port(id_->id())) : 0;
 }
 
-CmConnection CmListener::accept(std::chrono::milliseconds timeout) {
-    detail::Status status;
+CmConnection CmListener::accept_impl(std::chrono::milliseconds timeout, detail::Status& status) {
+    if (!id_) {
+        status.fail(errc::invalid_argument, "rdma_get_cm_event", "the CmListener is empty");
+        return {};
+    }
     auto deadline = Clock::now() + timeout;
     for (;;) {
         rdma_cm_event* ev = next_event(id_->channel(), deadline, "a connection request", status);
-        status.check();
+        if (ev == nullptr) return {};
         if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
             rdma_ack_cm_event(ev); // e.g. a disconnect of a connection not yet migrated
             continue;
@@ -259,14 +307,15 @@ CmConnection CmListener::accept(std::chrono::milliseconds timeout) {
         if (ch == nullptr) {
             (void)rdma_reject(incoming, nullptr, 0);
             (void)rdma_destroy_id(incoming);
-            status.raise();
+            return {};
         }
         if (rdma_migrate_id(incoming, ch) != 0) {
-            int err = errno;
+            int err = last_errno(EINVAL);
             (void)rdma_reject(incoming, nullptr, 0);
             (void)rdma_destroy_id(incoming);
             rdma_destroy_event_channel(ch);
-            throw Error({err, std::system_category()}, "rdma_migrate_id", "cannot take over the connection request");
+            status.fail_errno(err, "rdma_migrate_id", "cannot take over the connection request");
+            return {};
         }
         CmConnection c;
         c.id_ = std::make_shared<detail::CmIdCore>(ch, incoming);
@@ -276,19 +325,28 @@ CmConnection CmListener::accept(std::chrono::milliseconds timeout) {
     }
 }
 
-CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
-                        const std::string& source) {
-    detail::Status status;
+CmConnection CmListener::accept(std::chrono::milliseconds timeout) {
+    return detail::or_throw([&](detail::Status& s) { return accept_impl(timeout, s); });
+}
+
+CmConnection CmListener::accept(std::chrono::milliseconds timeout, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return accept_impl(timeout, s); });
+}
+
+CmConnection detail::cm_resolve_impl(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
+                                     const std::string& source, Status& status) {
     auto deadline = Clock::now() + timeout;
     CmConnection c;
     c.id_ = new_id(status);
-    status.check();
+    if (!c.id_) return {};
     sockaddr_in to{}, from{};
     if (!parse_ipv4(host, port, to)) {
-        throw Error(errc::invalid_argument, "rdma_resolve_addr", "'" + host + "' is not an IPv4 address or host name");
+        status.fail(errc::invalid_argument, "rdma_resolve_addr", "'" + host + "' is not an IPv4 address or host name");
+        return {};
     }
     if (!source.empty() && !parse_ipv4(source, 0, from)) {
-        throw Error(errc::invalid_argument, "rdma_resolve_addr", "'" + source + "' is not an IPv4 address");
+        status.fail(errc::invalid_argument, "rdma_resolve_addr", "'" + source + "' is not an IPv4 address");
+        return {};
     }
     // Address resolution waits for the neighbour (ARP) entry. When that entry
     // becomes valid before the kernel queues the request, no event wakes it
@@ -299,30 +357,49 @@ CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono
         int attempt_ms = static_cast<int>(std::clamp<long long>(left, 1, 1000));
         if (rdma_resolve_addr(c.id_->id(), source.empty() ? nullptr : reinterpret_cast<sockaddr*>(&from),
                               reinterpret_cast<sockaddr*>(&to), attempt_ms) != 0) {
-            throw Error({errno, std::system_category()}, "rdma_resolve_addr",
-                        "cannot resolve " + host + ": " + std::system_category().message(errno));
+            status.fail_errno(last_errno(EINVAL), "rdma_resolve_addr", "cannot resolve " + host);
+            return {};
         }
         rdma_cm_event* ev = next_event(c.id_->channel(), deadline, "the address of " + host, status);
-        status.check();
+        if (ev == nullptr) return {};
         rdma_cm_event_type got = ev->event;
         int event_status = ev->status;
         rdma_ack_cm_event(ev);
         if (got == RDMA_CM_EVENT_ADDR_RESOLVED) break;
         if (got == RDMA_CM_EVENT_ADDR_ERROR && Clock::now() < deadline) continue;
-        throw Error(errc::unsupported, "rdma_resolve_addr",
+        status.fail(errc::unsupported, "rdma_resolve_addr",
                     "resolving the address " + host + ": got " + rdma_event_str(got) + " (status " +
                         std::to_string(event_status) + ") (no RDMA device has a route to that address)");
+        return {};
     }
     auto ms = static_cast<int>(std::max<long long>(1, timeout.count()));
     if (rdma_resolve_route(c.id_->id(), ms) != 0) {
-        throw Error({errno, std::system_category()}, "rdma_resolve_route",
-                    "cannot resolve a route to " + host + ": " + std::system_category().message(errno));
+        status.fail_errno(last_errno(EINVAL), "rdma_resolve_route", "cannot resolve a route to " + host);
+        return {};
     }
     if (!expect_event(*c.id_, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route to " + host, status)) {
-        status.raise();
+        return {};
     }
     c.device_ = Device::from_native(c.id_->id()->verbs, false);
     return c;
+}
+
+CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
+                        const std::string& source) {
+    return detail::or_throw([&](detail::Status& s) { return detail::cm_resolve_impl(host, port, timeout, source, s); });
+}
+
+CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
+                        const std::string& source, std::error_code& ec) {
+    return detail::or_code(ec,
+                           [&](detail::Status& s) { return detail::cm_resolve_impl(host, port, timeout, source, s); });
+}
+
+CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
+                        const std::string& source, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return detail::cm_resolve_impl(host, port, timeout, source, s);
+    });
 }
 
 } // namespace gpuverbs

@@ -16,6 +16,7 @@
 #include "gpuverbs/detail/completion_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/device.hpp"
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <chrono>
@@ -43,9 +44,9 @@ public:
     /// The file descriptor to wait on (non-blocking).
     [[nodiscard]] int fd() const noexcept { return core_ ? core_->channel()->fd : -1; }
     [[nodiscard]] ibv_comp_channel* native_handle() const noexcept { return core_ ? core_->channel() : nullptr; }
-    [[nodiscard]] const std::shared_ptr<detail::ChannelCore>& core() const noexcept { return core_; }
 
 private:
+    friend struct detail::access;
     static CompletionChannel create_impl(const Device& device, detail::Status& status);
     std::shared_ptr<detail::ChannelCore> core_;
 };
@@ -126,9 +127,9 @@ public:
 
     [[nodiscard]] int capacity() const noexcept { return core_ ? core_->cq()->cqe : 0; }
     [[nodiscard]] ibv_cq* native_handle() const noexcept { return core_ ? core_->cq() : nullptr; }
-    [[nodiscard]] const std::shared_ptr<detail::CqCore>& core() const noexcept { return core_; }
 
 private:
+    friend struct detail::access;
     void release() noexcept {
         if (core_ && core_->driver() != nullptr) core_->driver()->shutdown();
         core_.reset();

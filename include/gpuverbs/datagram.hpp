@@ -7,6 +7,10 @@
 //   gpuverbs::AddressHandle to_peer(pd, ud, peer_endpoint);     // from the peer's ud.endpoint()
 //   ud.post_send(mr.slice(0, n), to_peer, peer_endpoint.qp_num, peer_qkey);
 //   ud.post_receive(mr.slice(0, gpuverbs::UdQueuePair::grh_size + max_message));
+//
+// Both are made like every set-up object: the constructor throws
+// gpuverbs::Error, and create(…, std::error_code&) returns an empty object
+// with the code instead.
 #pragma once
 
 #include "gpuverbs/completion_queue.hpp"
@@ -18,6 +22,7 @@
 #include "gpuverbs/queue_pair_types.hpp"
 
 #include <memory>
+#include <system_error>
 
 namespace gpuverbs {
 
@@ -27,8 +32,13 @@ class UdQueuePair;
 class AddressHandle {
 public:
     AddressHandle() noexcept = default;
-    /// A handle from `local`'s port and GID to the port of `remote` (a peer's UdQueuePair::endpoint()).
+    /// A handle from `local`'s port and GID to the port of `remote` (a peer's
+    /// UdQueuePair::endpoint()). Throws gpuverbs::Error: errc::invalid_endpoint
+    /// when `remote` has no GID to route by, or the errno of ibv_create_ah.
     AddressHandle(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote);
+    /// The error_code form: an empty AddressHandle on failure.
+    static AddressHandle create(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote,
+                                std::error_code& ec);
     AddressHandle(AddressHandle&&) noexcept = default;
     AddressHandle& operator=(AddressHandle&&) noexcept = default;
     AddressHandle(const AddressHandle&) = delete;
@@ -39,6 +49,9 @@ public:
     [[nodiscard]] ibv_ah* native_handle() const noexcept { return ah_.get(); }
 
 private:
+    static AddressHandle create_impl(const ProtectionDomain& pd, const UdQueuePair& local, const Endpoint& remote,
+                                     detail::Status& status);
+
     std::shared_ptr<detail::PdCore> pd_; // declared first: destroyed after the ah
     std::shared_ptr<ibv_ah> ah_;
 };
@@ -51,8 +64,16 @@ public:
     static constexpr std::uint32_t default_qkey = 0x11111111;
 
     UdQueuePair() noexcept = default;
+    /// Creates a UD queue pair and brings it to RTS, accepting datagrams that
+    /// carry `qkey`. Throws gpuverbs::Error, as PreparedQueuePair does.
     UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                 const QueuePairOptions& options = {}, std::uint32_t qkey = default_qkey);
+    /// The error_code forms: an empty UdQueuePair on failure.
+    static UdQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                              const CompletionQueue& recv_cq, const QueuePairOptions& options, std::error_code& ec);
+    static UdQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                              const CompletionQueue& recv_cq, const QueuePairOptions& options, std::uint32_t qkey,
+                              std::error_code& ec);
     UdQueuePair(UdQueuePair&&) noexcept = default;
     UdQueuePair& operator=(UdQueuePair&&) noexcept = default;
     UdQueuePair(const UdQueuePair&) = delete;
@@ -90,6 +111,10 @@ public:
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 
 private:
+    static UdQueuePair create_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                   const CompletionQueue& recv_cq, const QueuePairOptions& options, std::uint32_t qkey,
+                                   detail::Status& status);
+
     std::error_code post_datagram(const WorkRequest& r, const AddressHandle& to, std::uint32_t remote_qp_num,
                                   std::uint32_t remote_qkey) noexcept {
         if (!to) return errc::invalid_argument;

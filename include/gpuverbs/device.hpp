@@ -11,6 +11,7 @@
 // keep the device open, so destruction order never matters.
 #pragma once
 
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"
 
@@ -117,9 +118,12 @@ public:
     /// (errc::device_not_found) lists the devices that exist.
     static Device open(std::string_view name);
     static Device open(std::string_view name, std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    static Device open(std::string_view name, std::error_code& ec, Diagnostics& diagnostics);
     /// Opens the first device ibv_get_device_list reports.
     static Device open_first();
     static Device open_first(std::error_code& ec);
+    static Device open_first(std::error_code& ec, Diagnostics& diagnostics);
 
     /// Wraps a context opened elsewhere; with `owned` false it is never closed
     /// here (e.g. librdmacm's contexts, which it keeps for the process).
@@ -147,10 +151,9 @@ public:
     /// The raw context, for verbs gpuverbs does not wrap. Owned by the Device.
     [[nodiscard]] ibv_context* native_handle() const noexcept;
 
-    /// The shared core children hold to keep the device open.
-    [[nodiscard]] const std::shared_ptr<detail::DeviceCore>& core() const noexcept { return core_; }
 
 private:
+    friend struct detail::access;
     explicit Device(std::shared_ptr<detail::DeviceCore> core) noexcept : core_(std::move(core)) {}
     static Device open_impl(std::string_view name, bool first, detail::Status& status);
     DeviceAttributes query_impl(detail::Status& status) const;

@@ -4,7 +4,15 @@
 // Set-up calls come in two forms, as in fmt and Asio: one that throws
 // gpuverbs::Error, and one taking std::error_code& that never throws. The
 // throwing form carries the full explanation (which verb, which object, what
-// to do); the error_code form carries only the code.
+// to do); the error_code form carries the code, and the calls whose words
+// matter most (opening a device, registering memory, connecting) take a
+// Diagnostics beside it that receives the same explanation, as Boost.MySQL's
+// diagnostics do:
+//
+//   std::error_code ec;
+//   gpuverbs::Diagnostics diag;
+//   auto dev = gpuverbs::Device::open("mlx5_9", ec, diag);
+//   if (ec) std::fprintf(stderr, "%s\n", diag.message().c_str());
 #pragma once
 
 #include <string>
@@ -76,6 +84,34 @@ private:
     std::string text_;
 };
 
+namespace detail {
+struct Status;
+}
+
+/// What went wrong, in words, for the error_code forms of set-up calls: the
+/// verb and explanation the throwing form's Error would carry. Empty after a
+/// call that succeeded; the error_code beside it says whether it failed.
+class Diagnostics {
+public:
+    /// The library or system call that failed, e.g. "ibv_open_device".
+    [[nodiscard]] const std::string& verb() const noexcept { return verb_; }
+    /// What happened and what to do, without the verb.
+    [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
+    /// "VERB: DETAIL": exactly the text Error::what() would have had.
+    [[nodiscard]] const std::string& message() const noexcept { return message_; }
+    void clear() noexcept {
+        verb_.clear();
+        detail_.clear();
+        message_.clear();
+    }
+
+private:
+    friend struct detail::Status;
+    std::string verb_;
+    std::string detail_;
+    std::string message_;
+};
+
 /// Throws Error(ec, verb) when `ec` is set. For programs that prefer
 /// exceptions, around the data path's error codes:
 /// `gpuverbs::throw_if(qp.post_write(src, dst), "post_write");`
@@ -101,6 +137,8 @@ struct Status {
     /// Fails with errno: detail is "<what>: <strerror>".
     void fail_errno(int err, std::string_view v, std::string_view what);
     [[noreturn]] void raise() const;
+    /// Hands the words to the user's Diagnostics (cleared when this succeeded).
+    void report(Diagnostics& diagnostics) const;
     /// Throws if failed, else does nothing.
     void check() const {
         if (!ok()) raise();
@@ -122,6 +160,16 @@ auto or_code(std::error_code& ec, Impl&& impl) {
     Status status;
     auto result = impl(status);
     ec = status.code;
+    return result;
+}
+
+/// The error_code form with the words kept in `diagnostics`.
+template <class Impl>
+auto or_code(std::error_code& ec, Diagnostics& diagnostics, Impl&& impl) {
+    Status status;
+    auto result = impl(status);
+    ec = status.code;
+    status.report(diagnostics);
     return result;
 }
 

@@ -112,6 +112,11 @@ MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& me
 MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& memory, Access access,
                                  GpuRegistration policy, std::error_code& ec,
                                  std::vector<Rejection>* rejections = nullptr);
+/// … with the explanation GpuRegistrationError or Error would carry kept in
+/// `diagnostics` (each method and why it was rejected, in one message).
+MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& memory, Access access,
+                                 GpuRegistration policy, std::error_code& ec, Diagnostics& diagnostics,
+                                 std::vector<Rejection>* rejections = nullptr);
 
 /// What register_gpu_memory would decide, without registering: every probe's
 /// answer and the plan. The probes' answers are cached (per device, per GPU,

@@ -128,6 +128,9 @@ public:
     /// The error_code form: an empty MemoryRegion on failure.
     static MemoryRegion create(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
                                std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    static MemoryRegion create(const ProtectionDomain& pd, void* address, std::size_t length, Access access,
+                               std::error_code& ec, Diagnostics& diagnostics);
 
     MemoryRegion(MemoryRegion&&) noexcept = default;
     MemoryRegion& operator=(MemoryRegion&&) noexcept = default;

@@ -8,6 +8,7 @@
 
 #include "gpuverbs/detail/device_core.hpp"
 #include "gpuverbs/device.hpp"
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <infiniband/verbs.h>
@@ -58,9 +59,9 @@ public:
     /// The device's name, e.g. "rxe0" ("" when empty).
     [[nodiscard]] const std::string& device_name() const noexcept;
 
-    [[nodiscard]] const std::shared_ptr<detail::PdCore>& core() const noexcept { return core_; }
 
 private:
+    friend struct detail::access;
     static ProtectionDomain create_impl(const Device& device, detail::Status& status);
     explicit ProtectionDomain(std::shared_ptr<detail::PdCore> core) noexcept : core_(std::move(core)) {}
     std::shared_ptr<detail::PdCore> core_;

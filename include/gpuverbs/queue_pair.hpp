@@ -99,6 +99,9 @@ public:
     /// left in INIT and can be connected again.
     QueuePair connect(const Endpoint& remote, const ConnectOptions& options = {}) &&;
     QueuePair connect(const Endpoint& remote, const ConnectOptions& options, std::error_code& ec) &&;
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    QueuePair connect(const Endpoint& remote, const ConnectOptions& options, std::error_code& ec,
+                      Diagnostics& diagnostics) &&;
 
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 

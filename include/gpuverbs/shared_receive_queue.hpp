@@ -8,6 +8,7 @@
 
 #include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/memory_region.hpp"
 #include "gpuverbs/protection_domain.hpp"
@@ -45,9 +46,9 @@ public:
     }
 
     [[nodiscard]] ibv_srq* native_handle() const noexcept { return core_ ? core_->srq() : nullptr; }
-    [[nodiscard]] const std::shared_ptr<detail::SrqCore>& core() const noexcept { return core_; }
 
 private:
+    friend struct detail::access;
     static SharedReceiveQueue create_impl(const ProtectionDomain& pd, std::uint32_t max_wr, std::uint32_t max_sge,
                                           detail::Status& status);
     std::shared_ptr<detail::SrqCore> core_;

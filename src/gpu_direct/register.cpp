@@ -202,6 +202,19 @@ MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& me
     return mr;
 }
 
+MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& memory, Access access,
+                                 GpuRegistration policy, std::error_code& ec, Diagnostics& diagnostics,
+                                 std::vector<Rejection>* rejections) {
+    Status status;
+    std::vector<Rejection> reasons;
+    MemoryRegion mr =
+        detail::register_gpu_memory_with(pd, memory, access, policy, detail::real_inputs(memory), reasons, status);
+    ec = status.code;
+    status.report(diagnostics);
+    if (rejections != nullptr) *rejections = std::move(reasons);
+    return mr;
+}
+
 GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, const GpuMemory& memory,
                                                     GpuRegistration policy) {
     return detail::or_throw([&](Status& status) {

@@ -3,16 +3,22 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "ctest_case.hpp"
 #include "gpu_available.hpp"
 
 #include <cstdio>
 
 int main(int argc, char** argv) {
-    if (gpuverbs::test::gpu_skip_reason().empty()) {
+    if (gpuverbs::test::listing_only(argc, argv)) {
+        // Only the names (doctest_discover_tests reads them).
+    } else if (gpuverbs::test::gpu_skip_reason().empty()) {
         std::printf("GPU tests on %s\n", gpuverbs::test::first_gpu_name().c_str());
     } else {
         std::printf("GPU tests SKIPPED: %s\n", gpuverbs::test::gpu_skip_reason().c_str());
+        if (gpuverbs::test::run_by_ctest()) return gpuverbs::test::ctest_skip_status;
     }
     doctest::Context context(argc, argv);
+    // Listing names every case, also those skipped here (for ctest's registration).
+    if (gpuverbs::test::listing_only(argc, argv)) context.setOption("no-skip", true);
     return context.run();
 }

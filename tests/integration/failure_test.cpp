@@ -192,6 +192,45 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!rig_present())) {
         (void)std::move(prepared).connect(small_mtu, huge, ec);
         CHECK(ec == errc::invalid_argument);
         CHECK(prepared);
+        // The error_code form with Diagnostics keeps the words the exception had.
+        Diagnostics diag;
+        ec.clear();
+        (void)std::move(prepared).connect(bad, {}, ec, diag);
+        CHECK(ec == errc::invalid_endpoint);
+        CHECK(diag.message().find("ibv_modify_qp(INIT->RTR): the remote endpoint's QP number 0x0") == 0);
+        REQUIRE(prepared);
+        QueuePair connected = std::move(prepared).connect(p.b.qp.local_endpoint(), {}, ec, diag);
+        CHECK_FALSE(ec);
+        CHECK(connected);
+        CHECK(diag.message().empty()); // a success clears what an earlier failure left
+    }
+
+    TEST_CASE("Diagnostics carry the words of open and register failures, as the exceptions do") {
+        Diagnostics diag;
+        std::error_code ec;
+        Device missing = Device::open("mlx5_99", ec, diag);
+        CHECK_FALSE(missing);
+        CHECK(ec == errc::device_not_found);
+        CHECK(diag.verb() == "ibv_open_device");
+        CHECK(diag.message().find("no RDMA device named 'mlx5_99'; devices present: ") == 0);
+        CHECK(diag.message().find(gpuverbs::test::rig_devices()->dev0) != std::string::npos);
+
+        Device dev = Device::open(gpuverbs::test::rig_devices()->dev0, ec, diag);
+        REQUIRE(dev);
+        CHECK(diag.message().empty());
+        ProtectionDomain pd(dev);
+        std::string thrown;
+        try {
+            MemoryRegion mr(pd, reinterpret_cast<void*>(0x10), 4096, Access::local_write);
+        } catch (const Error& e) {
+            thrown = e.what();
+        }
+        REQUIRE_FALSE(thrown.empty());
+        MemoryRegion bad = MemoryRegion::create(pd, reinterpret_cast<void*>(0x10), 4096, Access::local_write, ec, diag);
+        CHECK_FALSE(bad);
+        CHECK(ec == std::error_code(EFAULT, std::system_category()));
+        CHECK(diag.message() == thrown);
+        CHECK(diag.message().find("not mapped memory") != std::string::npos);
     }
 
     TEST_CASE("a completion queue from another opened Device is refused with the reason, not a bare EINVAL") {

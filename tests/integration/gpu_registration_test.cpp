@@ -97,6 +97,7 @@ CHECK(probe_nic_dmabuf(pd) == answer); // cached, same words
 }
 
 TEST_CASE_FIXTURE(OnRxe, "without a GPU, register_gpu_memory names every method and every reason") {
+    std::string thrown;
     try {
         (void)register_gpu_memory(pd, stand_in(host), access_all);
         FAIL("register_gpu_memory succeeded without a GPU");
@@ -113,6 +114,7 @@ TEST_CASE_FIXTURE(OnRxe, "without a GPU, register_gpu_memory names every method 
         CHECK(contains(peermem.reason, driver));
         CHECK(contains(peermem.reason, "nvidia_peermem is not loaded"));
         std::string what = e.what();
+        thrown = what;
         CHECK(what.starts_with("register_gpu_memory: cannot register 65536 bytes of GPU memory at 0x"));
         CHECK(contains(what, " on " + device.name() + " for RDMA: DMA-BUF: "));
         CHECK(contains(what, "; peermem: "));
@@ -122,6 +124,14 @@ TEST_CASE_FIXTURE(OnRxe, "without a GPU, register_gpu_memory names every method 
     CHECK_FALSE(register_gpu_memory(pd, stand_in(host), access_all, GpuRegistration::automatic, ec, &why));
     CHECK(ec == errc::gpu_direct_unavailable);
     CHECK(why.size() == 2);
+    // … and with Diagnostics, the same words as the exception.
+    Diagnostics diag;
+    std::vector<Rejection> again;
+    ec.clear();
+    CHECK_FALSE(register_gpu_memory(pd, stand_in(host), access_all, GpuRegistration::automatic, ec, diag, &again));
+    CHECK(ec == errc::gpu_direct_unavailable);
+    CHECK(diag.message() == thrown);
+    CHECK(again == why);
     // explain_gpu_registration answers without registering.
     auto explained = explain_gpu_registration(pd, stand_in(host));
     CHECK(explained.plan.order.empty());

@@ -62,6 +62,39 @@ TEST_SUITE("device") {
         }
     }
 
+    TEST_CASE("the error_code form of open keeps the exception's words in Diagnostics") {
+        std::string thrown;
+        try {
+            (void)Device::open("gpuverbs_no_such_device");
+        } catch (const gpuverbs::Error& e) {
+            thrown = e.what();
+        }
+        REQUIRE_FALSE(thrown.empty());
+        std::error_code ec;
+        gpuverbs::Diagnostics diag;
+        Device d = Device::open("gpuverbs_no_such_device", ec, diag);
+        CHECK_FALSE(d);
+        CHECK(ec);
+        CHECK(diag.message() == thrown);
+        CHECK(diag.verb() == thrown.substr(0, thrown.find(':')));
+        CHECK(diag.message() == diag.verb() + ": " + diag.detail());
+        // open_first: the same words as its exception (no devices here, or the first one opens).
+        std::error_code first_ec;
+        gpuverbs::Diagnostics first_diag;
+        Device first = Device::open_first(first_ec, first_diag);
+        if (first_ec) {
+            try {
+                (void)Device::open_first();
+                FAIL("open_first threw nothing where its error_code form failed");
+            } catch (const gpuverbs::Error& e) {
+                CHECK(first_diag.message() == e.what());
+            }
+        } else {
+            CHECK(first);
+            CHECK(first_diag.message().empty());
+        }
+    }
+
     TEST_CASE("opening a device that does not exist says which devices do, or why there are none") {
         std::vector<gpuverbs::DeviceInfo> devices = Device::list();
         std::error_code ec;

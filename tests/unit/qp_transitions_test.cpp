@@ -111,4 +111,74 @@ TEST_SUITE("queue pair transitions") {
         CHECK(t.attr.timeout == 31);
         CHECK(t.attr.max_rd_atomic == 16); // device allows 128; verbs users cap at 16
     }
+
+    TEST_CASE("RESET sets only the state") {
+        auto t = detail::reset_transition();
+        CHECK(t.attr.qp_state == IBV_QPS_RESET);
+        CHECK(t.mask == IBV_QP_STATE);
+    }
+
+    TEST_CASE("changing the access flags in INIT sets only the flags, without local ones") {
+        auto t = detail::access_transition(Access::remote_read | Access::local_write);
+        CHECK(t.mask == IBV_QP_ACCESS_FLAGS);
+        CHECK(t.attr.qp_access_flags == IBV_ACCESS_REMOTE_READ);
+        CHECK(detail::describe(t) == "access_flags=0x4");
+    }
+
+    TEST_CASE("UD INIT names the port and the Q_Key, and no access flags") {
+        auto t = detail::ud_init_transition(roce_port(), 0x11111111);
+        CHECK(t.attr.qp_state == IBV_QPS_INIT);
+        CHECK(t.attr.pkey_index == 0);
+        CHECK(t.attr.port_num == 1);
+        CHECK(t.attr.qkey == 0x11111111u);
+        CHECK(t.mask == (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY));
+        CHECK(detail::describe(t) == "port=1 qkey=0x11111111");
+    }
+
+    TEST_CASE("UD RTR sets only the state: a datagram QP has no peer") {
+        auto t = detail::ud_rtr_transition();
+        CHECK(t.attr.qp_state == IBV_QPS_RTR);
+        CHECK(t.mask == IBV_QP_STATE);
+    }
+
+    TEST_CASE("UD RTS sets our PSN, cut to 24 bits, and nothing about retries") {
+        auto t = detail::ud_rts_transition(0x1abcdef0);
+        CHECK(t.attr.qp_state == IBV_QPS_RTS);
+        CHECK(t.attr.sq_psn == 0xbcdef0u);
+        CHECK(t.mask == (IBV_QP_STATE | IBV_QP_SQ_PSN));
+        CHECK(detail::describe(t) == "sq_psn=0xbcdef0");
+    }
+
+    TEST_CASE("rdma_cm's connect parameters are the values RTR and RTS would use") {
+        LocalPort p = roce_port(); // device: 128 as initiator, 8 as target
+        auto defaults = detail::cm_connect_parameters(p, {});
+        CHECK(defaults.responder_resources == 8);
+        CHECK(defaults.initiator_depth == 16);
+        CHECK(defaults.retry_count == 7);
+        CHECK(defaults.rnr_retry_count == 7);
+
+        ConnectOptions o;
+        o.retry_count = 99;
+        o.rnr_retry = 3;
+        o.max_rd_atomic = 4;
+        o.max_dest_rd_atomic = 200;
+        auto chosen = detail::cm_connect_parameters(p, o);
+        detail::Status status;
+        auto rtr = detail::rtr_transition(p, roce_remote(), o, status);
+        REQUIRE(status.ok());
+        auto rts = detail::rts_transition(0, p, o);
+        CHECK(chosen.responder_resources == rtr.attr.max_dest_rd_atomic);
+        CHECK(chosen.responder_resources == 8);
+        CHECK(chosen.initiator_depth == rts.attr.max_rd_atomic);
+        CHECK(chosen.initiator_depth == 4);
+        CHECK(chosen.retry_count == rts.attr.retry_cnt);
+        CHECK(chosen.rnr_retry_count == rts.attr.rnr_retry);
+
+        LocalPort unknown; // a device that could not be queried: one outstanding read each way
+        unknown.device_max_rd_atomic = 0;
+        unknown.device_max_dest_rd_atomic = 0;
+        auto minimal = detail::cm_connect_parameters(unknown, {});
+        CHECK(minimal.responder_resources == 1);
+        CHECK(minimal.initiator_depth == 1);
+    }
 }

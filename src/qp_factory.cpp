@@ -1,0 +1,175 @@
+#include "gpuverbs/detail/qp_factory.hpp"
+
+#include "gpuverbs/queue_pair.hpp"
+#include "gpuverbs/shared_receive_queue.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <random>
+
+namespace gpuverbs::detail {
+
+namespace {
+
+// The checks every queue pair's parts must pass before verbs sees them.
+bool check_parts(const QpParts& parts, const char* verb, Status& status) {
+    const SharedReceiveQueue* srq = parts.srq;
+    if (parts.pd == nullptr || parts.send_cq == nullptr || parts.recv_cq == nullptr || !*parts.pd ||
+        !*parts.send_cq || !*parts.recv_cq || (srq != nullptr && !*srq)) {
+        status.fail(errc::invalid_argument, verb,
+                    srq != nullptr ? "the ProtectionDomain, a CompletionQueue or the SRQ is empty"
+                                   : "the ProtectionDomain or a CompletionQueue is empty");
+        return false;
+    }
+    ibv_context* context = parts.pd->native_handle()->context;
+    if (parts.send_cq->native_handle()->context != context || parts.recv_cq->native_handle()->context != context ||
+        (srq != nullptr && srq->native_handle()->context != context)) {
+        // Verbs would only say EINVAL.
+        status.fail(errc::invalid_argument, verb,
+                    "the completion queues, shared receive queue and protection domain must come from the same "
+                    "opened Device; here they come from different Device objects (a device opened twice?)");
+        return false;
+    }
+    return true;
+}
+
+const char* type_name(ibv_qp_type type) {
+    return type == IBV_QPT_UD ? "a UD" : "an RC";
+}
+
+// Creates the ibv_qp (ibv_create_qp, or `make` when given) and wraps it in its QpCore.
+std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options,
+                                  const char* verb, const QpMaker* make, std::shared_ptr<void> owner,
+                                  Status& status) {
+    ibv_qp_init_attr init = qp_init_attr(type, *parts.send_cq, *parts.recv_cq, options,
+                                         parts.srq != nullptr ? parts.srq->native_handle() : nullptr);
+    errno = 0;
+    ibv_qp* qp = make != nullptr ? (*make)(parts.pd->native_handle(), init)
+                                 : ibv_create_qp(parts.pd->native_handle(), &init);
+    if (qp == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        status.fail_errno(err, verb,
+                          std::string("cannot create ") + type_name(type) + " queue pair on " +
+                              parts.pd->device_name() + " with max_send_wr=" + std::to_string(options.max_send_wr) +
+                              " max_recv_wr=" + std::to_string(options.max_recv_wr) +
+                              " max_send_sge=" + std::to_string(options.max_send_sge) +
+                              " max_recv_sge=" + std::to_string(options.max_recv_sge) +
+                              " max_inline_data=" + std::to_string(options.max_inline_data) +
+                              (err == EINVAL ? " (above the device's limits? see Device::query())" : ""));
+        return nullptr;
+    }
+    const bool owned_here = owner == nullptr;
+    try {
+        return std::make_shared<QpCore>(access::core(*parts.pd), access::core(*parts.send_cq),
+                                        access::core(*parts.recv_cq),
+                                        parts.srq != nullptr ? access::core(*parts.srq) : nullptr, qp,
+                                        granted(init.cap), std::move(owner));
+    } catch (...) {
+        // No QpCore took the QP (out of memory, or a CQ with 65,536 QPs): do not leak it.
+        if (owned_here) destroyed(ibv_destroy_qp(qp));
+        throw;
+    }
+}
+
+} // namespace
+
+LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid_out,
+                             Status& status) {
+    LocalPort port;
+    const DeviceCore& device = *access::core(pd)->device();
+    // The port and GID this QP will use, checked now so connect() cannot fail on them.
+    ibv_device_attr dev_attr{};
+    if (int rc = ibv_query_device(device.context(), &dev_attr); rc != 0) {
+        status.fail_errno(rc, "ibv_query_device", "cannot query " + device.name());
+        return port;
+    }
+    if (options.port == 0 || options.port > dev_attr.phys_port_cnt) {
+        status.fail(errc::port_not_found, "ibv_create_qp",
+                    device.name() + " has no port " + std::to_string(options.port) + " (ports are 1.." +
+                        std::to_string(dev_attr.phys_port_cnt) + ")");
+        return port;
+    }
+    ibv_port_attr port_attr{};
+    if (int rc = ibv_query_port(device.context(), options.port, &port_attr); rc != 0) {
+        status.fail_errno(rc, "ibv_query_port", "cannot query " + device.name());
+        return port;
+    }
+    port.port = options.port;
+    port.link_layer = port_attr.link_layer == IBV_LINK_LAYER_ETHERNET     ? LinkLayer::ethernet
+                      : port_attr.link_layer == IBV_LINK_LAYER_INFINIBAND ? LinkLayer::infiniband
+                                                                          : LinkLayer::unspecified;
+    port.active_mtu = static_cast<Mtu>(port_attr.active_mtu);
+    port.lid = port_attr.lid;
+    port.device_max_rd_atomic = dev_attr.max_qp_init_rd_atom;
+    port.device_max_dest_rd_atomic = dev_attr.max_qp_rd_atom;
+
+    ibv_gid gid{};
+    if (options.gid_index) {
+        port.gid_index = *options.gid_index;
+        if (int rc = ibv_query_gid(device.context(), options.port, static_cast<int>(*options.gid_index), &gid);
+            rc != 0) {
+            status.fail_errno(rc, "ibv_query_gid",
+                              device.name() + " port " + std::to_string(options.port) + " has no GID index " +
+                                  std::to_string(*options.gid_index));
+            return port;
+        }
+    } else if (port.link_layer == LinkLayer::ethernet) {
+        // The same table and rule as Device::select_gid, without reopening the device.
+        std::vector<GidEntry> table = read_gid_table(device.context(), device.name(), options.port,
+                                                     port_attr.gid_tbl_len, dev_attr.phys_port_cnt, status);
+        if (!status.ok()) return port;
+        auto chosen = select_gid(table, LinkLayer::ethernet, options.gid_preference);
+        if (!chosen) {
+            status.fail(errc::gid_not_found, "ibv_create_qp",
+                        device.name() + " port " + std::to_string(options.port) +
+                            " has no RoCE GID to connect with (does its interface have an IP address?)");
+            return port;
+        }
+        port.gid_index = chosen->index;
+        gid = chosen->gid.to_native();
+    } else {
+        (void)ibv_query_gid(device.context(), options.port, 0, &gid); // IB: GID 0 for cross-subnet use
+    }
+
+    gid_out = Gid::from_native(gid);
+    return port;
+}
+
+NewQp create_qp(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options, Status& status) {
+    NewQp made;
+    if (!check_parts(parts, "ibv_create_qp", status)) return made;
+    // The port and GID are checked before the QP exists, so connect() cannot fail on them.
+    made.port = resolve_local_port(*parts.pd, options, made.gid, status);
+    if (!status.ok()) return made;
+    made.core = make_core(type, parts, options, "ibv_create_qp", nullptr, nullptr, status);
+    return made;
+}
+
+std::shared_ptr<QpCore> create_owned_qp(const QpParts& parts, const QueuePairOptions& options, const char* verb,
+                                        const QpMaker& make, std::shared_ptr<void> owner, Status& status) {
+    if (!check_parts(parts, verb, status)) return nullptr;
+    return make_core(IBV_QPT_RC, parts, options, verb, &make, std::move(owner), status);
+}
+
+bool modify_qp(ibv_qp* qp, const QpTransition& transition, const char* which, Status& status) {
+    ibv_qp_attr attr = transition.attr;
+    if (int rc = ibv_modify_qp(qp, &attr, transition.mask); rc != 0) {
+        status.fail_errno(rc, std::string("ibv_modify_qp(") + which + ")",
+                          "cannot move " + qp_name(qp->qp_num) + " " + which + " with " + describe(transition));
+        return false;
+    }
+    return true;
+}
+
+std::uint32_t random_psn() {
+    thread_local std::minstd_rand engine{std::random_device{}()};
+    return static_cast<std::uint32_t>(engine()) & 0xffffff;
+}
+
+std::string qp_name(std::uint32_t qp_num) {
+    char text[24];
+    std::snprintf(text, sizeof text, "QP 0x%x", qp_num);
+    return text;
+}
+
+} // namespace gpuverbs::detail
