@@ -87,8 +87,7 @@ UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueu
 UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                                 const CompletionQueue& recv_cq, const QueuePairOptions& options, std::uint32_t qkey,
                                 std::error_code& ec) {
-    return detail::or_code(ec,
-                           [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, options, qkey, s); });
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, options, qkey, s); });
 }
 
 } // namespace gpuverbs

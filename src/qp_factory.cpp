@@ -14,8 +14,8 @@ namespace {
 // The checks every queue pair's parts must pass before verbs sees them.
 bool check_parts(const QpParts& parts, const char* verb, Status& status) {
     const SharedReceiveQueue* srq = parts.srq;
-    if (parts.pd == nullptr || parts.send_cq == nullptr || parts.recv_cq == nullptr || !*parts.pd ||
-        !*parts.send_cq || !*parts.recv_cq || (srq != nullptr && !*srq)) {
+    if (parts.pd == nullptr || parts.send_cq == nullptr || parts.recv_cq == nullptr || !*parts.pd || !*parts.send_cq ||
+        !*parts.recv_cq || (srq != nullptr && !*srq)) {
         status.fail(errc::invalid_argument, verb,
                     srq != nullptr ? "the ProtectionDomain, a CompletionQueue or the SRQ is empty"
                                    : "the ProtectionDomain or a CompletionQueue is empty");
@@ -39,13 +39,12 @@ const char* type_name(ibv_qp_type type) {
 
 // Creates the ibv_qp (ibv_create_qp, or `make` when given) and wraps it in its QpCore.
 std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options,
-                                  const char* verb, const QpMaker* make, std::shared_ptr<void> owner,
-                                  Status& status) {
+                                  const char* verb, const QpMaker* make, std::shared_ptr<void> owner, Status& status) {
     ibv_qp_init_attr init = qp_init_attr(type, *parts.send_cq, *parts.recv_cq, options,
                                          parts.srq != nullptr ? parts.srq->native_handle() : nullptr);
     errno = 0;
-    ibv_qp* qp = make != nullptr ? (*make)(parts.pd->native_handle(), init)
-                                 : ibv_create_qp(parts.pd->native_handle(), &init);
+    ibv_qp* qp =
+        make != nullptr ? (*make)(parts.pd->native_handle(), init) : ibv_create_qp(parts.pd->native_handle(), &init);
     if (qp == nullptr) {
         int err = errno != 0 ? errno : ENOMEM;
         status.fail_errno(err, verb,
@@ -60,10 +59,9 @@ std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const 
     }
     const bool owned_here = owner == nullptr;
     try {
-        return std::make_shared<QpCore>(access::core(*parts.pd), access::core(*parts.send_cq),
-                                        access::core(*parts.recv_cq),
-                                        parts.srq != nullptr ? access::core(*parts.srq) : nullptr, qp,
-                                        granted(init.cap), std::move(owner));
+        return std::make_shared<QpCore>(
+            access::core(*parts.pd), access::core(*parts.send_cq), access::core(*parts.recv_cq),
+            parts.srq != nullptr ? access::core(*parts.srq) : nullptr, qp, granted(init.cap), std::move(owner));
     } catch (...) {
         // No QpCore took the QP (out of memory, or a CQ with 65,536 QPs): do not leak it.
         if (owned_here) destroyed(ibv_destroy_qp(qp));

@@ -122,7 +122,8 @@ QpState QueuePair::state() const {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
     if (int rc = ibv_query_qp(core_->qp(), &attr, IBV_QP_STATE, &init); rc != 0) {
-        throw Error({rc, std::system_category()}, "ibv_query_qp", "cannot query the state of " + detail::qp_name(qp_num()));
+        throw Error({rc, std::system_category()}, "ibv_query_qp",
+                    "cannot query the state of " + detail::qp_name(qp_num()));
     }
     switch (attr.qp_state) {
         case IBV_QPS_RESET: return QpState::reset;

@@ -168,8 +168,8 @@ QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const Complet
     // alive and lets it destroy the QP.
     auto core = detail::create_owned_qp(
         {&pd, &send_cq, &recv_cq, nullptr}, options, "rdma_create_qp",
-        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; },
-        id_, status);
+        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; }, id_,
+        status);
     if (!core) return {};
     // If establishing fails, destroy the QP now, while its CQs are certainly
     // alive: left to the cm id, it would outlive them and block their destruction.
@@ -240,11 +240,9 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
 
 QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                                   const CompletionQueue& recv_cq, const QueuePairOptions& options,
-                                  std::chrono::milliseconds timeout, std::error_code& ec,
-                                  Diagnostics& diagnostics) && {
-    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
-        return establish_impl(pd, send_cq, recv_cq, options, timeout, s);
-    });
+                                  std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) && {
+    return detail::or_code(
+        ec, diagnostics, [&](detail::Status& s) { return establish_impl(pd, send_cq, recv_cq, options, timeout, s); });
 }
 
 void CmConnection::reject() && {
@@ -397,9 +395,8 @@ CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono
 
 CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
                         const std::string& source, std::error_code& ec, Diagnostics& diagnostics) {
-    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
-        return detail::cm_resolve_impl(host, port, timeout, source, s);
-    });
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return detail::cm_resolve_impl(host, port, timeout, source, s); });
 }
 
 } // namespace gpuverbs

@@ -104,6 +104,17 @@ public:
         if (std::error_code ec = detail::receive_target(*core_, target)) return ec;
         return detail::post_receive(target, dst, context);
     }
+    /// One receive per buffer, up to 32, with one doorbell (as a receiver
+    /// reposting after a batch of completions does); their contexts are
+    /// first_context, first_context + 1, …. All or none: errc::batch_full for
+    /// more than 32, receive_queue_full without room for all, and every
+    /// buffer's range checked first.
+    GPUVERBS_HOT std::error_code post_receives(std::span<const LocalBuffer> buffers,
+                                               std::uint64_t first_context = 0) noexcept {
+        detail::ReceiveTarget target{};
+        if (std::error_code ec = detail::receive_target(*core_, target)) return ec;
+        return detail::post_receives(target, buffers, first_context);
+    }
 
     // --- batched -----------------------------------------------------------
 

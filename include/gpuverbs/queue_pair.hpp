@@ -146,6 +146,8 @@ public:
     [[nodiscard]] const QueuePairCapabilities& capabilities() const noexcept { return core_->caps(); }
     /// Send requests posted and not yet known to be finished.
     [[nodiscard]] std::uint64_t outstanding_sends() const noexcept { return core_->send.outstanding(); }
+    /// Receives posted to this QP's own receive queue and not yet completed.
+    [[nodiscard]] std::uint64_t outstanding_receives() const noexcept { return core_->receive.outstanding(); }
 
     /// The QP's state as the device reports it (ibv_query_qp).
     [[nodiscard]] QpState state() const;

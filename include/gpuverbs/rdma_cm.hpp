@@ -115,8 +115,7 @@ public:
                         std::chrono::milliseconds timeout = std::chrono::seconds(30)) &&;
     /// The error_code form: an empty QueuePair on failure.
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                        const QueuePairOptions& options, std::chrono::milliseconds timeout,
-                        std::error_code& ec) &&;
+                        const QueuePairOptions& options, std::chrono::milliseconds timeout, std::error_code& ec) &&;
     /// … with the explanation the exception would carry kept in `diagnostics`.
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                         const QueuePairOptions& options, std::chrono::milliseconds timeout, std::error_code& ec,

@@ -6,9 +6,9 @@
 //   srq.post_receive(buffers.slice(i * size, size), i);
 #pragma once
 
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
-#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/memory_region.hpp"
 #include "gpuverbs/protection_domain.hpp"
@@ -43,6 +43,10 @@ public:
     }
     std::error_code post_receive(std::span<const LocalBuffer> dst, std::uint64_t context = 0) noexcept {
         return detail::post_receive(detail::receive_target(*core_), dst, context);
+    }
+    /// One receive per buffer, up to 32, with one doorbell (DataPath::post_receives).
+    std::error_code post_receives(std::span<const LocalBuffer> buffers, std::uint64_t first_context = 0) noexcept {
+        return detail::post_receives(detail::receive_target(*core_), buffers, first_context);
     }
 
     [[nodiscard]] ibv_srq* native_handle() const noexcept { return core_ ? core_->srq() : nullptr; }

@@ -121,6 +121,39 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
         CHECK(poll_for(p.a.cq, 1).at(0).opcode == Opcode::send_with_imm);
     }
 
+    TEST_CASE("post_receives posts many receives with one doorbell, all or none, each with its context") {
+        QueuePairOptions options;
+        options.max_recv_wr = 8;
+        ConnectedPair p(1 << 16, options);
+        const std::uint32_t depth = p.b.qp.capabilities().max_recv_wr;
+        REQUIRE(depth >= 8);
+        std::vector<LocalBuffer> buffers;
+        for (std::uint32_t i = 0; i < 33; ++i) buffers.push_back(p.b.mr.slice(std::size_t{i} * 64, 64));
+        // Refused as a whole, nothing posted: too many, more than the queue holds, a bad range.
+        CHECK(p.b.qp.post_receives(buffers) == errc::batch_full);
+        CHECK(p.b.qp.post_receives(std::span(buffers).first(depth + 1)) == errc::receive_queue_full);
+        std::vector<LocalBuffer> bad(buffers.begin(), buffers.begin() + 4);
+        bad[3].length = 1 << 20; // past its region
+        CHECK(p.b.qp.post_receives(bad) == errc::local_range_outside_region);
+        CHECK(p.b.qp.outstanding_receives() == 0);
+        // Four receives, one doorbell; four sends fill them in order, contexts 100..103.
+        REQUIRE_FALSE(p.b.qp.post_receives(std::span(buffers).first(4), 100));
+        CHECK(p.b.qp.outstanding_receives() == 4);
+        for (std::uint32_t i = 0; i < 4; ++i) {
+            std::memset(p.a.memory.data() + std::size_t{i} * 64, static_cast<int>(i + 1), 64);
+            REQUIRE_FALSE(p.a.qp.post_send(p.a.mr.slice(std::size_t{i} * 64, 64)));
+        }
+        CHECK(poll_for(p.a.cq, 4).size() == 4);
+        auto r = poll_for(p.b.cq, 4);
+        REQUIRE(r.size() == 4);
+        for (std::uint32_t i = 0; i < 4; ++i) {
+            CHECK(r[i].ok());
+            CHECK(r[i].context == 100 + i);
+            CHECK(p.b.memory[std::size_t{i} * 64 + 63] == std::byte(i + 1));
+        }
+        CHECK(p.b.qp.outstanding_receives() == 0);
+    }
+
     TEST_CASE("fetch-and-add returns the old value and adds remotely") {
         ConnectedPair p;
         std::uint64_t start = 1000;

@@ -13,6 +13,17 @@ bool rig_present() {
     return gpuverbs::test::rig_devices().has_value();
 }
 
+// The code of the gpuverbs::Error that `f` throws (none if it throws nothing).
+template <class F>
+std::error_code thrown_code(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.code();
+    }
+    return {};
+}
+
 struct UdSide {
     Device device;
     ProtectionDomain pd{device};
@@ -78,5 +89,102 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         CHECK(a.ud.post_send(a.mr.slice(0, mtu + 1), to_b, b.ud.qp_num(), b.ud.qkey()) == errc::invalid_argument);
         CHECK_FALSE(a.ud.post_send(a.mr.slice(0, mtu), to_b, b.ud.qp_num(), b.ud.qkey()));
         CHECK(poll_for(a.cq, 1).size() == 1);
+    }
+
+    TEST_CASE("the error_code forms of UD set-up make a queue pair and an address handle that carry a datagram") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        UdSide a(rig.dev0), b(rig.dev1);
+        std::error_code ec = make_error_code(errc::invalid_argument); // must be cleared on success
+        UdQueuePair sender = UdQueuePair::create(a.pd, a.cq, a.cq, {}, ec);
+        REQUIRE_FALSE(ec);
+        REQUIRE(sender);
+        CHECK(sender.qkey() == UdQueuePair::default_qkey);
+        UdQueuePair receiver = UdQueuePair::create(b.pd, b.cq, b.cq, {}, 0x4444, ec);
+        REQUIRE_FALSE(ec);
+        CHECK(receiver.qkey() == 0x4444u);
+        ec = make_error_code(errc::invalid_argument);
+        AddressHandle to_b = AddressHandle::create(a.pd, sender, receiver.endpoint(), ec);
+        REQUIRE_FALSE(ec);
+        REQUIRE(to_b);
+        REQUIRE_FALSE(receiver.post_receive(b.mr.slice(0, UdQueuePair::grh_size + 64), 9));
+        REQUIRE_FALSE(sender.post_send(a.mr.slice(0, 32), to_b, receiver.qp_num(), receiver.qkey()));
+        CHECK(poll_for(a.cq, 1).at(0).ok());
+        auto got = poll_for(b.cq, 1);
+        REQUIRE(got.size() == 1);
+        CHECK(got[0].context == 9);
+        CHECK(got[0].source_qp == sender.qp_num());
+    }
+
+    TEST_CASE(
+        "a UD queue pair on a port the device lacks: create returns port_not_found and an empty QP, the "
+        "constructor throws it") {
+        UdSide a(gpuverbs::test::rig_devices()->dev0);
+        QueuePairOptions options;
+        options.port = 99;
+        std::error_code ec;
+        UdQueuePair ud = UdQueuePair::create(a.pd, a.cq, a.cq, options, ec);
+        CHECK(ec == errc::port_not_found);
+        CHECK_FALSE(ud);
+        CHECK(thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
+        CHECK_THROWS_WITH_AS(UdQueuePair(a.pd, a.cq, a.cq, options), doctest::Contains("has no port 99"), Error);
+    }
+
+    TEST_CASE("a UD queue pair deeper than the device allows: both forms give ibv_create_qp's errno and say why") {
+        UdSide a(gpuverbs::test::rig_devices()->dev0);
+        QueuePairOptions options;
+        options.max_send_wr = 1u << 30;
+        std::error_code ec;
+        UdQueuePair ud = UdQueuePair::create(a.pd, a.cq, a.cq, options, ec);
+        REQUIRE(ec);
+        CHECK(ec.category() == std::system_category());
+        CHECK_FALSE(ud);
+        CHECK(thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
+        try {
+            UdQueuePair thrown(a.pd, a.cq, a.cq, options);
+            FAIL("a UD queue pair of 2^30 sends was created");
+        } catch (const Error& e) {
+            CHECK(e.verb() == "ibv_create_qp");
+            std::string what = e.what();
+            CHECK_MESSAGE(what.find("cannot create a UD queue pair on " + a.device.name() +
+                                    " with max_send_wr=1073741824") != std::string::npos,
+                          what);
+            CHECK_MESSAGE(what.find("(errno " + std::to_string(ec.value()) + ")") != std::string::npos, what);
+        }
+    }
+
+    TEST_CASE("a UD queue pair from an empty protection domain: both forms give invalid_argument") {
+        UdSide a(gpuverbs::test::rig_devices()->dev0);
+        ProtectionDomain empty;
+        std::error_code ec;
+        CHECK_FALSE(UdQueuePair::create(empty, a.cq, a.cq, {}, ec));
+        CHECK(ec == errc::invalid_argument);
+        CHECK(thrown_code([&] { (void)UdQueuePair(empty, a.cq, a.cq); }) == ec);
+    }
+
+    TEST_CASE(
+        "an address handle to an endpoint without a GID: create returns invalid_endpoint and an empty handle, "
+        "the constructor throws it") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        UdSide a(rig.dev0), b(rig.dev1);
+        Endpoint no_gid = b.ud.endpoint();
+        no_gid.gid = Gid{};
+        no_gid.lid = 0; // nothing to route by, on RoCE and on InfiniBand
+        std::error_code ec;
+        AddressHandle ah = AddressHandle::create(a.pd, a.ud, no_gid, ec);
+        CHECK(ec == errc::invalid_endpoint);
+        CHECK_FALSE(ah);
+        CHECK(ah.native_handle() == nullptr);
+        CHECK(thrown_code([&] { (void)AddressHandle(a.pd, a.ud, no_gid); }) == ec);
+        CHECK_THROWS_WITH_AS(AddressHandle(a.pd, a.ud, no_gid),
+                             "ibv_create_ah: the remote endpoint has no GID to address it by", Error);
+    }
+
+    TEST_CASE("an address handle from an empty UD queue pair: both forms give invalid_argument") {
+        UdSide a(gpuverbs::test::rig_devices()->dev0);
+        UdQueuePair empty;
+        std::error_code ec;
+        CHECK_FALSE(AddressHandle::create(a.pd, empty, a.ud.endpoint(), ec));
+        CHECK(ec == errc::invalid_argument);
+        CHECK(thrown_code([&] { (void)AddressHandle(a.pd, empty, a.ud.endpoint()); }) == ec);
     }
 }

@@ -212,7 +212,8 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!rig_present())) {
         CHECK_FALSE(missing);
         CHECK(ec == errc::device_not_found);
         CHECK(diag.verb() == "ibv_open_device");
-        CHECK(diag.message().find("no RDMA device named 'mlx5_99'; devices present: ") == 0);
+        CHECK(diag.detail().find("no RDMA device named 'mlx5_99'; devices present: ") == 0);
+        CHECK(diag.message() == "ibv_open_device: " + diag.detail());
         CHECK(diag.message().find(gpuverbs::test::rig_devices()->dev0) != std::string::npos);
 
         Device dev = Device::open(gpuverbs::test::rig_devices()->dev0, ec, diag);

@@ -25,6 +25,17 @@ bool rig_present() {
     return gpuverbs::test::rig_devices().has_value();
 }
 
+// The code of the gpuverbs::Error that `f` throws (none if it throws nothing).
+template <class F>
+std::error_code thrown_code(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.code();
+    }
+    return {};
+}
+
 // One side of a cm connection with its own PD, CQ and 1 MiB buffer on the chosen device.
 struct CmSide {
     ProtectionDomain pd;
@@ -185,6 +196,148 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
 
     TEST_CASE("binding a listener to an address no RDMA device has fails clearly") {
         CHECK_THROWS_WITH_AS(CmListener("192.0.2.99", 0), doctest::Contains("no RDMA device has that address"), Error);
+    }
+
+    TEST_CASE("the error_code forms of listen, accept, resolve and establish connect a pair that moves data") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        std::error_code ec = make_error_code(errc::invalid_argument); // must be cleared on success
+        CmListener listener = CmListener::create(rig.ip1, 0, ec);
+        REQUIRE_FALSE(ec);
+        REQUIRE(listener);
+        REQUIRE(listener.port() != 0);
+        auto server_side = std::async(std::launch::async, [&] {
+            std::error_code accepted = make_error_code(errc::invalid_argument);
+            CmConnection request = listener.accept(20s, accepted);
+            CHECK_FALSE(accepted);
+            ProtectionDomain pd(request.device());
+            CompletionQueue cq(request.device(), 16);
+            std::vector<std::byte> memory(64);
+            MemoryRegion mr(pd, memory, Access::local_write);
+            std::error_code established = make_error_code(errc::invalid_argument);
+            QueuePair qp = std::move(request).establish(pd, cq, cq, {}, 20s, established);
+            CHECK_FALSE(established);
+            if (!qp) return std::string("no queue pair");
+            CHECK_FALSE(qp.post_receive(mr.slice(0, 64)));
+            auto got = poll_for(cq, 1);
+            if (got.size() != 1 || !got[0].ok()) return std::string("no message");
+            return std::string(reinterpret_cast<const char*>(memory.data()), got[0].byte_length);
+        });
+        CmConnection conn = cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0, ec);
+        REQUIRE_FALSE(ec);
+        REQUIRE(conn);
+        ProtectionDomain pd(conn.device());
+        CompletionQueue cq(conn.device(), 16);
+        std::string text = "error_code forms";
+        std::vector<std::byte> memory(reinterpret_cast<const std::byte*>(text.data()),
+                                      reinterpret_cast<const std::byte*>(text.data()) + text.size());
+        MemoryRegion mr(pd, memory, Access::local_write);
+        ec = make_error_code(errc::invalid_argument);
+        Diagnostics diag;
+        QueuePair qp = std::move(conn).establish(pd, cq, cq, {}, 20s, ec, diag);
+        REQUIRE_FALSE(ec);
+        CHECK(diag.message().empty());
+        REQUIRE(qp);
+        CHECK(qp.state() == QpState::ready_to_send);
+        // The server may not have posted its receive yet: RNR retries (7 = forever) cover that.
+        REQUIRE_FALSE(qp.post_send(mr.all()));
+        auto sent = poll_for(cq, 1);
+        REQUIRE(sent.size() == 1);
+        CHECK(sent[0].ok());
+        CHECK(server_side.get() == text);
+    }
+
+    TEST_CASE("binding a listener to an address no RDMA device has: create returns the code the constructor throws") {
+        std::error_code ec;
+        CmListener listener = CmListener::create("192.0.2.99", 0, ec);
+        CHECK(ec == std::errc::address_not_available);
+        CHECK_FALSE(listener);
+        CHECK(listener.port() == 0);
+        CHECK(thrown_code([] { (void)CmListener("192.0.2.99", 0); }) == ec);
+    }
+
+    TEST_CASE(
+        "an accept that times out: the error_code form returns timed_out and an empty connection, the "
+        "throwing form throws it") {
+        CmListener listener(gpuverbs::test::rig_devices()->ip1, 0);
+        std::error_code ec;
+        CmConnection conn = listener.accept(100ms, ec);
+        CHECK(ec == std::errc::timed_out);
+        CHECK_FALSE(conn);
+        CHECK(thrown_code([&] { (void)listener.accept(100ms); }) == ec);
+    }
+
+    TEST_CASE("accepting on an empty listener: both forms give invalid_argument") {
+        CmListener empty;
+        std::error_code ec;
+        CHECK_FALSE(empty.accept(100ms, ec));
+        CHECK(ec == errc::invalid_argument);
+        CHECK(thrown_code([&] { (void)empty.accept(100ms); }) == ec);
+    }
+
+    TEST_CASE(
+        "resolving an address no RDMA device can reach: the error_code form returns the error and an empty "
+        "connection, the throwing form throws it") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        std::error_code ec;
+        Diagnostics diag;
+        CmConnection conn = cm_resolve("192.0.2.1", 7471, 500ms, rig.ip0, ec, diag);
+        REQUIRE(ec);
+        CHECK_FALSE(conn);
+        CHECK_FALSE(conn.device());
+        MESSAGE(diag.message());
+        try {
+            (void)cm_resolve("192.0.2.1", 7471, 500ms, rig.ip0);
+            FAIL("resolved an address no RDMA device can reach");
+        } catch (const Error& e) {
+            CHECK(e.code() == ec);
+            CHECK(e.verb() == diag.verb());
+        }
+    }
+
+    TEST_CASE(
+        "establishing where nobody listens: the error_code form returns REJECTED's code and an empty queue "
+        "pair, with the words the exception carries") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        auto attempt = [&](auto&& establish) {
+            CmConnection conn = cm_resolve(rig.ip1, 7997, 20s, rig.ip0);
+            ProtectionDomain pd(conn.device());
+            CompletionQueue cq(conn.device(), 16);
+            return establish(std::move(conn), pd, cq);
+        };
+        std::error_code ec;
+        Diagnostics diag;
+        bool got_qp = attempt([&](CmConnection conn, const ProtectionDomain& pd, const CompletionQueue& cq) {
+            return static_cast<bool>(std::move(conn).establish(pd, cq, cq, {}, 20s, ec, diag));
+        });
+        CHECK_FALSE(got_qp);
+        REQUIRE(ec);
+        CHECK(diag.verb() == "rdma_cm");
+        CHECK(diag.message().find("REJECTED") != std::string::npos);
+        CHECK(diag.message().find("nobody listens on that port") != std::string::npos);
+        std::string thrown;
+        std::error_code thrown_ec;
+        attempt([&](CmConnection conn, const ProtectionDomain& pd, const CompletionQueue& cq) {
+            try {
+                (void)std::move(conn).establish(pd, cq, cq, {}, 20s);
+            } catch (const Error& e) {
+                thrown = e.what();
+                thrown_ec = e.code();
+            }
+            return false;
+        });
+        CHECK(thrown_ec == ec);
+        CHECK(thrown == diag.message());
+    }
+
+    TEST_CASE("a protection domain on another device: establish's error_code form returns invalid_argument") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        CmConnection conn = cm_resolve(rig.ip1, 7996, 20s, rig.ip0);
+        Device other = Device::open(rig.dev1); // the connection uses dev0
+        ProtectionDomain pd(other);
+        CompletionQueue cq(other, 16);
+        std::error_code ec;
+        CHECK_FALSE(std::move(conn).establish(pd, cq, cq, {}, 20s, ec));
+        CHECK(ec == errc::invalid_argument);
     }
 }
 

@@ -24,7 +24,7 @@ inline bool listing_only(int argc, char** argv) {
 
 /// ctest runs this case on its own (GPUVERBS_CTEST_CASE is set in its environment).
 inline bool run_by_ctest() {
-    return std::getenv("GPUVERBS_CTEST_CASE") != nullptr;
+    return std::getenv("GPUVERBS_CTEST_CASE") != nullptr; // NOLINT(concurrency-mt-unsafe): main, before any thread
 }
 
 } // namespace gpuverbs::test

@@ -178,4 +178,37 @@ inline std::error_code post_receive(const ReceiveTarget& target, std::span<const
     return submit_receive(target, wr, context);
 }
 
+/// At most this many receives go to the NIC with one post_receives call.
+inline constexpr std::size_t max_receives_per_post = 32;
+
+/// One receive per buffer (contexts first_context, first_context + 1, …), all
+/// checked, then posted with one ibv_post_recv: all of them, or none when a
+/// check fails (errc::batch_full for more than max_receives_per_post,
+/// receive_queue_full without room for all). Should the provider refuse one,
+/// those before it are posted and accounted for.
+inline std::error_code post_receives(const ReceiveTarget& target, std::span<const LocalBuffer> buffers,
+                                     std::uint64_t first_context) noexcept {
+    const std::size_t n = buffers.size();
+    if (n == 0) return no_error();
+    if (n > max_receives_per_post) return errc::batch_full;
+    WorkQueueState& queue = *target.queue;
+    if (!queue.has_room_for(static_cast<std::uint32_t>(n))) return errc::receive_queue_full;
+    std::array<ibv_recv_wr, max_receives_per_post> wrs;
+    std::array<ibv_sge, max_receives_per_post> sges;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (std::error_code ec = lower_receive(buffers.subspan(i, 1), target.max_sge, wrs[i], &sges[i])) return ec;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::uint32_t>(i);
+        queue.record(k, first_context + i, Opcode::receive);
+        wrs[i].wr_id = WrId::encode(target.kind, target.tag, queue.slot(k));
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    const int rc = target.srq != nullptr ? ibv_post_srq_recv(target.srq, wrs.data(), &bad)
+                                         : ibv_post_recv(target.qp, wrs.data(), &bad);
+    queue.commit(static_cast<std::uint32_t>(rc == 0 ? n : static_cast<std::size_t>(bad - wrs.data())));
+    return rc == 0 ? no_error() : std::error_code(rc, std::system_category());
+}
+
 } // namespace gpuverbs::detail
