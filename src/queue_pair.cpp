@@ -122,8 +122,9 @@ QpState QueuePair::state() const {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
     if (int rc = ibv_query_qp(core_->qp(), &attr, IBV_QP_STATE, &init); rc != 0) {
-        throw Error({rc, std::system_category()}, "ibv_query_qp",
-                    "cannot query the state of " + detail::qp_name(qp_num()));
+        detail::Status status;
+        status.fail_errno(rc, "ibv_query_qp", "cannot query the state of " + detail::qp_name(qp_num()));
+        status.raise();
     }
     switch (attr.qp_state) {
         case IBV_QPS_RESET: return QpState::reset;

@@ -284,7 +284,7 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
         REQUIRE(ec);
         CHECK_FALSE(conn);
         CHECK_FALSE(conn.device());
-        MESSAGE(diag.message());
+        CHECK(diag.message().starts_with(diag.verb() + ": ")); // e.g. timed out waiting for the address
         try {
             (void)cm_resolve("192.0.2.1", 7471, 500ms, rig.ip0);
             FAIL("resolved an address no RDMA device can reach");
