@@ -62,7 +62,8 @@ CompletionQueue CompletionQueue::create_impl(const Device& device, int capacity,
         return {};
     }
     CompletionQueue q;
-    q.core_ = std::make_shared<detail::CqCore>(detail::access::core(device), channel != nullptr ? detail::access::core(*channel) : nullptr, cq);
+    q.core_ = std::make_shared<detail::CqCore>(detail::access::core(device),
+                                               channel != nullptr ? detail::access::core(*channel) : nullptr, cq);
     // A channel may serve several CQs: its events name the CQ, whose core acknowledges them.
     cq->cq_context = q.core_.get();
     return q;
@@ -91,8 +92,9 @@ CompletionQueue::CompletionQueue(const Device& device, int capacity, boost::asio
 }
 
 void CompletionQueue::throw_poll_error(int err) {
-    const std::error_code ec(err, std::system_category());
-    throw Error(ec, "ibv_poll_cq", "cannot poll the completion queue: " + ec.message());
+    detail::Status status;
+    status.fail_errno(err, "ibv_poll_cq", "cannot poll the completion queue");
+    status.raise();
 }
 
 bool CompletionQueue::wait(std::chrono::milliseconds timeout, std::error_code& ec) noexcept {
@@ -123,7 +125,11 @@ bool CompletionQueue::wait(std::chrono::milliseconds timeout, std::error_code& e
 bool CompletionQueue::wait(std::chrono::milliseconds timeout) {
     std::error_code ec;
     bool got = wait(timeout, ec);
-    if (ec) throw Error(ec, "ibv_get_cq_event", "cannot wait for a completion event: " + ec.message());
+    if (ec) {
+        // An errno from poll or ibv_get_cq_event, or errc::invalid_argument for an empty queue.
+        const std::string why = ec.category() == std::system_category() ? detail::errno_text(ec.value()) : ec.message();
+        throw Error(ec, "ibv_get_cq_event", "cannot wait for a completion event: " + why);
+    }
     return got;
 }
 

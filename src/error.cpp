@@ -97,13 +97,18 @@ Error::Error(std::error_code code, std::string_view verb, std::string_view detai
 
 namespace detail {
 
+std::string errno_text(int err) {
+    std::string text = std::error_code(err, std::system_category()).message(); // strerror is not thread-safe
+    text += " (errno ";
+    text += std::to_string(err);
+    text += ')';
+    return text;
+}
+
 void Status::fail_errno(int err, std::string_view v, std::string_view what) {
     std::string d(what);
     d += ": ";
-    d += std::error_code(err, std::system_category()).message(); // strerror is not thread-safe
-    d += " (errno ";
-    d += std::to_string(err);
-    d += ')';
+    d += errno_text(err);
     fail({err, std::system_category()}, v, std::move(d));
 }
 

@@ -37,6 +37,29 @@ const char* type_name(ibv_qp_type type) {
     return type == IBV_QPT_UD ? "a UD" : "an RC";
 }
 
+// The creation attributes of a queue pair of `type` from the user's options
+// (no receive queue of its own when it uses a shared receive queue).
+ibv_qp_init_attr qp_init_attr(ibv_qp_type type, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                              const QueuePairOptions& options, ibv_srq* srq) noexcept {
+    ibv_qp_init_attr init{};
+    init.send_cq = send_cq.native_handle();
+    init.recv_cq = recv_cq.native_handle();
+    init.srq = srq;
+    init.qp_type = type;
+    init.sq_sig_all = 0;
+    init.cap.max_send_wr = options.max_send_wr;
+    init.cap.max_recv_wr = srq != nullptr ? 0 : options.max_recv_wr;
+    init.cap.max_send_sge = options.max_send_sge;
+    init.cap.max_recv_sge = srq != nullptr ? 0 : options.max_recv_sge;
+    init.cap.max_inline_data = options.max_inline_data;
+    return init;
+}
+
+// What the device granted: ibv_create_qp and rdma_create_qp write it back into the attributes.
+QueuePairCapabilities granted(const ibv_qp_cap& cap) noexcept {
+    return {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
+}
+
 // Creates the ibv_qp (ibv_create_qp, or `make` when given) and wraps it in its QpCore.
 std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options,
                                   const char* verb, const QpMaker* make, std::shared_ptr<void> owner, Status& status) {
@@ -69,8 +92,9 @@ std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const 
     }
 }
 
-} // namespace
-
+// The port, GID index and device limits a new queue pair on `pd` will use
+// (options.port, options.gid_index or select_gid's choice); `gid_out` receives
+// the GID itself. Fails with errc::port_not_found or errc::gid_not_found.
 LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid_out,
                              Status& status) {
     LocalPort port;
@@ -132,6 +156,8 @@ LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions&
     gid_out = Gid::from_native(gid);
     return port;
 }
+
+} // namespace
 
 NewQp create_qp(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options, Status& status) {
     NewQp made;

@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/error.hpp>
 #include <boost/asio/ip/address.hpp>
 
 #include <thread>
@@ -23,6 +24,12 @@ bool wait_ready(int fd, short events, Clock::time_point deadline) {
         if (rc > 0) return true;
         if (rc < 0 && errno != EINTR) return true; // let the next I/O call report the error
     }
+}
+
+// Why an Asio call failed: errno_text for an errno (Asio's system category),
+// the code's own words otherwise (a resolver error, end of file).
+std::string error_text(const boost::system::error_code& ec) {
+    return ec.category() == asio::error::get_system_category() ? detail::errno_text(ec.value()) : ec.message();
 }
 
 void fail_timeout(detail::Status& status, const char* verb, const std::string& what) {
@@ -46,7 +53,7 @@ TcpListener::TcpListener(const asio::any_io_executor& executor, std::uint16_t po
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec)
         throw Error(ec, "TcpListener",
-                    "cannot listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
+                    "cannot listen on " + address + ":" + std::to_string(port) + ": " + error_text(ec));
 }
 
 std::uint16_t TcpListener::port() const {
@@ -63,7 +70,7 @@ asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
     asio::ip::tcp::socket socket(executor_);
     boost::system::error_code ec;
     acceptor_.accept(socket, ec);
-    if (ec) throw Error(ec, "accept", "cannot accept a bootstrap connection: " + ec.message());
+    if (ec) throw Error(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
     return socket;
 }
 
@@ -73,7 +80,7 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
     asio::ip::tcp::resolver resolver(io);
     boost::system::error_code ec;
     auto endpoints = resolver.resolve(host, std::to_string(port), ec);
-    if (ec) throw Error(ec, "resolve", "cannot resolve '" + host + "': " + ec.message());
+    if (ec) throw Error(ec, "resolve", "cannot resolve '" + host + "': " + error_text(ec));
     for (;;) {
         asio::ip::tcp::socket socket(io);
         asio::connect(socket, endpoints, ec);
@@ -84,7 +91,7 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
         // The peer's listener may not be up yet: retry refusals until the deadline.
         if (ec != asio::error::connection_refused || Clock::now() >= deadline) {
             throw Error(ec, "connect",
-                        "cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message() +
+                        "cannot connect to " + host + ":" + std::to_string(port) + ": " + error_text(ec) +
                             (ec == asio::error::connection_refused ? " (is the server running?)" : ""));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -117,7 +124,7 @@ void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> paylo
             }
         }
     }
-    if (ec) status.fail(ec, "send", "cannot send the handshake: " + ec.message());
+    if (ec) status.fail(ec, "send", "cannot send the handshake: " + error_text(ec));
 }
 
 std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max_size, Clock::time_point deadline,
@@ -140,7 +147,7 @@ std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max
                                 std::to_string(n) + " bytes of its " + what);
                 return false;
             } else if (ec) {
-                status.fail(ec, "receive", std::string("cannot receive the peer's ") + what + ": " + ec.message());
+                status.fail(ec, "receive", std::string("cannot receive the peer's ") + what + ": " + error_text(ec));
                 return false;
             }
         }

@@ -120,6 +120,10 @@ inline void throw_if(std::error_code ec, std::string_view verb) {
 }
 namespace detail {
 
+/// "<strerror text> (errno N)" for an errno value, e.g. "Bad address (errno
+/// 14)": the one place gpuverbs spells out an errno (thread-safe, unlike strerror).
+std::string errno_text(int err);
+
 /// The outcome of an internal call: the code plus the words for the user.
 /// Internals fill one of these; the public throwing form raises it and the
 /// error_code form keeps only the code, so each call is written once.
@@ -134,7 +138,7 @@ struct Status {
         verb = v;
         detail = std::move(d);
     }
-    /// Fails with errno: detail is "<what>: <strerror>".
+    /// Fails with errno: detail is "<what>: " + errno_text(err).
     void fail_errno(int err, std::string_view v, std::string_view what);
     [[noreturn]] void raise() const;
     /// Hands the words to the user's Diagnostics (cleared when this succeeded).

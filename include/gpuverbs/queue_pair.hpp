@@ -36,38 +36,6 @@ namespace gpuverbs {
 class QueuePair;
 class SharedReceiveQueue;
 
-namespace detail {
-
-/// The port, GID index and device limits a new queue pair on `pd` will use
-/// (options.port, options.gid_index or select_gid's choice); `gid` receives
-/// the GID itself. Fails with errc::port_not_found or errc::gid_not_found.
-LocalPort resolve_local_port(const ProtectionDomain& pd, const QueuePairOptions& options, Gid& gid, Status& status);
-
-/// The creation attributes of a queue pair of `type` from the user's options
-/// (no receive queue of its own when it uses a shared receive queue).
-inline ibv_qp_init_attr qp_init_attr(ibv_qp_type type, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                                     const QueuePairOptions& options, ibv_srq* srq = nullptr) noexcept {
-    ibv_qp_init_attr init{};
-    init.send_cq = send_cq.native_handle();
-    init.recv_cq = recv_cq.native_handle();
-    init.srq = srq;
-    init.qp_type = type;
-    init.sq_sig_all = 0;
-    init.cap.max_send_wr = options.max_send_wr;
-    init.cap.max_recv_wr = srq != nullptr ? 0 : options.max_recv_wr;
-    init.cap.max_send_sge = options.max_send_sge;
-    init.cap.max_recv_sge = srq != nullptr ? 0 : options.max_recv_sge;
-    init.cap.max_inline_data = options.max_inline_data;
-    return init;
-}
-
-/// What the device granted: ibv_create_qp and rdma_create_qp write it back into the attributes.
-inline QueuePairCapabilities granted(const ibv_qp_cap& cap) noexcept {
-    return {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
-}
-
-} // namespace detail
-
 /// A reliable-connected queue pair that exists (in INIT) but is not connected.
 /// It has no data path: connect() it to a peer's Endpoint to get a QueuePair.
 class PreparedQueuePair {

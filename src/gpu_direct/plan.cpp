@@ -135,8 +135,7 @@ Check nic_dmabuf_answer(std::string_view device, bool symbol_found, int probe_er
                              "RDMA stack or the NIC driver is too old");
         default:
             return Check::no("probing dma-buf support on " + std::string(device) +
-                             " failed unexpectedly: " + std::system_category().message(probe_errno) + " (errno " +
-                             std::to_string(probe_errno) + ")");
+                             " failed unexpectedly: " + errno_text(probe_errno));
     }
 }
 

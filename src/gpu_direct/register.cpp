@@ -66,10 +66,6 @@ struct FdCloser {
     }
 };
 
-std::string errno_text(int err) {
-    return std::system_category().message(err) + " (errno " + std::to_string(err) + ")";
-}
-
 // One attempt with DMA-BUF; an empty region and a rejection when it fails.
 MemoryRegion try_dmabuf(const ProtectionDomain& pd, const GpuMemory& memory, Access access,
                         const detail::RegistrationInputs& inputs, std::vector<Rejection>& rejections) {
@@ -91,7 +87,7 @@ MemoryRegion try_dmabuf(const ProtectionDomain& pd, const GpuMemory& memory, Acc
     int err = errno != 0 ? errno : EINVAL;
     if (mr == nullptr) {
         rejections.push_back({Registration::dmabuf, "ibv_reg_dmabuf_mr on " + pd.device_name() + " failed: " +
-                                                        errno_text(err) + detail::reg_mr_hint(err, access)});
+                                                        detail::errno_text(err) + detail::reg_mr_hint(err, access)});
         return {};
     }
     return detail::adopt_memory_region(
@@ -110,8 +106,8 @@ MemoryRegion try_peermem(const ProtectionDomain& pd, const GpuMemory& memory, Ac
         std::string hint = err == EFAULT ? "; the kernel could not pin the GPU pages: nvidia_peermem did not accept "
                                            "them (is it loaded for this driver version?)"
                                          : detail::reg_mr_hint(err, access);
-        rejections.push_back(
-            {Registration::peermem, "ibv_reg_mr on " + pd.device_name() + " failed: " + errno_text(err) + hint});
+        rejections.push_back({Registration::peermem,
+                              "ibv_reg_mr on " + pd.device_name() + " failed: " + detail::errno_text(err) + hint});
         return {};
     }
     return detail::adopt_memory_region(

@@ -47,4 +47,21 @@ TEST_SUITE("error") {
             CHECK(e.code().value() == EFAULT);
         }
     }
+
+    TEST_CASE("errno_text spells out an errno as its text and number") {
+        CHECK(gpuverbs::detail::errno_text(EFAULT) == "Bad address (errno 14)");
+        CHECK(gpuverbs::detail::errno_text(ENOMEM) ==
+              std::error_code(ENOMEM, std::system_category()).message() + " (errno " + std::to_string(ENOMEM) + ")");
+    }
+
+    TEST_CASE("fail_errno's detail is what, a colon, and errno_text") {
+        gpuverbs::detail::Status s;
+        s.fail_errno(EINVAL, "ibv_create_qp", "cannot create an RC queue pair");
+        CHECK(s.verb == "ibv_create_qp");
+        CHECK(s.detail == "cannot create an RC queue pair: " + gpuverbs::detail::errno_text(EINVAL));
+        CHECK(s.detail == "cannot create an RC queue pair: Invalid argument (errno 22)");
+        gpuverbs::Diagnostics diag;
+        s.report(diag);
+        CHECK(diag.message() == "ibv_create_qp: cannot create an RC queue pair: Invalid argument (errno 22)");
+    }
 }
