@@ -12,11 +12,11 @@
 
 #include "gpuverbs/async.hpp"
 #include "gpuverbs/completion.hpp"
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/detail/async_driver.hpp"
 #include "gpuverbs/detail/completion_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/device.hpp"
-#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <chrono>

@@ -151,7 +151,6 @@ public:
     /// The raw context, for verbs gpuverbs does not wrap. Owned by the Device.
     [[nodiscard]] ibv_context* native_handle() const noexcept;
 
-
 private:
     friend struct detail::access;
     explicit Device(std::shared_ptr<detail::DeviceCore> core) noexcept : core_(std::move(core)) {}

@@ -6,9 +6,9 @@
 // Thread safety: safe to use from several threads; moving is not.
 #pragma once
 
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/detail/device_core.hpp"
 #include "gpuverbs/device.hpp"
-#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <infiniband/verbs.h>
@@ -58,7 +58,6 @@ public:
     [[nodiscard]] ibv_pd* native_handle() const noexcept { return core_ ? core_->pd() : nullptr; }
     /// The device's name, e.g. "rxe0" ("" when empty).
     [[nodiscard]] const std::string& device_name() const noexcept;
-
 
 private:
     friend struct detail::access;
