@@ -24,10 +24,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
-
 struct AsyncSide {
     Device device;
     ProtectionDomain pd;
@@ -67,7 +63,7 @@ const auto aborted = boost::asio::error::operation_aborted;
 
 } // namespace
 
-TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!rig_present())) {
+TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("a callback gets the result of an RDMA write once, and run() returns when it is done") {
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));

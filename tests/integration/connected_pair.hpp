@@ -44,6 +44,17 @@ struct ConnectedPair {
     }
 };
 
+/// The code of the gpuverbs::Error that `f` throws (none if it throws nothing).
+template <class F>
+std::error_code thrown_code(F&& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.code();
+    }
+    return {};
+}
+
 /// Polls until `count` completions arrived or `timeout` passed; returns what came.
 inline std::vector<Completion> poll_for(CompletionQueue& cq, std::size_t count,
                                         std::chrono::milliseconds timeout = std::chrono::seconds(20)) {

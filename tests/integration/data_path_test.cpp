@@ -12,13 +12,10 @@ using gpuverbs::test::has_pattern;
 using gpuverbs::test::poll_for;
 
 namespace {
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
 constexpr std::size_t MiB = 1 << 20;
 } // namespace
 
-TEST_SUITE("RC data path on real RDMA" * doctest::skip(!rig_present())) {
+TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("connect brings both queue pairs to RTS with each other's endpoint") {
         ConnectedPair p;
         CHECK(p.a.qp.state() == QpState::ready_to_send);

@@ -9,21 +9,6 @@ using gpuverbs::test::poll_for;
 
 namespace {
 
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
-
-// The code of the gpuverbs::Error that `f` throws (none if it throws nothing).
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.code();
-    }
-    return {};
-}
-
 struct UdSide {
     Device device;
     ProtectionDomain pd{device};
@@ -39,7 +24,7 @@ struct UdSide {
 
 } // namespace
 
-TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) {
+TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("a datagram arrives after the 40-byte routing header, with the sender's QP number") {
         UdSide a(gpuverbs::test::rig_devices()->dev0), b(gpuverbs::test::rig_devices()->dev1);
         AddressHandle to_b(a.pd, a.ud, b.ud.endpoint());
@@ -125,7 +110,7 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         UdQueuePair ud = UdQueuePair::create(a.pd, a.cq, a.cq, options, ec);
         CHECK(ec == errc::port_not_found);
         CHECK_FALSE(ud);
-        CHECK(thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
         CHECK_THROWS_WITH_AS(UdQueuePair(a.pd, a.cq, a.cq, options), doctest::Contains("has no port 99"), Error);
     }
 
@@ -138,7 +123,7 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         REQUIRE(ec);
         CHECK(ec.category() == std::system_category());
         CHECK_FALSE(ud);
-        CHECK(thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)UdQueuePair(a.pd, a.cq, a.cq, options); }) == ec);
         try {
             UdQueuePair thrown(a.pd, a.cq, a.cq, options);
             FAIL("a UD queue pair of 2^30 sends was created");
@@ -158,7 +143,7 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         std::error_code ec;
         CHECK_FALSE(UdQueuePair::create(empty, a.cq, a.cq, {}, ec));
         CHECK(ec == errc::invalid_argument);
-        CHECK(thrown_code([&] { (void)UdQueuePair(empty, a.cq, a.cq); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)UdQueuePair(empty, a.cq, a.cq); }) == ec);
     }
 
     TEST_CASE(
@@ -174,7 +159,7 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         CHECK(ec == errc::invalid_endpoint);
         CHECK_FALSE(ah);
         CHECK(ah.native_handle() == nullptr);
-        CHECK(thrown_code([&] { (void)AddressHandle(a.pd, a.ud, no_gid); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)AddressHandle(a.pd, a.ud, no_gid); }) == ec);
         CHECK_THROWS_WITH_AS(AddressHandle(a.pd, a.ud, no_gid),
                              "ibv_create_ah: the remote endpoint has no GID to address it by", Error);
     }
@@ -185,6 +170,6 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!rig_present())) 
         std::error_code ec;
         CHECK_FALSE(AddressHandle::create(a.pd, empty, a.ud.endpoint(), ec));
         CHECK(ec == errc::invalid_argument);
-        CHECK(thrown_code([&] { (void)AddressHandle(a.pd, empty, a.ud.endpoint()); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)AddressHandle(a.pd, empty, a.ud.endpoint()); }) == ec);
     }
 }

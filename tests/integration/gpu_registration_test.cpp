@@ -27,10 +27,6 @@ using gpuverbs::test::poll_for;
 
 namespace {
 
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
-
 bool contains(const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
 }
@@ -88,7 +84,7 @@ struct OnRxe {
 
 } // namespace
 
-TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!rig_present())){
+TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!gpuverbs::test::rig_present())){
     TEST_CASE_FIXTURE(OnRxe, "the NIC-side dma-buf probe really runs on rxe and says it is unsupported"){
         Check answer = probe_nic_dmabuf(pd);
 CHECK_FALSE(answer.ok);
@@ -272,7 +268,7 @@ TEST_CASE("the GPUDirect example, run on Soft-RoCE without a GPU, prints every r
 // ports and GIDs checked, and the real dma-buf probe answers EOPNOTSUPP.
 #include "gpuverbs/doctor.hpp"
 
-TEST_SUITE("gpuverbs-doctor on Soft-RoCE" * doctest::skip(!rig_present())) {
+TEST_SUITE("gpuverbs-doctor on Soft-RoCE" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("the doctor finds the rxe devices, their active ports and RoCE v2 GIDs, and DMA-BUF unsupported") {
         DoctorReport r = diagnose();
         auto find = [&](const std::string& id, const std::string& subject) -> const DoctorCheck* {

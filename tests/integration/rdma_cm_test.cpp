@@ -21,21 +21,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
-
-// The code of the gpuverbs::Error that `f` throws (none if it throws nothing).
-template <class F>
-std::error_code thrown_code(F&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.code();
-    }
-    return {};
-}
-
 // One side of a cm connection with its own PD, CQ and 1 MiB buffer on the chosen device.
 struct CmSide {
     ProtectionDomain pd;
@@ -53,7 +38,7 @@ struct CmSide {
 
 } // namespace
 
-TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
+TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("a client connects to a listener through the connection manager and both can move data") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
@@ -252,7 +237,7 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
         CHECK(ec == std::errc::address_not_available);
         CHECK_FALSE(listener);
         CHECK(listener.port() == 0);
-        CHECK(thrown_code([] { (void)CmListener("192.0.2.99", 0); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([] { (void)CmListener("192.0.2.99", 0); }) == ec);
     }
 
     TEST_CASE(
@@ -263,7 +248,7 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
         CmConnection conn = listener.accept(100ms, ec);
         CHECK(ec == std::errc::timed_out);
         CHECK_FALSE(conn);
-        CHECK(thrown_code([&] { (void)listener.accept(100ms); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)listener.accept(100ms); }) == ec);
     }
 
     TEST_CASE("accepting on an empty listener: both forms give invalid_argument") {
@@ -271,7 +256,7 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!rig_present())) {
         std::error_code ec;
         CHECK_FALSE(empty.accept(100ms, ec));
         CHECK(ec == errc::invalid_argument);
-        CHECK(thrown_code([&] { (void)empty.accept(100ms); }) == ec);
+        CHECK(gpuverbs::test::thrown_code([&] { (void)empty.accept(100ms); }) == ec);
     }
 
     TEST_CASE(

@@ -19,10 +19,6 @@ using gpuverbs::test::poll_for;
 
 namespace {
 
-bool rig_present() {
-    return gpuverbs::test::rig_devices().has_value();
-}
-
 // The example binary next to this test's build: <build>/examples/02_rdma_write.
 std::string example_server() {
     auto self = std::filesystem::read_symlink("/proc/self/exe");
@@ -98,7 +94,7 @@ std::byte pattern(std::size_t i) {
 
 } // namespace
 
-TEST_SUITE("two processes on real RDMA" * doctest::skip(!rig_present())) {
+TEST_SUITE("two processes on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("another process receives every byte we write, and we read back every byte") {
         constexpr std::size_t size = 3 << 20;
         ServerProcess server(18611, size);

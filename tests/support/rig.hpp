@@ -39,6 +39,11 @@ inline std::optional<RigDevices> rig_devices() {
 }
 
 /// "10.0.0.1" -> {10, 0, 0, 1}
+/// Whether the rig provided devices (integration suites skip without them).
+inline bool rig_present() {
+    return rig_devices().has_value();
+}
+
 inline std::optional<std::array<std::uint8_t, 4>> parse_ipv4(const std::string& text) {
     std::array<unsigned, 4> p{};
     char tail = 0;

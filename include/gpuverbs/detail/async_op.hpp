@@ -333,27 +333,24 @@ void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> l
 
 /// The named initiations QueuePair's async_* pass to asio::async_initiate: they
 /// expose the I/O executor, so asio::bind_executor, cancel_after and friends see it.
-template <ResultKind K>
-struct InitiateSend {
+struct InitiationBase {
     QpCore* qp;
     using executor_type = boost::asio::any_io_executor;
     [[nodiscard]] executor_type get_executor() const noexcept {
         return qp != nullptr && qp->send_cq()->driver() != nullptr ? qp->send_cq()->driver()->executor()
                                                                    : executor_type();
     }
+};
+
+template <ResultKind K>
+struct InitiateSend : InitiationBase {
     template <class Handler>
     void operator()(Handler&& handler, const WorkRequest& request) const {
         start_send<K>(std::forward<Handler>(handler), qp, request);
     }
 };
 
-struct InitiateReceive {
-    QpCore* qp;
-    using executor_type = boost::asio::any_io_executor;
-    [[nodiscard]] executor_type get_executor() const noexcept {
-        return qp != nullptr && qp->send_cq()->driver() != nullptr ? qp->send_cq()->driver()->executor()
-                                                                   : executor_type();
-    }
+struct InitiateReceive : InitiationBase {
     template <class Handler>
     void operator()(Handler&& handler, const LocalBuffer& one) const {
         start_receive(std::forward<Handler>(handler), qp, std::span<const LocalBuffer>(&one, 1));
