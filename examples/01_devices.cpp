@@ -68,5 +68,5 @@ static int main_body(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    return tools::run_main("01_devices", [&] { return main_body(argc, argv); });
+    return tools::run_main("01_devices", 1, [&] { return main_body(argc, argv); });
 }

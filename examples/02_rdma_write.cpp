@@ -129,5 +129,5 @@ static int main_body(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    return tools::run_main("02_rdma_write", [&] { return main_body(argc, argv); });
+    return tools::run_main("02_rdma_write", 1, [&] { return main_body(argc, argv); });
 }

@@ -106,5 +106,5 @@ static int main_body(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    return tools::run_main("03_echo_coroutines", [&] { return main_body(argc, argv); });
+    return tools::run_main("03_echo_coroutines", 1, [&] { return main_body(argc, argv); });
 }

@@ -149,5 +149,5 @@ static int main_body(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    return tools::run_main("04_gpudirect_write", [&] { return main_body(argc, argv); });
+    return tools::run_main("04_gpudirect_write", 1, [&] { return main_body(argc, argv); });
 }

@@ -18,7 +18,9 @@ AddressHandle AddressHandle::create_impl(const ProtectionDomain& pd, const UdQue
     attr.dlid = remote.lid;
     if (local.endpoint().link_layer == LinkLayer::ethernet || remote.lid == 0) {
         if (remote.gid.is_zero()) {
-            status.fail(errc::invalid_endpoint, verb, "the remote endpoint has no GID to address it by");
+            status.fail(errc::invalid_endpoint, verb,
+                        "the remote endpoint has no GID to address it by: on RoCE the peer's port needs an IP address "
+                        "(its GID table has no RoCE entry)");
             return {};
         }
         attr.is_global = 1;

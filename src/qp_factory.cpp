@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 
 namespace gpuverbs::detail {
 
@@ -85,8 +86,14 @@ std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const 
         return std::make_shared<QpCore>(
             access::core(*parts.pd), access::core(*parts.send_cq), access::core(*parts.recv_cq),
             parts.srq != nullptr ? access::core(*parts.srq) : nullptr, qp, granted(init.cap), std::move(owner));
+    } catch (const std::length_error&) {
+        // The completion queue's registry is full: an error the caller can act on, not an exception.
+        if (owned_here) destroyed(ibv_destroy_qp(qp));
+        status.fail(errc::invalid_argument, verb,
+                    "more than 65,536 queue pairs on one CompletionQueue: spread them over several CQs");
+        return nullptr;
     } catch (...) {
-        // No QpCore took the QP (out of memory, or a CQ with 65,536 QPs): do not leak it.
+        // No QpCore took the QP (out of memory): do not leak it.
         if (owned_here) destroyed(ibv_destroy_qp(qp));
         throw;
     }

@@ -23,11 +23,15 @@ std::string_view to_string(QpState state) noexcept {
 
 namespace {
 
+// The remote access a QP is prepared with (ConnectOptions' default); connect changes it when asked.
+constexpr Access prepared_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+
+bool to_init(ibv_qp* qp, const detail::LocalPort& port, detail::Status& status) {
+    return detail::modify_qp(qp, detail::init_transition(port, prepared_access), "RESET->INIT", status);
+}
+
 bool to_reset_and_init(ibv_qp* qp, const detail::LocalPort& port, detail::Status& status) {
-    return detail::modify_qp(qp, detail::reset_transition(), "->RESET", status) &&
-           detail::modify_qp(
-               qp, detail::init_transition(port, Access::remote_write | Access::remote_read | Access::remote_atomic),
-               "RESET->INIT", status);
+    return detail::modify_qp(qp, detail::reset_transition(), "->RESET", status) && to_init(qp, port, status);
 }
 
 } // namespace
@@ -38,11 +42,7 @@ PreparedQueuePair PreparedQueuePair::create_impl(const ProtectionDomain& pd, con
     detail::NewQp made = detail::create_qp(IBV_QPT_RC, {&pd, &send_cq, &recv_cq, srq}, options, status);
     if (!made.core) return {};
     ibv_qp* qp = made.core->qp();
-    if (!detail::modify_qp(
-            qp, detail::init_transition(made.port, Access::remote_write | Access::remote_read | Access::remote_atomic),
-            "RESET->INIT", status)) {
-        return {};
-    }
+    if (!to_init(qp, made.port, status)) return {};
     PreparedQueuePair p;
     p.core_ = std::move(made.core);
     p.port_ = made.port;
@@ -81,14 +81,14 @@ QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectO
         return {};
     }
     ibv_qp* qp = core_->qp();
-    // The QP may have been connected for access flags other than the defaults.
-    if (options.remote_access != (Access::remote_write | Access::remote_read | Access::remote_atomic)) {
-        if (!detail::modify_qp(qp, detail::access_transition(options.remote_access), "INIT access flags", status)) {
-            return {};
-        }
-    }
+    // Checked before anything changes, so a refused endpoint leaves the QP as it was.
     detail::QpTransition rtr = detail::rtr_transition(port_, remote, options, status);
     if (!status.ok()) return {};
+    // The QP may be connected with access flags other than those it was prepared with.
+    if (options.remote_access != prepared_access &&
+        !detail::modify_qp(qp, detail::access_transition(options.remote_access), "INIT access flags", status)) {
+        return {};
+    }
     if (!detail::modify_qp(qp, rtr, "INIT->RTR", status) ||
         !detail::modify_qp(qp, detail::rts_transition(local_.psn, port_, options), "RTR->RTS", status)) {
         // Leave it usable: back to INIT so connect can be tried again.
@@ -149,6 +149,15 @@ PreparedQueuePair QueuePair::reset() && {
     detail::Status status;
     if (!core_) {
         status.fail(errc::invalid_argument, "ibv_modify_qp", "the QueuePair is empty");
+        status.raise();
+    }
+    // Asynchronous operations point at this QP's queues and slots; RESET would
+    // discard their requests and leave them waiting forever.
+    if (detail::AsyncDriver* driver = core_->send_cq()->driver(); driver != nullptr && driver->has_operations(*core_)) {
+        status.fail(errc::invalid_argument, "QueuePair::reset",
+                    detail::qp_name(local_.qp_num) +
+                        " has asynchronous operations outstanding: wait for their handlers first, or destroy the "
+                        "QueuePair (which completes them with operation_aborted)");
         status.raise();
     }
     if (!to_reset_and_init(core_->qp(), port_, status)) status.raise();

@@ -164,15 +164,9 @@ QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const Complet
                         device_.name() + ": make the PD and CQs on conn.device()");
         return {};
     }
-    // librdmacm makes the QP and keeps it on the cm id: the QpCore keeps the id
-    // alive and lets it destroy the QP.
-    auto core = detail::create_owned_qp(
-        {&pd, &send_cq, &recv_cq, nullptr}, options, "rdma_create_qp",
-        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; }, id_,
-        status);
-    if (!core) return {};
-    // If establishing fails, destroy the QP now, while its CQs are certainly
-    // alive: left to the cm id, it would outlive them and block their destruction.
+    // If establishing fails (wrapping the QP included), destroy the QP now, while
+    // its CQs are certainly alive: left to the cm id, it would outlive them and
+    // block their destruction.
     struct DestroyQpOnFailure {
         rdma_cm_id* id;
         bool done = false;
@@ -180,6 +174,13 @@ QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const Complet
             if (!done && id->qp != nullptr) rdma_destroy_qp(id);
         }
     } guard{id};
+    // librdmacm makes the QP and keeps it on the cm id: the QpCore keeps the id
+    // alive and lets it destroy the QP.
+    auto core = detail::create_owned_qp(
+        {&pd, &send_cq, &recv_cq, nullptr}, options, "rdma_create_qp",
+        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; }, id_,
+        status);
+    if (!core) return {};
     // librdmacm moves the QP through RTR and RTS itself, with the values the
     // transition table would use for default ConnectOptions.
     detail::LocalPort port;

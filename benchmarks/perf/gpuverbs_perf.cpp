@@ -104,13 +104,18 @@ void check(std::error_code ec, const char* what) {
     if (ec) throw gv::Error(ec, what, ec.message());
 }
 
+// Throws for a completion with an error status, naming its operation.
+const gv::Completion& check_ok(const gv::Completion& c) {
+    if (!c.ok()) throw gv::Error(c.status, std::string(to_string(c.opcode)), c.status.message());
+    return c;
+}
+
 // Polls one completion (busy), failing on an error status.
 gv::Completion poll_one(gv::CompletionQueue& cq) {
     gv::Completion c;
     while (cq.poll({&c, 1}) == 0) {
     }
-    if (!c.ok()) throw gv::Error(c.status, std::string(to_string(c.opcode)), c.status.message());
-    return c;
+    return check_ok(c);
 }
 
 bool is_send_mode(Mode m) {
@@ -192,9 +197,7 @@ Result bandwidth(const Options& o, End& e, std::size_t size) {
         }
         std::size_t n = e.cq.poll(done_batch);
         for (std::size_t k = 0; k < n; ++k) {
-            if (!done_batch[k].ok())
-                throw gv::Error(done_batch[k].status, "completion", done_batch[k].status.message());
-            completed = std::max(completed, static_cast<std::uint32_t>(done_batch[k].context));
+            completed = std::max(completed, static_cast<std::uint32_t>(check_ok(done_batch[k]).context));
         }
     }
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -309,9 +312,7 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
             const std::size_t n = e.cq.poll(batch);
             std::uint32_t received = 0;
             for (std::size_t k = 0; k < n; ++k) {
-                const gv::Completion& c = batch[k];
-                if (!c.ok()) throw gv::Error(c.status, std::string(to_string(c.opcode)), c.status.message());
-                if (c.opcode == gv::Opcode::receive) ++received;
+                if (check_ok(batch[k]).opcode == gv::Opcode::receive) ++received;
             }
             got += received;
             receives->post(received);

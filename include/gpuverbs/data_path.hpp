@@ -6,8 +6,10 @@
 // requests. QueuePair (queue_pair.hpp) inherits this; what runs per
 // operation is in detail/posting_path.hpp and detail/completion_path.hpp.
 //
-// Synchronous and batched forms: noexcept; an error means nothing was posted;
-// no allocation. Asynchronous forms: see async.hpp for the rules every
+// Synchronous and batched forms: noexcept; no allocation; a check that fails
+// means nothing was posted (should the provider refuse a request in the middle
+// of a SendBatch or post_receives, the ones before it were posted and are
+// accounted for). Asynchronous forms: see async.hpp for the rules every
 // async_* follows (completion signature, lifetimes, executor, cancellation,
 // thread safety).
 //
@@ -77,6 +79,7 @@ public:
     GPUVERBS_HOT std::error_code post_send(std::span<const LocalBuffer> src, const SendOptions& options = {}) noexcept {
         return post(WorkRequest::send(src).options(options));
     }
+    /// A send that also delivers `immediate` (host byte order) to the receiver's completion.
     GPUVERBS_HOT std::error_code post_send_with_imm(const LocalBuffer& src, std::uint32_t immediate,
                                                     const SendOptions& options = {}) noexcept {
         return post(WorkRequest::send_with_imm(src, immediate).options(options));

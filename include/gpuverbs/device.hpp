@@ -123,6 +123,7 @@ public:
     /// Opens the first device ibv_get_device_list reports.
     static Device open_first();
     static Device open_first(std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
     static Device open_first(std::error_code& ec, Diagnostics& diagnostics);
 
     /// Wraps a context opened elsewhere; with `owned` false it is never closed

@@ -99,6 +99,7 @@ public:
     [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
     /// "VERB: DETAIL": exactly the text Error::what() would have had.
     [[nodiscard]] const std::string& message() const noexcept { return message_; }
+    /// Empties all three (the calls that take a Diagnostics clear it on success).
     void clear() noexcept {
         verb_.clear();
         detail_.clear();

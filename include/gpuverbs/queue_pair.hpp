@@ -22,13 +22,9 @@
 #include "gpuverbs/protection_domain.hpp"
 #include "gpuverbs/queue_pair_types.hpp"
 
-#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
-#include <array>
-#include <cstddef>
 #include <memory>
-#include <span>
 #include <system_error>
 
 namespace gpuverbs {
@@ -123,7 +119,9 @@ public:
     /// IBV_WC_WR_FLUSH_ERR, new ones too. For shutdown and tests.
     std::error_code force_error() noexcept;
     /// Back to RESET and INIT with a new PSN, ready to connect again (e.g.
-    /// after an error). Poll the CQ empty of this QP's completions first.
+    /// after an error). Poll the CQ empty of this QP's completions first; with
+    /// asynchronous operations still outstanding it throws
+    /// errc::invalid_argument and leaves the QueuePair as it was.
     PreparedQueuePair reset() &&;
 
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }

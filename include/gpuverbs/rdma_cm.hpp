@@ -75,6 +75,8 @@ void run_cm_step(Handler&& handler, Step step) {
                               if (failed) ec = to_asio_error(failed);
                           } catch (const std::bad_alloc&) {
                               ec = boost::asio::error::no_memory;
+                          } catch (const std::system_error& e) { // never let one escape into the pool's thread
+                              ec = to_asio_error(e.code());
                           }
                           auto ex = work.get_executor();
                           boost::asio::post(ex, boost::asio::append(std::move(h), ec, std::move(result)));

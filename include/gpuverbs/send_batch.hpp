@@ -102,7 +102,7 @@ public:
             const auto n = static_cast<std::uint32_t>(i);
             core.send.record(n, contexts_[i], opcodes_[i]);
             wrs_[i].wr_id = detail::WrId::encode(detail::QueueKind::send, tag, core.send.slot(n));
-            wrs_[i].next = &wrs_[i + 1];
+            wrs_[i].next = wrs_.data() + i + 1; // the last one is cut below
         }
         wrs_[count_ - 1].next = nullptr;
         ibv_send_wr* bad = nullptr;

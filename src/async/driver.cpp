@@ -168,7 +168,12 @@ void AsyncDriver::on_readable(const boost::system::error_code& ec) {
     {
         std::lock_guard lock(mutex_);
         waiting_ = false;
-        if (closed_ || ec == asio::error::operation_aborted) return;
+        if (closed_) return;
+        // A cancelled wait (a QueuePair was released while nothing else was
+        // outstanding) goes on like any other: an operation submitted since
+        // saw waiting_ and relied on this wait, so the CQ is drained and, if
+        // anything is outstanding, armed and waited on again.
+        (void)ec;
         // Take every event queued on the channel (acknowledged in batches by the CQ core).
         ibv_cq* cq = nullptr;
         void* context = nullptr;
@@ -256,6 +261,12 @@ void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) noexcept {
     qp.reset(); // destroys the QP under the lock: no poll runs concurrently
 }
 
+bool AsyncDriver::has_operations(const QpCore& qp) noexcept {
+    std::lock_guard lock(mutex_);
+    return qp.async_send.waiting + qp.async_receive.waiting > 0 || qp.send.outstanding() > 0 ||
+           (qp.srq() == nullptr && qp.receive.outstanding() > 0);
+}
+
 void AsyncDriver::shutdown() noexcept {
     std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // dropping the CQ may drop the last reference
     std::lock_guard lock(mutex_);
@@ -268,8 +279,16 @@ void AsyncDriver::shutdown() noexcept {
 }
 
 void AsyncDriver::destroy_all() noexcept {
+    OpList ops = close_all();
+    destroy(ops);
+}
+
+OpList AsyncDriver::close_all() noexcept {
     closed_ = true;
-    OpList ops = fsm_.shutdown();
+    return fsm_.shutdown();
+}
+
+void AsyncDriver::destroy(OpList& ops) noexcept {
     while (AsyncOpLinks* links = ops.pop_front()) op_of(links)->complete(AsyncOpBase::How::destroy);
 }
 
@@ -347,8 +366,12 @@ void AsyncDriverService::shutdown() {
         drivers_.clear();
     }
     for (auto& d : alive) {
-        std::lock_guard lock(d->mutex_);
-        d->destroy_all();
+        OpList ops;
+        {
+            std::lock_guard lock(d->mutex_);
+            ops = d->close_all();
+        }
+        AsyncDriver::destroy(ops);
     }
 }
 

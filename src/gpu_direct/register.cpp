@@ -189,13 +189,8 @@ MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& me
 
 MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& memory, Access access,
                                  GpuRegistration policy, std::error_code& ec, std::vector<Rejection>* rejections) {
-    Status status;
-    std::vector<Rejection> reasons;
-    MemoryRegion mr =
-        detail::register_gpu_memory_with(pd, memory, access, policy, detail::real_inputs(memory), reasons, status);
-    ec = status.code;
-    if (rejections != nullptr) *rejections = std::move(reasons);
-    return mr;
+    Diagnostics unused;
+    return register_gpu_memory(pd, memory, access, policy, ec, unused, rejections);
 }
 
 MemoryRegion register_gpu_memory(const ProtectionDomain& pd, const GpuMemory& memory, Access access,

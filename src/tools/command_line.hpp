@@ -155,10 +155,11 @@ private:
 };
 
 /// Runs a program's main body: an exception that escapes it (memory running
-/// out, a bug) ends the program with "NAME: what" and status 1, never with
-/// std::terminate's abort.
+/// out, a bug) ends the program with "NAME: what" and `failure_status` (a
+/// status of its own where the program's statuses mean something, as the
+/// doctor's do), never with std::terminate's abort.
 template <class Body>
-int run_main(const char* name, Body&& body) noexcept {
+int run_main(const char* name, int failure_status, Body&& body) noexcept {
     try {
         return body();
     } catch (const std::exception& e) {
@@ -166,7 +167,7 @@ int run_main(const char* name, Body&& body) noexcept {
     } catch (...) {
         std::fprintf(stderr, "%s: an unknown exception\n", name);
     }
-    return 1;
+    return failure_status;
 }
 
 } // namespace tools

@@ -4,7 +4,7 @@
 //   gpuverbs-doctor [--json] [--sys-root DIR] [--proc-root DIR] [--no-live] [--kernel-release R]
 //
 // Exit status: 0 when nothing is worse than unknown, 1 with warnings, 2 with
-// failures, 64 for bad arguments.
+// failures, 64 for bad arguments, 70 when the doctor itself fails (a bug, no memory).
 #include "command_line.hpp"
 
 #include <gpuverbs/doctor.hpp>
@@ -27,7 +27,7 @@ static int main_body(int argc, char** argv) {
     cli.app.add_option("--kernel-release", options.kernel_release, "use R instead of uname -r")->type_name("R");
     cli.app.footer(
         "Exit status: 0 when no check is worse than unknown, 1 when the worst is a warning,\n"
-        "2 when something fails, 64 for bad arguments.");
+        "2 when something fails, 64 for bad arguments, 70 when the doctor itself fails.");
     if (auto status = cli.parse(argc, argv)) return *status;
 
     gpuverbs::DoctorReport report = gpuverbs::diagnose(options);
@@ -44,5 +44,5 @@ static int main_body(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-    return tools::run_main("gpuverbs-doctor", [&] { return main_body(argc, argv); });
+    return tools::run_main("gpuverbs-doctor", 70, [&] { return main_body(argc, argv); });
 }

@@ -16,6 +16,7 @@
 #include <boost/asio/use_future.hpp>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 using namespace gpuverbs;
@@ -262,6 +263,52 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             REQUIRE(results.size() == 5);
             for (auto& ec : results) CHECK(ec == make_wc_error(IBV_WC_WR_FLUSH_ERR));
         }
+    }
+
+    TEST_CASE("reset is refused while asynchronous operations are outstanding, and works once they are done") {
+        asio::io_context io;
+        AsyncPair p(io.get_executor(), modes[0]);
+        std::optional<boost::system::error_code> result;
+        p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { result = ec; });
+        io.poll(); // posted
+        try {
+            (void)std::move(p.b.qp).reset();
+            FAIL("reset went ahead with a receive outstanding");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::invalid_argument);
+            CHECK(std::string(e.what()).find("has asynchronous operations outstanding") != std::string::npos);
+        }
+        REQUIRE(p.b.qp); // left as it was
+        REQUIRE_FALSE(p.b.qp.force_error());
+        io.run();
+        REQUIRE(result.has_value());
+        CHECK(*result == make_wc_error(IBV_WC_WR_FLUSH_ERR));
+        PreparedQueuePair again = std::move(p.b.qp).reset();
+        CHECK(again);
+    }
+
+    TEST_CASE("an operation started right after a QueuePair is dropped still gets its completion (event-driven)") {
+        asio::io_context io;
+        AsyncPair p(io.get_executor(), modes[0]);
+        // A second pair on the same completion queues.
+        PreparedQueuePair pa(p.a.pd, p.a.cq, p.a.cq), pb(p.b.pd, p.b.cq, p.b.cq);
+        Endpoint ea = pa.endpoint(), eb = pb.endpoint();
+        QueuePair qa = std::move(pa).connect(eb), qb = std::move(pb).connect(ea);
+        std::optional<boost::system::error_code> first, second;
+        p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { first = ec; });
+        io.poll(); // posted: b's driver now waits on its completion channel
+        // Dropping the QP aborts the receive and cancels the idle wait; before the
+        // cancelled wait's handler runs, a new receive relies on that wait.
+        p.b.qp = QueuePair();
+        qb.async_receive(p.b.mr.slice(64, 64), [&](boost::system::error_code ec, Received) { second = ec; });
+        std::memset(p.a.memory.data(), 0x5a, 64);
+        qa.async_send(p.a.mr.slice(0, 64), [](boost::system::error_code, std::size_t) {});
+        io.run_for(std::chrono::seconds(10)); // returns early once everything completed
+        REQUIRE(first.has_value());
+        CHECK(*first == aborted);
+        REQUIRE(second.has_value()); // the bug this guards against: never completed
+        CHECK_FALSE(*second);
+        CHECK(p.b.memory[64] == std::byte{0x5a});
     }
 
     TEST_CASE("destroying the QueuePair aborts its outstanding operations once each") {

@@ -160,8 +160,11 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!gpuverbs::test::
         CHECK_FALSE(ah);
         CHECK(ah.native_handle() == nullptr);
         CHECK(gpuverbs::test::thrown_code([&] { (void)AddressHandle(a.pd, a.ud, no_gid); }) == ec);
-        CHECK_THROWS_WITH_AS(AddressHandle(a.pd, a.ud, no_gid),
-                             "ibv_create_ah: the remote endpoint has no GID to address it by", Error);
+        CHECK_THROWS_WITH_AS(
+            AddressHandle(a.pd, a.ud, no_gid),
+            "ibv_create_ah: the remote endpoint has no GID to address it by: on RoCE the peer's port needs an "
+            "IP address (its GID table has no RoCE entry)",
+            Error);
     }
 
     TEST_CASE("an address handle from an empty UD queue pair: both forms give invalid_argument") {

@@ -12,8 +12,6 @@ using namespace gpuverbs;
 using gpuverbs::test::ConnectedPair;
 using gpuverbs::test::poll_for;
 
-namespace {} // namespace
-
 TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("a wrong rkey gives a remote access error completion that says why") {
         ConnectedPair p;

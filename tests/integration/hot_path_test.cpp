@@ -14,8 +14,6 @@ using namespace gpuverbs;
 using gpuverbs::test::ConnectedPair;
 using gpuverbs::test::poll_for;
 
-namespace {} // namespace
-
 TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("completions of a destroyed QP are reported without a context, and the CQ's other QPs are unaffected") {
         Device dev0 = Device::open(gpuverbs::test::rig_devices()->dev0);
@@ -92,7 +90,6 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
             const bool signal = i % 5 == 4;
             std::error_code ec =
                 p.a.qp.post(WorkRequest::write(p.a.mr.slice(i % 64 * 64, 64), p.b.mr.remote(), i % 64 * 64)
-                                .context(i)
                                 .options({.context = i, .signaled = signal}));
             while (ec == errc::send_queue_full) {
                 auto got = poll_for(p.a.cq, 1, std::chrono::seconds(5));

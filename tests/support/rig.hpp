@@ -38,12 +38,12 @@ inline std::optional<RigDevices> rig_devices() {
     return r;
 }
 
-/// "10.0.0.1" -> {10, 0, 0, 1}
 /// Whether the rig provided devices (integration suites skip without them).
 inline bool rig_present() {
     return rig_devices().has_value();
 }
 
+/// "10.0.0.1" -> {10, 0, 0, 1}
 inline std::optional<std::array<std::uint8_t, 4>> parse_ipv4(const std::string& text) {
     std::array<unsigned, 4> p{};
     char tail = 0;

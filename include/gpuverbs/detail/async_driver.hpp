@@ -15,8 +15,9 @@
 //   any other is posted to its own executor; aborts are always posted;
 // - if the execution context is destroyed with operations outstanding, the
 //   service below destroys them without invoking them (Asio's rule).
-// The lock is a short spin lock: its critical sections are a few verbs calls,
-// and a std::mutex costs several times more per operation.
+// The lock is a spin lock: on the per-operation path its critical sections are
+// a few verbs calls, and a std::mutex costs several times more per operation.
+// Rarer paths hold it longer (destroying a QP, starting a wait on the fd).
 #pragma once
 
 #include "gpuverbs/async.hpp"
@@ -77,10 +78,17 @@ public:
     void cancel(AsyncOpBase* op) noexcept;
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
     void release_qp(std::shared_ptr<QpCore> qp) noexcept;
+    /// Whether `qp` has asynchronous operations waiting or posted (any thread).
+    [[nodiscard]] bool has_operations(const QpCore& qp) noexcept;
     /// The user dropped the CompletionQueue: abort everything (any thread).
     void shutdown() noexcept;
     /// Destroys every operation without invoking it (the execution context is going away).
     void destroy_all() noexcept;
+    /// Closes the driver and hands back every operation, to be destroyed
+    /// (destroy()) after the lock is released: a handler's destructor may drop
+    /// the last QueuePair or CompletionQueue, which takes the lock again.
+    [[nodiscard]] OpList close_all() noexcept;
+    static void destroy(OpList& ops) noexcept;
 
     [[nodiscard]] AsyncStatistics statistics() noexcept;
 

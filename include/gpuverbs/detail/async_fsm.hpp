@@ -58,14 +58,6 @@ public:
         if (op != nullptr) erase(op);
         return op;
     }
-    /// Appends every operation of `other`, emptying it.
-    void splice(OpList& other) noexcept {
-        if (other.head_ == nullptr) return;
-        other.head_->prev = tail_;
-        (tail_ != nullptr ? tail_->next : head_) = other.head_;
-        tail_ = other.tail_;
-        other.head_ = other.tail_ = nullptr;
-    }
 
 private:
     AsyncOpLinks* head_ = nullptr;
@@ -219,7 +211,6 @@ public:
     [[nodiscard]] bool closed() const noexcept { return closed_; }
     /// Operations submitted and not yet done.
     [[nodiscard]] std::size_t outstanding() const noexcept { return live_count_ + waiting_count_; }
-    [[nodiscard]] std::size_t posted_count() const noexcept { return live_count_; }
     [[nodiscard]] std::size_t waiting_count() const noexcept { return waiting_count_; }
     [[nodiscard]] const AsyncCounters& counters() const noexcept { return counters_; }
 

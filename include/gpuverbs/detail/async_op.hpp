@@ -5,8 +5,10 @@
 // An operation is lowered (every local check of the posting path) when it is
 // initiated, and carries its verbs request, so posting it later — when a slot
 // frees — needs no further checks. Its memory comes from a per-thread cache
-// of blocks (then a process-wide pool), or from the handler's own associated
-// allocator when it has one: a steady stream of operations allocates nothing.
+// of blocks (then a process-wide pool), from the handler's own associated
+// allocator when it has one, or — for an operation larger than a block (a
+// handler carrying more than about 80 bytes) — from Asio's recycling
+// allocator: a steady stream of operations allocates nothing.
 // The operation is freed before its handler runs.
 #pragma once
 
@@ -27,6 +29,7 @@
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/recycling_allocator.hpp>
 #include <boost/asio/system_executor.hpp>
 
 #include <array>
@@ -153,8 +156,11 @@ class AsyncOp final : public AsyncOpBase {
 public:
     using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
     using Slot = boost::asio::associated_cancellation_slot_t<Handler>;
+    /// A handler's own allocator; without one, Asio's recycling allocator (a
+    /// per-thread cache) for operations too large for a block.
+    using DefaultAllocator = boost::asio::recycling_allocator<void>;
     using Allocator = typename std::allocator_traits<
-        boost::asio::associated_allocator_t<Handler, std::allocator<void>>>::template rebind_alloc<AsyncOp>;
+        boost::asio::associated_allocator_t<Handler, DefaultAllocator>>::template rebind_alloc<AsyncOp>;
     /// Handlers without an allocator of their own get a recycled block.
     static constexpr bool uses_blocks =
         std::is_same_v<boost::asio::associated_allocator_t<Handler>, std::allocator<void>> &&
@@ -167,7 +173,7 @@ public:
         if constexpr (uses_blocks) {
             memory = OpMemory::get();
         } else {
-            Allocator alloc(boost::asio::get_associated_allocator(handler, std::allocator<void>()));
+            Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
             memory = std::allocator_traits<Allocator>::allocate(alloc, 1);
         }
         return ::new (memory) AsyncOp(std::move(handler)); // moving a handler does not throw (Asio's requirement)
@@ -254,7 +260,7 @@ private:
             (void)handler;
             OpMemory::put(memory);
         } else {
-            Allocator alloc(boost::asio::get_associated_allocator(handler, std::allocator<void>()));
+            Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
             std::allocator_traits<Allocator>::deallocate(alloc, static_cast<AsyncOp*>(memory), 1);
         }
     }

@@ -182,7 +182,6 @@ public:
     /// refers back to the CQ without owning it (no cycle).
     [[nodiscard]] AsyncDriver* driver() const noexcept { return driver_.get(); }
     void set_driver(std::shared_ptr<AsyncDriver> driver) noexcept { driver_ = std::move(driver); }
-    [[nodiscard]] const std::shared_ptr<AsyncDriver>& driver_ptr() const noexcept { return driver_; }
 
     [[nodiscard]] QpRegistry& registry() noexcept { return registry_; }
 
