@@ -41,7 +41,8 @@ private:
             case IBV_WC_LOC_QP_OP_ERR:
                 return "local QP operation error: the request is inconsistent with the queue pair (e.g. inline "
                        "data too long, or an operation its type does not support); Soft-RoCE also reports a "
-                       "received message longer than the posted receive buffer this way";
+                       "received message longer than the posted receive buffer this way, and fails requests this "
+                       "way at once when its port's link is down (DeviceEvents reports port_error)";
             case IBV_WC_LOC_EEC_OP_ERR: return "local EE context operation error";
             case IBV_WC_LOC_PROT_ERR:
                 return "local protection error: a local buffer is not inside a memory region of this protection "
@@ -64,8 +65,9 @@ private:
                 return "remote operation error: the peer could not complete the operation (e.g. its receive "
                        "queue or memory failed)";
             case IBV_WC_RETRY_EXC_ERR:
-                return "transport retry counter exceeded: the peer did not answer (it is gone, its QP is not "
-                       "ready, or the path is broken)";
+                return "transport retry counter exceeded: the peer is unreachable, no answer within "
+                       "(retry_count + 1) x the ACK timeout of ConnectOptions (the peer is gone, its QP is not "
+                       "ready, or the link or path is down)";
             case IBV_WC_RNR_RETRY_EXC_ERR:
                 return "receiver-not-ready retries exceeded: the peer had no receive posted for our send";
             case IBV_WC_LOC_RDD_VIOL_ERR: return "local RDD violation";

@@ -201,4 +201,34 @@ SharedReceiveQueue SharedReceiveQueue::create(const ProtectionDomain& pd, std::u
     return detail::or_code(ec, [&](detail::Status& s) { return create_impl(pd, max_wr, max_sge, s); });
 }
 
+void SharedReceiveQueue::arm_limit_impl(std::uint32_t limit, detail::Status& status) const {
+    if (!core_) {
+        status.fail(errc::invalid_argument, "ibv_modify_srq", "the SharedReceiveQueue is empty");
+        return;
+    }
+    if (limit >= capacity()) {
+        status.fail(errc::invalid_argument, "ibv_modify_srq",
+                    "an SRQ limit of " + std::to_string(limit) + " is not below the queue's capacity of " +
+                        std::to_string(capacity()) + " receives: the event could never be armed usefully");
+        return;
+    }
+    ibv_srq_attr attr{};
+    attr.srq_limit = limit;
+    if (int rc = ibv_modify_srq(core_->srq(), &attr, IBV_SRQ_LIMIT); rc != 0) {
+        status.fail_errno(rc, "ibv_modify_srq", "cannot arm the SRQ limit at " + std::to_string(limit) + " receives");
+    }
+}
+
+void SharedReceiveQueue::arm_limit(std::uint32_t limit) {
+    detail::Status status;
+    arm_limit_impl(limit, status);
+    status.check();
+}
+
+void SharedReceiveQueue::arm_limit(std::uint32_t limit, std::error_code& ec) {
+    detail::Status status;
+    arm_limit_impl(limit, status);
+    ec = status.code;
+}
+
 } // namespace gpuverbs

@@ -126,6 +126,8 @@ public:
     bool wait(std::chrono::milliseconds timeout);
 
     [[nodiscard]] int capacity() const noexcept { return core_ ? core_->cq()->cqe : 0; }
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_cq* native_handle() const noexcept { return core_ ? core_->cq() : nullptr; }
 
 private:

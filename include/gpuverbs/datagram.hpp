@@ -108,6 +108,8 @@ public:
         return detail::post_receive(target, {&dst, 1}, context);
     }
 
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 
 private:

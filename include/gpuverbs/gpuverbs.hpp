@@ -7,6 +7,7 @@
 #include "gpuverbs/data_path.hpp"
 #include "gpuverbs/datagram.hpp"
 #include "gpuverbs/device.hpp"
+#include "gpuverbs/device_events.hpp"
 #include "gpuverbs/doctor.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gid.hpp"

@@ -67,6 +67,8 @@ public:
     QueuePair connect(const Endpoint& remote, const ConnectOptions& options, std::error_code& ec,
                       Diagnostics& diagnostics) &&;
 
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 
 private:
@@ -124,6 +126,8 @@ public:
     /// errc::invalid_argument and leaves the QueuePair as it was.
     PreparedQueuePair reset() &&;
 
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
 
 private:

@@ -49,12 +49,24 @@ public:
         return detail::post_receives(detail::receive_target(*core_), buffers, first_context);
     }
 
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
+
+    /// Arms the SRQ limit (ibv_modify_srq with IBV_SRQ_LIMIT): when fewer than
+    /// `limit` receives remain posted, the device reports one
+    /// DeviceEventType::srq_limit_reached naming this SRQ, so a receiver can
+    /// refill before it runs dry. One-shot: arm again after refilling. 0
+    /// disarms. Fails with errc::invalid_argument when `limit` is not below
+    /// capacity(), and with the errno when the device refuses.
+    void arm_limit(std::uint32_t limit);
+    void arm_limit(std::uint32_t limit, std::error_code& ec);
     [[nodiscard]] ibv_srq* native_handle() const noexcept { return core_ ? core_->srq() : nullptr; }
 
 private:
     friend struct detail::access;
     static SharedReceiveQueue create_impl(const ProtectionDomain& pd, std::uint32_t max_wr, std::uint32_t max_sge,
                                           detail::Status& status);
+    void arm_limit_impl(std::uint32_t limit, detail::Status& status) const;
     std::shared_ptr<detail::SrqCore> core_;
 };
 

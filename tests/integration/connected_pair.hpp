@@ -35,12 +35,13 @@ struct ConnectedPair {
     Side a;
     Side b;
 
-    explicit ConnectedPair(std::size_t bytes = 1 << 20, const QueuePairOptions& options = {})
+    explicit ConnectedPair(std::size_t bytes = 1 << 20, const QueuePairOptions& options = {},
+                           const ConnectOptions& connect = {})
         : a(rig_devices()->dev0, bytes, options), b(rig_devices()->dev1, bytes, options) {
         Endpoint ea = a.prepared.endpoint();
         Endpoint eb = b.prepared.endpoint();
-        a.qp = std::move(a.prepared).connect(eb);
-        b.qp = std::move(b.prepared).connect(ea);
+        a.qp = std::move(a.prepared).connect(eb, connect);
+        b.qp = std::move(b.prepared).connect(ea, connect);
     }
 };
 

@@ -3,8 +3,11 @@
 // context outlives all of them whatever order the user destroys things in.
 #pragma once
 
+#include "gpuverbs/detail/event_subjects.hpp"
+
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -25,11 +28,16 @@ public:
 
     [[nodiscard]] ibv_context* context() const noexcept { return context_; }
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    /// The device's queue pairs, SRQs and CQs, for naming them in events.
+    [[nodiscard]] EventSubjects& subjects() noexcept { return subjects_; }
+    /// Set while a DeviceEvents reads this context's events (one reader at a time).
+    std::atomic<bool> events_taken{false};
 
 private:
     ibv_context* context_;
     std::string name_;
     bool owned_;
+    EventSubjects subjects_;
 };
 
 } // namespace gpuverbs::detail

@@ -50,15 +50,23 @@ private:
 class SrqCore {
 public:
     SrqCore(std::shared_ptr<PdCore> pd, ibv_srq* srq, std::uint32_t capacity, std::uint32_t max_sge)
-        : pd_(std::move(pd)), srq_(srq), receive(capacity), max_sge(max_sge) {}
+        : pd_(std::move(pd)), srq_(srq), receive(capacity), max_sge(max_sge) {
+        pd_->device()->subjects().add(srq_, id_);
+    }
     SrqCore(const SrqCore&) = delete;
     SrqCore& operator=(const SrqCore&) = delete;
-    ~SrqCore() { destroyed(ibv_destroy_srq(srq_)); }
+    ~SrqCore() {
+        destroyed(ibv_destroy_srq(srq_));
+        pd_->device()->subjects().remove(srq_);
+    }
     [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+    [[nodiscard]] const std::shared_ptr<PdCore>& pd() const noexcept { return pd_; }
 
 private:
     std::shared_ptr<PdCore> pd_;
     ibv_srq* srq_;
+    std::uint64_t id_ = next_object_id();
 
 public:
     WorkQueueState receive;
@@ -165,14 +173,19 @@ private:
 class CqCore {
 public:
     CqCore(std::shared_ptr<DeviceCore> device, std::shared_ptr<ChannelCore> channel, ibv_cq* cq) noexcept
-        : device_(std::move(device)), channel_(std::move(channel)), cq_(cq) {}
+        : device_(std::move(device)), channel_(std::move(channel)), cq_(cq) {
+        device_->subjects().add(cq_, id_);
+    }
     CqCore(const CqCore&) = delete;
     CqCore& operator=(const CqCore&) = delete;
     ~CqCore() {
         // Events got from the channel must be acknowledged before destruction.
         if (unacked_events_ != 0) ibv_ack_cq_events(cq_, unacked_events_);
         destroyed(ibv_destroy_cq(cq_));
+        device_->subjects().remove(cq_);
     }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+    [[nodiscard]] const std::shared_ptr<DeviceCore>& device() const noexcept { return device_; }
 
     [[nodiscard]] ibv_cq* cq() const noexcept { return cq_; }
     [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_ ? channel_->channel() : nullptr; }
@@ -201,6 +214,7 @@ private:
     std::shared_ptr<DeviceCore> device_;
     std::shared_ptr<ChannelCore> channel_;
     ibv_cq* cq_;
+    std::uint64_t id_ = next_object_id();
     QpRegistry registry_;
     unsigned unacked_events_ = 0;
     std::shared_ptr<AsyncDriver> driver_;
@@ -242,6 +256,7 @@ public:
                 throw;
             }
         }
+        pd_->device()->subjects().add(qp_, id_);
     }
     QpCore(const QpCore&) = delete;
     QpCore& operator=(const QpCore&) = delete;
@@ -250,7 +265,9 @@ public:
         owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
         send_cq_->registry().remove(send_tag_);
         if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
+        pd_->device()->subjects().remove(qp_);
     }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
     [[nodiscard]] ibv_qp* qp() const noexcept { return qp_; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
@@ -270,6 +287,7 @@ private:
     std::shared_ptr<SrqCore> srq_;
     ibv_qp* qp_;
     std::uint32_t qp_num_;
+    std::uint64_t id_ = next_object_id();
     Caps caps_;
     std::shared_ptr<void> owner_;
     std::uint32_t send_tag_ = 0;
