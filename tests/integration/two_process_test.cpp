@@ -1,70 +1,26 @@
 // Two processes: this test is the client, examples/02_rdma_write is the server
 // process. Byte-exact transfers both ways, and a peer killed mid-stream.
+#include "child_process.hpp"
 #include "connected_pair.hpp"
 
 #include <doctest/doctest.h>
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <thread>
-
-extern char** environ;
 
 using namespace gpuverbs;
 using gpuverbs::test::poll_for;
 
 namespace {
 
-// The example binary next to this test's build: <build>/examples/02_rdma_write.
-std::string example_server() {
-    auto self = std::filesystem::read_symlink("/proc/self/exe");
-    return (self.parent_path().parent_path() / "examples" / "02_rdma_write").string();
-}
-
-class ServerProcess {
+/// examples/02_rdma_write as the server process.
+class ServerProcess : public gpuverbs::test::ChildProcess {
 public:
-    ServerProcess(std::uint16_t port, std::size_t size) {
-        std::vector<std::string> args{
-            example_server(),     "server", "--device",          gpuverbs::test::rig_devices()->dev1, "--port",
-            std::to_string(port), "--size", std::to_string(size)};
-        std::vector<char*> argv;
-        argv.reserve(args.size() + 1);
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        REQUIRE_MESSAGE(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) == 0, argv[0]);
-    }
-    ServerProcess(const ServerProcess&) = delete;
-    ServerProcess& operator=(const ServerProcess&) = delete;
-    ~ServerProcess() {
-        if (pid_ > 0) {
-            ::kill(pid_, SIGKILL);
-            (void)wait();
-        }
-    }
-    void kill() const { ::kill(pid_, SIGKILL); }
-    /// waitpid with a deadline; the exit status, or -1 if it had to be killed.
-    int wait(std::chrono::seconds limit = std::chrono::seconds(30)) {
-        auto deadline = std::chrono::steady_clock::now() + limit;
-        int status = 0;
-        while (waitpid(pid_, &status, WNOHANG) == 0) {
-            if (std::chrono::steady_clock::now() > deadline) {
-                ::kill(pid_, SIGKILL);
-                waitpid(pid_, &status, 0);
-                pid_ = 0;
-                return -1;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        pid_ = 0;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-
-private:
-    pid_t pid_ = 0;
+    ServerProcess(std::uint16_t port, std::size_t size)
+        : ChildProcess({gpuverbs::test::example_binary("02_rdma_write"), "server", "--device",
+                        gpuverbs::test::rig_devices()->dev1, "--port", std::to_string(port), "--size",
+                        std::to_string(size)}) {}
 };
 
 struct Client {
