@@ -314,13 +314,18 @@ public:
         });
     }
 
-    void cancel() {
+    void cancel() noexcept {
         if (!strand_) return;
-        asio::dispatch(*strand_, [self = shared_from_this()] {
-            self->cancelled_ = true;
-            if (self->descriptor_) self->descriptor_->cancel();
-            if (self->timer_) self->timer_->cancel();
-        });
+        try {
+            asio::dispatch(*strand_, [self = shared_from_this()] {
+                self->cancelled_ = true;
+                if (self->descriptor_) self->descriptor_->cancel();
+                if (self->timer_) self->timer_->cancel();
+            });
+        } catch (...) {
+            // No memory to queue the cancellation: the next step of the wait sees this and aborts.
+            closed_.store(true);
+        }
     }
 
 private:

@@ -194,7 +194,7 @@ public:
     template <class Token = default_token_t<executor_type>>
     auto async_wait(Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(boost::system::error_code, DeviceEvent)>(
-            [](auto&& handler, std::shared_ptr<detail::DeviceEventsState> state) {
+            [](auto&& handler, const std::shared_ptr<detail::DeviceEventsState>& state) {
                 // The handler runs on its associated executor, which is kept busy until then.
                 auto work =
                     boost::asio::prefer(boost::asio::get_associated_executor(handler, detail::events_executor(state)),

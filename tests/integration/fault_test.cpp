@@ -234,7 +234,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         a.qp = std::move(a.prepared).connect(eb);
         DeviceEvents events(device);
 
-        for (std::uint32_t i = 0; i < 8; ++i) REQUIRE_FALSE(srq.post_receive(mr.slice(i * 64, 64), i));
+        for (std::uint32_t i = 0; i < 8; ++i) REQUIRE_FALSE(srq.post_receive(mr.slice(std::size_t{i} * 64, 64), i));
         // Arming at or above the capacity is refused, naming both numbers.
         std::error_code ec;
         srq.arm_limit(64, ec);
@@ -281,7 +281,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         "is untouched") {
         test::ConnectedPair p(1 << 16);
         // b lets a write to [4096, 8192) only: a region of its own.
-        std::vector<std::byte> window(3 * 4096, std::byte{0x5a});
+        std::vector<std::byte> window(std::size_t{3} * 4096, std::byte{0x5a});
         MemoryRegion advertised(p.b.pd, std::span(window).subspan(4096, 4096),
                                 Access::local_write | Access::remote_write);
         RemoteMemory given = advertised.remote();
@@ -289,7 +289,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         DeviceEvents events(p.b.device);
         // A peer that lies about the length: the local check trusts its claim, the NIC's rkey check does not.
         RemoteMemory lie = given;
-        lie.length = 3 * 4096;
+        lie.length = std::uint64_t{3} * 4096;
         fill_pattern(std::span(p.a.memory).subspan(0, 8192), 9);
         REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 8192), lie));
         auto done = poll_for(p.a.cq, 1);

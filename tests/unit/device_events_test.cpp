@@ -134,7 +134,7 @@ TEST_SUITE("device events") {
         boost::asio::io_context io;
         boost::system::error_code got;
         int calls = 0;
-        empty.async_wait(boost::asio::bind_executor(io, [&](boost::system::error_code e, DeviceEvent) {
+        empty.async_wait(boost::asio::bind_executor(io, [&](boost::system::error_code e, const DeviceEvent&) {
             got = e;
             ++calls;
         }));
