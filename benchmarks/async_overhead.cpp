@@ -33,7 +33,9 @@ struct Pair {
     gpuverbs::ProtectionDomain pd0{d0}, pd1{d1};
     gpuverbs::CompletionQueue cq0, cq1;
     std::vector<std::byte> m0 = std::vector<std::byte>(4096), m1 = std::vector<std::byte>(4096);
-    gpuverbs::MemoryRegion mr0{pd0, m0, gpuverbs::access_all}, mr1{pd1, m1, gpuverbs::access_all};
+    // m0 is only the source of the writes; m1 their target.
+    gpuverbs::MemoryRegion mr0{pd0, m0, gpuverbs::Access::none},
+        mr1{pd1, m1, gpuverbs::Access::local_write | gpuverbs::Access::remote_write};
     gpuverbs::QueuePair qp; // on d0, writing to d1
     gpuverbs::QueuePair peer;
 

@@ -69,7 +69,8 @@ struct Pair {
     gv::CompletionChannel channel{d0};
     gv::CompletionQueue cq0, cq1;
     std::vector<std::byte> m0 = std::vector<std::byte>(4096), m1 = std::vector<std::byte>(4096);
-    gv::MemoryRegion mr0{pd0, m0, gv::access_all}, mr1{pd1, m1, gv::access_all};
+    // m0 is only the source of the writes; m1 their target.
+    gv::MemoryRegion mr0{pd0, m0, gv::Access::none}, mr1{pd1, m1, gv::Access::local_write | gv::Access::remote_write};
     gv::QueuePair qp, peer;
 
     template <class MakeCq>

@@ -44,12 +44,15 @@ gpuverbs::Completion wait_one(gpuverbs::CompletionQueue& cq) {
 
 int run(const Args& a) {
     // 1. Open the RDMA device and make what the NIC needs: a protection
-    //    domain, a completion queue, and our buffer registered for RDMA.
+    //    domain, a completion queue, and our buffer registered for RDMA with
+    //    only the access it needs: the client writes into the server's buffer;
+    //    the client's own is only read, by its own NIC (Access::none).
     gpuverbs::Device device = a.device.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(a.device);
     gpuverbs::ProtectionDomain pd(device);
     gpuverbs::CompletionQueue cq(device, 256);
     std::vector<std::byte> buffer(a.size);
-    gpuverbs::MemoryRegion mr(pd, buffer, gpuverbs::access_all);
+    auto access = a.server ? gpuverbs::Access::local_write | gpuverbs::Access::remote_write : gpuverbs::Access::none;
+    gpuverbs::MemoryRegion mr(pd, buffer, access);
 
     // 2. Create the queue pair; it is not connected yet.
     gpuverbs::PreparedQueuePair prepared(pd, cq, cq);

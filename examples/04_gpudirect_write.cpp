@@ -73,10 +73,13 @@ int run(const Args& a) {
     }
 
     // 3. Register it: the one call that picks DMA-BUF or nvidia-peermem. The
-    //    region is then used exactly like a host memory region.
+    //    region is then used exactly like a host memory region, and asks for
+    //    as little: the client writes into the server's buffer; the client's
+    //    own is only read, by its own NIC (Access::none).
+    auto access = a.server ? gpuverbs::Access::local_write | gpuverbs::Access::remote_write : gpuverbs::Access::none;
     gpuverbs::MemoryRegion mr;
     try {
-        mr = gpuverbs::register_gpu_memory(pd, gpu, gpuverbs::access_all);
+        mr = gpuverbs::register_gpu_memory(pd, gpu, access);
     } catch (const gpuverbs::GpuRegistrationError& e) {
         return unavailable(side, e.rejections()); // each method, and why it was rejected
     }

@@ -100,6 +100,32 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
 
 namespace detail {
 
+std::optional<std::uint32_t> frame_length(std::span<const std::byte, 4> header, std::size_t max_size, Status& status) {
+    std::uint32_t n = 0;
+    for (std::byte b : header) n = (n << 8) | std::to_integer<std::uint32_t>(b);
+    if (n > max_size) {
+        status.fail(errc::malformed_record, "receive",
+                    "the peer announced a " + std::to_string(n) + "-byte record; at most " + std::to_string(max_size) +
+                        " are allowed (not a gpuverbs peer?)");
+        return std::nullopt;
+    }
+    return n;
+}
+
+void fail_io(const boost::system::error_code& ec, bool sending, const char* what, std::size_t got, std::size_t wanted,
+             Status& status) {
+    const char* verb = sending ? "send" : "receive";
+    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+        status.fail(errc::peer_closed, verb,
+                    std::string("the peer closed the connection after ") + std::to_string(got) + " of " +
+                        std::to_string(wanted) + " bytes of " + (sending ? "our " : "its ") + what);
+        return;
+    }
+    status.fail(
+        ec, verb,
+        std::string(sending ? "cannot send our " : "cannot receive the peer's ") + what + ": " + error_text(ec));
+}
+
 std::vector<std::byte> frame_record(std::span<const std::byte> payload) {
     std::vector<std::byte> frame(4 + payload.size());
     auto n = static_cast<std::uint32_t>(payload.size());
@@ -124,7 +150,7 @@ void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> paylo
             }
         }
     }
-    if (ec) status.fail(ec, "send", "cannot send the handshake: " + error_text(ec));
+    if (ec) fail_io(ec, true, "handshake", done, frame.size(), status);
 }
 
 std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max_size, Clock::time_point deadline,
@@ -141,13 +167,8 @@ std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max
                     fail_timeout(status, "receive", std::string("receiving the peer's ") + what);
                     return false;
                 }
-            } else if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-                status.fail(errc::peer_closed, "receive",
-                            std::string("the peer closed the connection after ") + std::to_string(got) + " of " +
-                                std::to_string(n) + " bytes of its " + what);
-                return false;
             } else if (ec) {
-                status.fail(ec, "receive", std::string("cannot receive the peer's ") + what + ": " + error_text(ec));
+                fail_io(ec, false, what, got, n, status);
                 return false;
             }
         }
@@ -155,16 +176,10 @@ std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max
     };
     std::array<std::byte, 4> header{};
     if (!read_exactly(header.data(), 4, "record length")) return {};
-    std::uint32_t n = 0;
-    for (std::byte b : header) n = (n << 8) | std::to_integer<std::uint32_t>(b);
-    if (n > max_size) {
-        status.fail(errc::malformed_record, "receive",
-                    "the peer announced a " + std::to_string(n) + "-byte record; at most " + std::to_string(max_size) +
-                        " are allowed (not a gpuverbs peer?)");
-        return {};
-    }
-    std::vector<std::byte> payload(n);
-    if (!read_exactly(payload.data(), n, "record")) return {};
+    std::optional<std::uint32_t> n = frame_length(header, max_size, status);
+    if (!n) return {};
+    std::vector<std::byte> payload(*n);
+    if (!read_exactly(payload.data(), *n, "record")) return {};
     return payload;
 }
 

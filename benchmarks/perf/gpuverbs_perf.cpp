@@ -7,14 +7,17 @@
 //   gpuverbs-perf write_lat loopback --device rxe0 --device2 rxe1 --size 4096
 //
 // Per size, the client tells the server the size and the iteration count
-// over the TCP connection,
-// the server gets ready (posts receives), both run, and the client reports.
+// over the TCP connection (control.hpp: the server refuses what its buffer
+// cannot hold), the server gets ready (posts receives), both run, and the
+// client reports. Each side registers its buffer with only the access the
+// mode uses (access_for).
 // Bandwidth: iterations back to back with up to --tx-depth in flight, timed
 // from the first post to the last completion. Latency: ping-pong with a
 // write each way, one way = half the round trip, as perftest reports it.
 // On host memory the receiver sees a write arrive by polling the buffer's
 // last byte (as ib_write_lat does); on GPU memory, which the CPU cannot poll,
 // by the completion of a write-with-immediate; send_lat by the receive's completion.
+#include "control.hpp"
 #include "perf_options.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
@@ -41,8 +44,29 @@ using perf::Options;
 using perf::Result;
 namespace gv = gpuverbs;
 
+// What the NIC may do with one side's buffer: only what the mode uses it for.
+//   write_bw   the client RDMA-writes into the server's buffer; its own is only read
+//   read_bw    the client RDMA-reads the server's buffer into its own
+//   send_bw    the server's receives land in its buffer; the client's is only read
+//   write_lat  each side RDMA-writes into the other's buffer
+//   send_lat   each side receives into its own buffer
+// No mode runs atomics, so no side allows them.
+gv::Access access_for(Mode mode, bool server) {
+    using gv::Access;
+    switch (mode) {
+        case Mode::write_bw: return server ? Access::local_write | Access::remote_write : Access::none;
+        case Mode::read_bw: return server ? Access::remote_read : Access::local_write;
+        case Mode::send_bw: return server ? Access::local_write : Access::none;
+        case Mode::write_lat: return Access::local_write | Access::remote_write;
+        case Mode::send_lat: return Access::local_write;
+    }
+    throw std::logic_error("access_for: unknown mode");
+}
+
 // One end: device, memory (host or GPU) registered for RDMA, CQ and QP.
 struct End {
+    gv::Access access;      // what the peer (and our NIC) may do with our buffer
+    std::size_t capacity{}; // the largest message the buffer holds
     gv::Device device;
     gv::ProtectionDomain pd;
     gv::CompletionQueue cq;
@@ -53,20 +77,21 @@ struct End {
     gv::QueuePair qp;
     gv::RemoteMemory peer;
 
-    End(const Options& o, const std::string& name)
-        : device(name.empty() ? gv::Device::open_first() : gv::Device::open(name)),
+    End(const Options& o, const std::string& name, bool server)
+        : access(access_for(o.mode, server)),
+          capacity(*std::max_element(o.sizes.begin(), o.sizes.end())),
+          device(name.empty() ? gv::Device::open_first() : gv::Device::open(name)),
           pd(device),
           cq(device, static_cast<int>(o.tx_depth + o.rx_depth + 16)) {
-        std::size_t bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
         if (o.gpu) {
-            gpu = gv::GpuBuffer(bytes, {.gpu = *o.gpu});
+            gpu = gv::GpuBuffer(capacity, {.gpu = *o.gpu});
             auto policy = gv::parse_gpu_registration(o.registration);
             if (!policy) throw gv::Error(gv::errc::invalid_argument, "--registration", "auto, dmabuf or peermem");
-            mr = gv::register_gpu_memory(pd, gpu, gv::access_all, *policy);
+            mr = gv::register_gpu_memory(pd, gpu, access, *policy);
         } else {
             // write_lat polls memory: writes arrive in the lower half and are sent from the upper half.
-            host.resize(o.mode == Mode::write_lat ? 2 * bytes : bytes);
-            mr = gv::MemoryRegion(pd, host, gv::access_all);
+            host.resize(o.mode == Mode::write_lat ? 2 * capacity : capacity);
+            mr = gv::MemoryRegion(pd, host, access);
         }
         gv::QueuePairOptions q;
         q.max_send_wr = o.tx_depth + 1;
@@ -79,8 +104,15 @@ struct End {
     void connect(const Options& o, const gv::Handshake& theirs) {
         gv::ConnectOptions c;
         if (o.mtu) c.path_mtu = static_cast<gv::Mtu>(std::log2(*o.mtu) - 7); // 256 -> mtu_256 (1)
+        // The QP, too, lets the peer do only what the buffer allows.
+        c.remote_access = access & (gv::Access::remote_write | gv::Access::remote_read | gv::Access::remote_atomic);
+        if (theirs.regions.empty()) {
+            throw std::runtime_error(
+                "the peer's handshake offers no memory region; gpuverbs-perf offers exactly one (is the peer "
+                "gpuverbs-perf?)");
+        }
         qp = std::move(prepared).connect(theirs.endpoint, c);
-        peer = theirs.regions.at(0);
+        peer = theirs.regions.front();
     }
 };
 
@@ -98,7 +130,9 @@ struct Control {
     }
 };
 
-constexpr std::uint64_t ready = 0x5245414459ull, done = 0x444f4e45ull, finished = 0;
+using perf::control::done;
+using perf::control::finished;
+using perf::control::ready;
 
 void check(std::error_code ec, const char* what) {
     if (ec) throw gv::Error(ec, what, ec.message());
@@ -296,7 +330,8 @@ Result latency(const Options& o, End& e, std::size_t size, std::optional<Receive
     return r;
 }
 
-// The server's part for one size: receives for sends, the pong for latency.
+// The server's part of one round, checked by perf::control::ServerRounds
+// (1 <= size <= e.capacity): receives for sends, the pong for latency.
 void serve(const Options& o, End& e, Control& control, std::size_t size) {
     std::optional<Receives> receives;
     if (polls_memory(o)) {
@@ -328,13 +363,6 @@ void serve(const Options& o, End& e, Control& control, std::size_t size) {
             post_message(o, e, size);
         }
     }
-    if (control.get() != done)
-        throw std::runtime_error("the peer is out of step with this gpuverbs-perf (a different version?)");
-    // Our last reply's send completion: reap it so the next size starts with an empty CQ.
-    gv::Completion c;
-    while (e.cq.poll({&c, 1}) != 0) {
-    }
-    control.put(done);
 }
 
 // Both sides must run the same test: the client says which, the server answers
@@ -371,8 +399,13 @@ std::vector<Result> run_client(const Options& o, End& e, Control& control) {
             }
             control.put(size);
             control.put(iterations);
-            if (control.get() != ready)
+            if (std::uint64_t answer = control.get(); answer != ready) {
+                if (answer == perf::control::refused) {
+                    throw std::runtime_error("the server refused a round of " + std::to_string(iterations) + " " +
+                                             std::to_string(size) + "-byte messages (its output says why)");
+                }
                 throw std::runtime_error("the peer is out of step with this gpuverbs-perf (a different version?)");
+            }
             Result r = perf::is_latency(with.mode) ? latency(with, e, size, receives) : bandwidth(with, e, size);
             control.put(done);
             if (control.get() != done)
@@ -401,11 +434,32 @@ void run_server(const Options& o, End& e, Control& control) {
         throw std::runtime_error(std::string("the client runs another test than ") + perf::name_of(o.mode) +
                                  ": start both sides with the same MODE");
     }
-    // The client decides each size and its iteration count; the server follows.
-    for (std::uint64_t size = control.get(); size != finished; size = control.get()) {
-        Options follow = o;
-        follow.iterations = static_cast<std::uint32_t>(control.get());
-        serve(follow, e, control, size);
+    // The client decides each size and its iteration count; the server
+    // follows, within its buffer (perf::control::check_round).
+    perf::control::ServerRounds rounds(e.capacity);
+    for (;;) {
+        perf::control::Action next = rounds.on_word(control.get());
+        switch (next.kind) {
+            using Kind = perf::control::Action::Kind;
+            case Kind::read: break;
+            case Kind::run: {
+                Options follow = o;
+                follow.iterations = next.round.iterations;
+                serve(follow, e, control, next.round.size);
+                break;
+            }
+            case Kind::end_round: {
+                // Our last reply's send completion: reap it so the next size starts with an empty CQ.
+                gv::Completion c;
+                while (e.cq.poll({&c, 1}) != 0) {
+                }
+                control.put(done);
+                break;
+            }
+            case Kind::finish: return;
+            case Kind::refuse: control.put(perf::control::refused); throw std::runtime_error(next.error);
+            case Kind::fail: throw std::runtime_error(next.error);
+        }
     }
 }
 
@@ -430,7 +484,7 @@ void print(const Options& o, const std::vector<Result>& results) {
 int run(const Options& o) {
     boost::asio::io_context io;
     if (o.role == perf::Role::server) {
-        End e(o, o.device);
+        End e(o, o.device, true);
         gv::TcpListener listener(io, o.tcp_port);
         std::optional<Control> control;
         accept_side(o, e, io, listener, control);
@@ -439,7 +493,7 @@ int run(const Options& o) {
     }
     if (o.role == perf::Role::loopback) {
         // Both ends in this process: the server on device2 in a thread, over 127.0.0.1.
-        End server_end(o, o.device2);
+        End server_end(o, o.device2, true);
         gv::TcpListener listener(io, o.tcp_port);
         std::exception_ptr failure;
         std::jthread server([&] { // joins on every way out of this scope
@@ -451,7 +505,7 @@ int run(const Options& o) {
                 failure = std::current_exception();
             }
         });
-        End e(o, o.device);
+        End e(o, o.device, false);
         boost::asio::io_context client_io;
         Control control(gv::tcp_connect(client_io, "127.0.0.1", o.tcp_port));
         e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.mr.remote()}}));
@@ -461,7 +515,7 @@ int run(const Options& o) {
         print(o, results);
         return 0;
     }
-    End e(o, o.device);
+    End e(o, o.device, false);
     Control control(gv::tcp_connect(io, o.host, o.tcp_port));
     e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.mr.remote()}}));
     print(o, run_client(o, e, control));

@@ -10,7 +10,9 @@
 // A truncated, oversized, wrong-version or garbage record fails with
 // errc::malformed_record / errc::unsupported_version before anything touches a
 // queue pair; a peer that closes early gives errc::peer_closed, one that goes
-// silent std::errc::timed_out. (Asynchronous forms come with the Asio layer.)
+// silent std::errc::timed_out. The blocking and asynchronous forms check a
+// frame with the same functions (detail::frame_length, wire's parsers), so
+// they refuse the same bytes with the same code and words.
 #pragma once
 
 #include "gpuverbs/error.hpp"
@@ -26,10 +28,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace gpuverbs {
 
@@ -77,22 +84,45 @@ namespace detail {
 /// A record as it goes on the wire: 4-byte big-endian length, then the payload.
 std::vector<std::byte> frame_record(std::span<const std::byte> payload);
 
+/// The length a frame's 4-byte big-endian `header` announces, when it is at
+/// most `max_size`. Otherwise nothing, and `status` fails with
+/// errc::malformed_record in words naming the length and the limit: the one
+/// check of a peer's length, before anything is allocated for it, for the
+/// blocking (read_frame) and the asynchronous (ExchangeHandshakeOp) exchange.
+std::optional<std::uint32_t> frame_length(std::span<const std::byte, 4> header, std::size_t max_size, Status& status);
+
+/// The words for a failed read or write of the exchange, in `status`: the
+/// peer closing the connection (end of file, reset) after `got` of `wanted`
+/// bytes is errc::peer_closed; anything else keeps `ec` and says what failed.
+/// `what` names the part: "handshake" (ours) when `sending`, else the peer's
+/// "record length" or "record".
+void fail_io(const boost::system::error_code& ec, bool sending, const char* what, std::size_t got, std::size_t wanted,
+             Status& status);
+
 /// The composed operation behind async_exchange_handshake: write our record,
-/// read the peer's length, check it, read the record, parse it.
+/// read the peer's length, check it, read the record, parse it. A failure is
+/// put in words as the blocking form's are (fail_io, frame_length, wire's
+/// parsers) and, when a Diagnostics is given, kept there.
 class ExchangeHandshakeOp {
 public:
-    ExchangeHandshakeOp(boost::asio::ip::tcp::socket& socket, const Handshake& ours)
-        : socket_(&socket), state_(std::make_unique<State>()) {
+    ExchangeHandshakeOp(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Diagnostics* diagnostics = nullptr)
+        : socket_(&socket), diagnostics_(diagnostics), state_(std::make_unique<State>()) {
         state_->out = frame_record(wire::serialize(ours));
     }
 
     template <class Self>
-    void operator()(Self& self, boost::system::error_code ec = {}, std::size_t = 0) {
+    void operator()(Self& self, boost::system::error_code ec = {}, std::size_t transferred = 0) {
         namespace asio = boost::asio;
         if (ec) {
-            bool closed = ec == asio::error::eof || ec == asio::error::connection_reset;
-            return self.complete(closed ? boost::system::error_code(to_asio_error(errc::peer_closed)) : ec,
-                                 Handshake{});
+            Status status;
+            switch (step_) {
+                case Step::wrote: fail_io(ec, true, "handshake", transferred, state_->out.size(), status); break;
+                case Step::read_length: fail_io(ec, false, "record length", transferred, 4, status); break;
+                default: fail_io(ec, false, "record", transferred, state_->in.size(), status); break;
+            }
+            // The code is Asio's own (operation_aborted stays itself), but for a close.
+            bool closed = status.code == errc::peer_closed;
+            return finish(self, closed ? to_asio_error(status.code) : ec, status, Handshake{});
         }
         switch (step_) {
             case Step::start:
@@ -102,18 +132,17 @@ public:
                 step_ = Step::read_length;
                 return asio::async_read(*socket_, asio::buffer(state_->length), std::move(self));
             case Step::read_length: {
-                std::uint32_t n = 0;
-                for (std::byte b : state_->length) n = (n << 8) | std::to_integer<std::uint32_t>(b);
-                if (n > wire::max_handshake_size)
-                    return self.complete(to_asio_error(errc::malformed_record), Handshake{});
-                state_->in.resize(n);
+                Status status;
+                std::optional<std::uint32_t> n = frame_length(state_->length, wire::max_handshake_size, status);
+                if (!n) return finish(self, to_asio_error(status.code), status, Handshake{});
+                state_->in.resize(*n);
                 step_ = Step::read_record;
                 return asio::async_read(*socket_, asio::buffer(state_->in), std::move(self));
             }
             case Step::read_record: {
                 Status status;
                 Handshake peer = wire::detail::parse_handshake(state_->in, status);
-                return self.complete(to_asio_error(status.code), std::move(peer));
+                return finish(self, to_asio_error(status.code), status, std::move(peer));
             }
         }
     }
@@ -125,7 +154,15 @@ private:
         std::array<std::byte, 4> length{};
         std::vector<std::byte> in;
     };
+
+    template <class Self>
+    void finish(Self& self, boost::system::error_code ec, const Status& status, Handshake peer) {
+        if (diagnostics_ != nullptr) status.report(*diagnostics_);
+        self.complete(ec, std::move(peer));
+    }
+
     boost::asio::ip::tcp::socket* socket_;
+    Diagnostics* diagnostics_;
     std::unique_ptr<State> state_;
     Step step_ = Step::start;
 };
@@ -201,10 +238,25 @@ std::vector<std::byte> read_frame(boost::asio::ip::tcp::socket& socket, std::siz
 /// close → errc::peer_closed); bound the time with the token (e.g. a
 /// cancellation slot, or asio::experimental::awaitable_operators with a timer).
 /// Signature: void(boost::system::error_code, gpuverbs::Handshake).
-template <class Token = default_token_t<boost::asio::any_io_executor>>
+template <boost::asio::completion_token_for<void(boost::system::error_code, Handshake)> Token =
+              default_token_t<boost::asio::any_io_executor>>
 auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Token&& token = Token()) {
     return boost::asio::async_compose<Token, void(boost::system::error_code, Handshake)>(
         detail::ExchangeHandshakeOp(socket, ours), token, socket);
+}
+
+/// The same, with the explanation of a failure kept in `diagnostics` (as
+/// Boost.MySQL's diagnostics): the verb and words the blocking form's Error
+/// would carry, e.g. "receive: the peer announced a 1073741824-byte record; at
+/// most 1840 are allowed (not a gpuverbs peer?)". Cleared when the exchange
+/// succeeds. `diagnostics` must outlive the operation.
+/// Signature: void(boost::system::error_code, gpuverbs::Handshake).
+template <boost::asio::completion_token_for<void(boost::system::error_code, Handshake)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Diagnostics& diagnostics,
+                              Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(boost::system::error_code, Handshake)>(
+        detail::ExchangeHandshakeOp(socket, ours, &diagnostics), token, socket);
 }
 
 /// Resolves host:port and connects, asynchronously, retrying refusals while

@@ -7,6 +7,9 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <thread>
 
@@ -56,7 +59,58 @@ std::vector<std::byte> frame(std::uint32_t length, std::vector<std::byte> payloa
     return out;
 }
 
+std::array<std::byte, 4> header(std::uint32_t length) {
+    std::array<std::byte, 4> out{};
+    for (std::size_t i = 0; i < 4; ++i) out[i] = std::byte(length >> (24 - 8 * i));
+    return out;
+}
+
+// The asynchronous exchange against `bytes` from the peer, who then shuts down
+// its side for writing: the code, and the words kept in a Diagnostics.
+boost::system::error_code async_against(const std::vector<std::byte>& bytes, Diagnostics& diagnostics) {
+    int fds[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+    REQUIRE(::write(fds[1], bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+    ::shutdown(fds[1], SHUT_WR);
+    asio::io_context io;
+    asio::ip::tcp::socket socket(io);
+    socket.assign(asio::ip::tcp::v4(), fds[0]);
+    boost::system::error_code got = asio::error::would_block;
+    async_exchange_handshake(socket, sample(1), diagnostics,
+                             [&](boost::system::error_code ec, const Handshake&) { got = ec; });
+    io.run();
+    ::close(fds[1]);
+    return got;
+}
+
 } // namespace
+
+TEST_SUITE("tcp frame length") {
+    TEST_CASE("a length up to the maximum is read big-endian and passes") {
+        detail::Status status;
+        CHECK(detail::frame_length(header(0), 1840, status) == 0u);
+        CHECK(detail::frame_length(header(76), 1840, status) == 76u);
+        CHECK(detail::frame_length(header(1840), 1840, status) == 1840u);
+        CHECK(detail::frame_length(header(0x01020304), 0x01020304, status) == 0x01020304u);
+        CHECK(status.ok());
+    }
+
+    TEST_CASE("a length above the maximum is a malformed record naming the length and the maximum") {
+        detail::Status status;
+        CHECK_FALSE(detail::frame_length(header(1841), 1840, status));
+        CHECK(status.code == errc::malformed_record);
+        CHECK(status.verb == "receive");
+        CHECK(status.detail ==
+              "the peer announced a 1841-byte record; at most 1840 are allowed (not a gpuverbs peer?)");
+    }
+
+    TEST_CASE("the largest length a header can hold is refused without wrapping") {
+        detail::Status status;
+        CHECK_FALSE(detail::frame_length(header(0xffffffff), wire::max_handshake_size, status));
+        CHECK(status.code == errc::malformed_record);
+        CHECK(status.detail.find("a 4294967295-byte record; at most 1840") != std::string::npos);
+    }
+}
 
 TEST_SUITE("tcp bootstrap") {
     TEST_CASE("two sides exchange handshakes over TCP and each gets the other's") {
@@ -115,6 +169,44 @@ TEST_SUITE("tcp bootstrap") {
         auto ec = client_against([](auto& s) { send_raw(s, frame(1u << 30, {})); }, &why);
         CHECK(ec == errc::malformed_record);
         CHECK(why.find("announced a 1073741824-byte record") != std::string::npos);
+    }
+
+    TEST_CASE("the blocking and the asynchronous exchange refuse an oversized length with the same words") {
+        std::string blocking;
+        auto ec = client_against([](auto& s) { send_raw(s, frame(1u << 30, {})); }, &blocking);
+        CHECK(ec == errc::malformed_record);
+        Diagnostics diagnostics;
+        CHECK(async_against(frame(1u << 30, {}), diagnostics) == errc::malformed_record);
+        CHECK(diagnostics.verb() == "receive");
+        CHECK(diagnostics.detail() == blocking);
+        CHECK(diagnostics.message() ==
+              "receive: the peer announced a 1073741824-byte record; at most 1840 are allowed (not a gpuverbs peer?)");
+    }
+
+    TEST_CASE("the asynchronous exchange explains an early close and a bad record as the blocking one does") {
+        auto full = wire::serialize(sample(2));
+        Diagnostics closed;
+        CHECK(async_against(frame(static_cast<std::uint32_t>(full.size()), {full.begin(), full.begin() + 20}),
+                            closed) == errc::peer_closed);
+        CHECK(closed.message() == "receive: the peer closed the connection after 20 of 76 bytes of its record");
+        Diagnostics short_header;
+        CHECK(async_against({std::byte{0}, std::byte{0}}, short_header) == errc::peer_closed);
+        CHECK(short_header.detail() == "the peer closed the connection after 2 of 4 bytes of its record length");
+        Diagnostics garbage;
+        std::string blocking;
+        auto bad = frame(60, std::vector<std::byte>(60, std::byte{0x5a}));
+        CHECK(client_against([&](auto& s) { send_raw(s, bad); }, &blocking) == errc::malformed_record);
+        CHECK(async_against(bad, garbage) == errc::malformed_record);
+        CHECK(garbage.detail() == blocking);
+    }
+
+    TEST_CASE("a successful asynchronous exchange leaves the diagnostics empty") {
+        Diagnostics diagnostics;
+        CHECK(async_against(frame(60, std::vector<std::byte>(60, std::byte{0x5a})), diagnostics));
+        CHECK_FALSE(diagnostics.message().empty());
+        auto full = wire::serialize(sample(2));
+        CHECK_FALSE(async_against(frame(static_cast<std::uint32_t>(full.size()), full), diagnostics));
+        CHECK(diagnostics.message().empty());
     }
 
     TEST_CASE("a truncated record followed by a close is reported as the peer closing") {
