@@ -45,13 +45,14 @@ gpuverbs::Completion wait_one(gpuverbs::CompletionQueue& cq) {
 int run(const Args& a) {
     // 1. Open the RDMA device and make what the NIC needs: a protection
     //    domain, a completion queue, and our buffer registered for RDMA with
-    //    only the access it needs: the client writes into the server's buffer;
-    //    the client's own is only read, by its own NIC (Access::none).
+    //    only the access it needs: the client writes into the server's buffer
+    //    (and may read it back); the client's own is only read, by its own NIC.
     gpuverbs::Device device = a.device.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(a.device);
     gpuverbs::ProtectionDomain pd(device);
     gpuverbs::CompletionQueue cq(device, 256);
     std::vector<std::byte> buffer(a.size);
-    auto access = a.server ? gpuverbs::Access::local_write | gpuverbs::Access::remote_write : gpuverbs::Access::none;
+    using gpuverbs::Access;
+    auto access = a.server ? Access::local_write | Access::remote_write | Access::remote_read : Access::none;
     gpuverbs::MemoryRegion mr(pd, buffer, access);
 
     // 2. Create the queue pair; it is not connected yet.

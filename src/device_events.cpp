@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 namespace gpuverbs {
@@ -27,7 +28,9 @@ struct EventInfo {
     EventElement element;
 };
 
-EventInfo classify(ibv_event_type type) noexcept {
+/// `type` is the raw number: a newer kernel may send a value ibv_event_type
+/// does not list, and loading that as the enum would be undefined.
+EventInfo classify(int type) noexcept {
     using T = DeviceEventType;
     using E = EventElement;
     switch (type) {
@@ -147,7 +150,11 @@ std::string DeviceEvent::describe() const {
         out += " (its verbs node in sysfs is gone)";
     } else {
         out += " (";
-        out += ibv_event_type_str(static_cast<ibv_event_type>(native_type));
+        if (type == DeviceEventType::unknown) {
+            out += "event type " + std::to_string(native_type);
+        } else {
+            out += ibv_event_type_str(static_cast<ibv_event_type>(native_type));
+        }
         out += ")";
     }
     if (auto a = advice(type); !a.empty()) {
@@ -160,10 +167,13 @@ std::string DeviceEvent::describe() const {
 DeviceEvent detail::translate_event(const ibv_async_event& event, const std::string& device_name,
                                     const EventSubjects& subjects) noexcept {
     DeviceEvent out;
-    const EventInfo info = classify(event.event_type);
+    int raw = 0; // the number as the kernel sent it (see classify)
+    static_assert(sizeof raw == sizeof event.event_type);
+    std::memcpy(&raw, &event.event_type, sizeof raw);
+    const EventInfo info = classify(raw);
     out.type = info.type;
     out.element = info.element;
-    out.native_type = static_cast<int>(event.event_type);
+    out.native_type = raw;
     try {
         out.device = device_name;
     } catch (...) { // NOLINT(bugprone-empty-catch): a name too big to copy leaves it empty

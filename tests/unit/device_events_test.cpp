@@ -9,6 +9,8 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <cstring>
+
 using namespace gpuverbs;
 
 namespace {
@@ -109,9 +111,14 @@ TEST_SUITE("device events") {
         CHECK(fatal.element == EventElement::device);
         CHECK(fatal.device_lost());
         CHECK(fatal.describe().find("destroy its QueuePairs, CQs, MRs, PD and Device") != std::string::npos);
-        DeviceEvent odd = detail::translate_event(record(static_cast<ibv_event_type>(99)), "mlx5_1", subjects);
+        // A number ibv_event_type does not list (a newer kernel's), written as the kernel would: raw bytes.
+        ibv_async_event newer{};
+        const int raw = 99;
+        std::memcpy(&newer.event_type, &raw, sizeof raw);
+        DeviceEvent odd = detail::translate_event(newer, "mlx5_1", subjects);
         CHECK(odd.type == DeviceEventType::unknown);
         CHECK(odd.native_type == 99);
+        CHECK(odd.describe() == "mlx5_1: unknown (event type 99)");
         CHECK(to_string(DeviceEventType::unknown) == "unknown");
         CHECK(to_string(DeviceEventType::device_removed) == "device_removed");
     }
