@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 
 namespace gpuverbs {
 
@@ -246,7 +248,19 @@ Device Device::open_first(std::error_code& ec, Diagnostics& diagnostics) {
 
 Device Device::from_native(ibv_context* context, bool owned) {
     if (context == nullptr) throw Error(errc::invalid_argument, "Device::from_native", "the context is null");
-    return Device(std::make_shared<detail::DeviceCore>(context, ibv_get_device_name(context->device), owned));
+    if (owned)
+        return Device(std::make_shared<detail::DeviceCore>(context, ibv_get_device_name(context->device), owned));
+    // A context another library keeps (librdmacm's, one per device for the
+    // process): one core per context, so that every connection on it shares its
+    // DeviceEvents reader and the registry naming its objects in events.
+    static std::mutex mutex;
+    static std::map<ibv_context*, std::weak_ptr<detail::DeviceCore>> cores;
+    std::lock_guard lock(mutex);
+    std::weak_ptr<detail::DeviceCore>& known = cores[context];
+    if (auto core = known.lock()) return Device(std::move(core));
+    auto core = std::make_shared<detail::DeviceCore>(context, ibv_get_device_name(context->device), false);
+    known = core;
+    return Device(std::move(core));
 }
 
 const std::string& Device::name() const noexcept {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 namespace gpuverbs {
@@ -199,10 +200,10 @@ namespace asio = boost::asio;
 using Handler = EventCallback;
 
 namespace {
-/// Completes `handler` with `ec` later, never inside the initiating call (the
-/// callback then moves to the handler's own executor).
+/// Completes `handler` with `ec`: the callback posts to the handler's own
+/// executor, so this is never inside the initiating call.
 void post_error(Handler handler, boost::system::error_code ec) {
-    asio::post(asio::system_executor(), [h = std::move(handler), ec]() mutable { h(ec, DeviceEvent{}); });
+    handler(ec, DeviceEvent{});
 }
 } // namespace
 
@@ -211,7 +212,10 @@ public:
     DeviceEventsState(std::shared_ptr<DeviceCore> device, const asio::any_io_executor* executor)
         : device_(std::move(device)) {
         const ibv_device* dev = device_->context()->device;
-        if (dev != nullptr && dev->dev_path[0] != '\0') verbs_node_ = dev->dev_path;
+        // Watched only where it exists now and names this device (a container may not show it).
+        if (dev != nullptr && dev->dev_path[0] != '\0' && node_names_device(dev->dev_path)) {
+            verbs_node_ = dev->dev_path;
+        }
         if (executor != nullptr && *executor) {
             executor_ = *executor;
             strand_ = asio::make_strand(*executor);
@@ -219,7 +223,13 @@ public:
     }
     DeviceEventsState(const DeviceEventsState&) = delete;
     DeviceEventsState& operator=(const DeviceEventsState&) = delete;
-    ~DeviceEventsState() { release(); }
+    ~DeviceEventsState() {
+        release();
+        // The last reader gives ibverbs its descriptor back as it found it.
+        if (nonblocking_ && device_->nonblocking_readers.fetch_sub(1) == 1) {
+            (void)::fcntl(device_->context()->async_fd, F_SETFL, original_flags_);
+        }
+    }
 
     [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return executor_; }
 
@@ -235,10 +245,14 @@ public:
         claimed_ = true;
         const int fd = device_->context()->async_fd;
         // Reads never block: waits use poll(2) or the executor's reactor.
-        if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) {
+        const int flags = ::fcntl(fd, F_GETFL);
+        if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
             status.fail_errno(errno, "fcntl", "cannot make " + device_->name() + "'s event descriptor non-blocking");
             return;
         }
+        original_flags_ = flags & ~O_NONBLOCK;
+        nonblocking_ = true;
+        device_->nonblocking_readers.fetch_add(1);
         if (!strand_) return;
         // A duplicate, so that closing the Asio descriptor leaves ibverbs' own open.
         const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -246,7 +260,16 @@ public:
             status.fail_errno(errno, "fcntl", "cannot duplicate " + device_->name() + "'s event descriptor");
             return;
         }
-        descriptor_.emplace(*strand_, copy);
+        descriptor_.emplace(*strand_);
+        boost::system::error_code ec;
+        descriptor_->assign(copy, ec); // NOLINT(bugprone-unused-return-value): ec carries the result
+        if (ec) {
+            ::close(copy);
+            descriptor_.reset();
+            status.fail(std::error_code(ec.value(), std::system_category()), "epoll_ctl",
+                        "cannot watch " + device_->name() + "'s event descriptor: " + ec.message());
+            return;
+        }
         timer_.emplace(*strand_);
     }
 
@@ -275,7 +298,7 @@ public:
             status.fail_errno(errno, "ibv_get_async_event", "cannot read " + device_->name() + "'s events");
             return std::nullopt;
         }
-        if (!verbs_node_.empty() && ::access(verbs_node_.c_str(), F_OK) != 0 && errno == ENOENT) {
+        if (!verbs_node_.empty() && !node_names_device(verbs_node_)) {
             lost_ = true;
             DeviceEvent out;
             out.type = DeviceEventType::device_removed;
@@ -286,6 +309,8 @@ public:
     }
 
     std::optional<DeviceEvent> wait_for(std::chrono::milliseconds timeout, Status& status) {
+        // Clamped: now() + milliseconds::max() would overflow.
+        timeout = std::min(timeout, std::chrono::milliseconds(std::chrono::hours(24 * 365)));
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
             std::optional<DeviceEvent> event = read(status);
@@ -327,7 +352,11 @@ public:
     void cancel() noexcept {
         if (!strand_) return;
         try {
-            asio::dispatch(*strand_, [self = shared_from_this()] {
+            // Weak: a pending wait keeps the state alive by itself; an idle one must not be
+            // kept (with the device open) until the io_context runs again.
+            asio::dispatch(*strand_, [weak = weak_from_this()] {
+                auto self = weak.lock();
+                if (!self) return;
                 self->cancelled_ = true;
                 if (self->descriptor_) self->descriptor_->cancel();
                 if (self->timer_) self->timer_->cancel();
@@ -364,18 +393,27 @@ private:
             finish({}, std::move(*event));
             return;
         }
-        // Wait for the descriptor, or the next removal check, whichever is first.
+        try {
+            arm();
+        } catch (...) { // no memory to wait: the wait ends, it does not hang
+            finish(asio::error::no_memory);
+        }
+    }
+
+    /// Waits for the descriptor, or the next removal check, whichever is first.
+    void arm() {
         const unsigned round = ++round_;
         tick_ = false;
         timer_->expires_after(DeviceEvents::removal_check_interval);
         timer_->async_wait([self = shared_from_this(), round](boost::system::error_code ec) {
-            if (ec || self->round_ != round) return;
-            self->tick_ = true;
+            if (self->round_ != round) return;
             if (self->lost_) {
-                self->step(); // no descriptor wait outstanding
-            } else {
-                self->descriptor_->cancel();
+                self->step(); // the only wait outstanding: fired or cancelled, step() decides
+                return;
             }
+            if (ec) return;
+            self->tick_ = true;
+            self->descriptor_->cancel();
         });
         if (lost_) return; // only the timer: nothing more comes from a lost device
         descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
@@ -390,8 +428,18 @@ private:
                                 });
     }
 
+    /// Whether the verbs node at `path` exists and belongs to this device (its
+    /// number may be reused by a device registered after a removal).
+    [[nodiscard]] bool node_names_device(const std::string& path) const {
+        std::ifstream in(path + "/ibdev");
+        std::string name;
+        return static_cast<bool>(in >> name) && name == device_->name();
+    }
+
     std::shared_ptr<DeviceCore> device_;
     std::string verbs_node_;
+    int original_flags_ = 0;
+    bool nonblocking_ = false;
     asio::any_io_executor executor_;
     std::optional<asio::strand<asio::any_io_executor>> strand_;
     std::optional<asio::posix::stream_descriptor> descriptor_;
@@ -405,6 +453,10 @@ private:
     bool tick_ = false;
     unsigned round_ = 0;
 };
+
+void cancel_event_wait(const std::shared_ptr<DeviceEventsState>& state) noexcept {
+    if (state) state->cancel();
+}
 
 asio::any_io_executor events_executor(const std::shared_ptr<DeviceEventsState>& state) noexcept {
     if (state && state->executor()) return state->executor();

@@ -36,10 +36,11 @@
 #include "gpuverbs/shared_receive_queue.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
 #include <boost/system/error_code.hpp>
 
@@ -152,6 +153,8 @@ private:
 /// The executor async_wait's handlers default to (the DeviceEvents' own).
 boost::asio::any_io_executor events_executor(const std::shared_ptr<DeviceEventsState>& state) noexcept;
 void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, EventCallback callback);
+/// What a cancellation slot's emission does (DeviceEvents::cancel()).
+void cancel_event_wait(const std::shared_ptr<DeviceEventsState>& state) noexcept;
 } // namespace detail
 
 class DeviceEvents {
@@ -187,10 +190,11 @@ public:
     [[nodiscard]] executor_type get_executor() const noexcept;
 
     /// Waits for the next event. Signature: void(boost::system::error_code,
-    /// gpuverbs::DeviceEvent); the error is operation_aborted after cancel()
-    /// or destruction, errc::no_executor without an executor, or the errno
-    /// of a failed read. The handler runs on its associated executor (the
-    /// DeviceEvents' by default), never inside async_wait.
+    /// gpuverbs::DeviceEvent); the error is operation_aborted after cancel(),
+    /// a cancellation slot's emission or destruction, errc::no_executor
+    /// without an executor, or the errno of a failed read. The handler runs
+    /// once, on its associated executor (the DeviceEvents' by default), posted
+    /// (never inside async_wait).
     template <class Token = default_token_t<executor_type>>
     auto async_wait(Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(boost::system::error_code, DeviceEvent)>(
@@ -199,10 +203,17 @@ public:
                 auto work =
                     boost::asio::prefer(boost::asio::get_associated_executor(handler, detail::events_executor(state)),
                                         boost::asio::execution::outstanding_work.tracked);
+                // Per-operation cancellation (a cancellation slot, awaitable operators) ends the wait.
+                auto slot = boost::asio::get_associated_cancellation_slot(handler);
+                if (slot.is_connected()) {
+                    slot.assign([weak = std::weak_ptr<detail::DeviceEventsState>(state)](
+                                    boost::asio::cancellation_type) { detail::cancel_event_wait(weak.lock()); });
+                }
                 detail::start_event_wait(
-                    state, detail::EventCallback([h = std::forward<decltype(handler)>(handler), work = std::move(work)](
-                                                     boost::system::error_code ec, DeviceEvent event) mutable {
-                        boost::asio::dispatch(work, [h = std::move(h), ec, e = std::move(event)]() mutable {
+                    state, detail::EventCallback([h = std::forward<decltype(handler)>(handler), work = std::move(work),
+                                                  slot](boost::system::error_code ec, DeviceEvent event) mutable {
+                        if (slot.is_connected()) slot.clear();
+                        boost::asio::post(work, [h = std::move(h), ec, e = std::move(event)]() mutable {
                             std::move(h)(ec, std::move(e));
                         });
                     }));

@@ -12,7 +12,11 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
+
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <functional>
@@ -109,6 +113,13 @@ std::optional<DeviceEvent> wait_event(DeviceEvents& events, DeviceEventType type
     return std::nullopt;
 }
 
+/// The first srq_limit_reached within `limit`; other events (a late GID or port
+/// event from an earlier test) are not this test's business.
+std::optional<DeviceEvent> srq_limit_event(DeviceEvents& events, std::chrono::milliseconds limit) {
+    std::vector<DeviceEvent> seen;
+    return wait_event(events, DeviceEventType::srq_limit_reached, seen, limit);
+}
+
 ConnectOptions fast_fail() {
     ConnectOptions o;
     o.timeout = 12;    // 4.096 us x 2^12 = 16.8 ms per try
@@ -158,6 +169,7 @@ TEST_SUITE("faults" * doctest::skip(!faults_available())) {
         for (; posted < 16; ++posted) {
             if (p.a.qp.post_write(p.a.mr.slice(0, chunk), p.b.mr.remote())) break;
         }
+        REQUIRE(posted > 0);
         auto done = poll_for(p.a.cq, posted, std::chrono::seconds(10));
         CHECK(done.size() == posted);
         for (auto& c : done) {
@@ -246,13 +258,12 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         for (int i = 0; i < 3; ++i) REQUIRE_FALSE(a.qp.post_send(a.mr.slice(0, 64)));
         CHECK(poll_for(a.cq, 3).size() == 3);
         CHECK(poll_for(cq, 3).size() == 3);
-        CHECK_FALSE(events.wait_for(std::chrono::milliseconds(300)));
+        CHECK_FALSE(srq_limit_event(events, std::chrono::milliseconds(300)));
         // 2 more leave 3 < 4.
         for (int i = 0; i < 2; ++i) REQUIRE_FALSE(a.qp.post_send(a.mr.slice(0, 64)));
         CHECK(poll_for(cq, 2).size() == 2);
-        auto e = events.wait_for(std::chrono::seconds(5));
+        auto e = srq_limit_event(events, std::chrono::seconds(5));
         REQUIRE(e);
-        CHECK(e->type == DeviceEventType::srq_limit_reached);
         CHECK(e->element == EventElement::shared_receive_queue);
         CHECK(e->concerns(srq));
         CHECK_FALSE(e->concerns(other));
@@ -262,7 +273,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         // One-shot: no second event without re-arming.
         REQUIRE_FALSE(a.qp.post_send(a.mr.slice(0, 64)));
         CHECK(poll_for(cq, 1).size() == 1);
-        CHECK_FALSE(events.wait_for(std::chrono::milliseconds(300)));
+        CHECK_FALSE(srq_limit_event(events, std::chrono::milliseconds(300)));
     }
 
     TEST_CASE("one DeviceEvents per device; a second is refused and the first keeps working after it") {
@@ -270,10 +281,54 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         Device device = Device::open(rig->dev0);
         DeviceEvents first(device);
         CHECK_THROWS_WITH(DeviceEvents{device}, doctest::Contains("already has a DeviceEvents reader"));
-        CHECK_FALSE(first.poll());
+        std::error_code ec;
+        (void)first.poll(ec);
+        CHECK_FALSE(ec);
         first = DeviceEvents();
         DeviceEvents again(device); // released by the move-assignment
         CHECK(again);
+    }
+
+    TEST_CASE(
+        "async_wait ends once with operation_aborted by a cancellation slot, by cancel() and by destruction; "
+        "a new reader can start at once") {
+        auto rig = gpuverbs::test::rig_devices();
+        Device device = Device::open(rig->dev0);
+        boost::asio::io_context io;
+        auto events = std::make_unique<DeviceEvents>(device, io.get_executor());
+        std::vector<boost::system::error_code> results;
+        auto record = [&](boost::system::error_code ec, const DeviceEvent&) { results.push_back(ec); };
+
+        boost::asio::cancellation_signal signal;
+        events->async_wait(boost::asio::bind_cancellation_slot(signal.slot(), record));
+        io.run_for(std::chrono::milliseconds(250)); // a few removal checks: nothing happens
+        CHECK(results.empty());
+        signal.emit(boost::asio::cancellation_type::terminal);
+        io.run_for(std::chrono::milliseconds(250));
+        REQUIRE(results.size() == 1);
+        CHECK(results[0] == boost::asio::error::operation_aborted);
+
+        events->async_wait(record);
+        io.restart();
+        io.run_for(std::chrono::milliseconds(150));
+        events->cancel();
+        io.run_for(std::chrono::milliseconds(250));
+        REQUIRE(results.size() == 2);
+        CHECK(results[1] == boost::asio::error::operation_aborted);
+
+        events->async_wait(record);
+        io.restart();
+        io.run_for(std::chrono::milliseconds(150));
+        events.reset();
+        DeviceEvents next(device); // the reader is free the moment the old one is destroyed
+        CHECK(next);
+        io.restart();
+        io.run_for(std::chrono::milliseconds(250));
+        REQUIRE(results.size() == 3);
+        CHECK(results[2] == boost::asio::error::operation_aborted);
+        io.restart();
+        io.run_for(std::chrono::milliseconds(250));
+        CHECK(results.size() == 3); // and never again
     }
 
     TEST_CASE(
@@ -334,7 +389,8 @@ TEST_SUITE("faults: device removal" * doctest::skip(!faults_available())) {
         const Endpoint eb = b->prepared.endpoint();
         a->qp = std::move(a->prepared).connect(eb, fast_fail());
         b->qp = std::move(b->prepared).connect(ea, fast_fail());
-        auto events = std::make_unique<DeviceEvents>(b->device);
+        boost::asio::io_context io;
+        auto events = std::make_unique<DeviceEvents>(b->device, io.get_executor());
         Heal heal("add-device " + rig->dev1);
 
         // Traffic from a into the device that is about to go.
@@ -344,19 +400,60 @@ TEST_SUITE("faults: device removal" * doctest::skip(!faults_available())) {
         }
         // The removal blocks until this process lets go of the device: in the background.
         auto removal = std::async(std::launch::async, [&] { return fault("remove-device " + rig->dev1); });
+        // However this test ends, let go of the device before anything waits for the removal
+        // (the future's destructor does), or both would wait for each other.
+        struct LetGo {
+            std::unique_ptr<DeviceEvents>& events;
+            std::unique_ptr<test::Side>& side;
+            ~LetGo() {
+                events.reset();
+                side.reset();
+            }
+        } let_go{events, b};
+
         std::vector<DeviceEvent> seen;
         std::optional<DeviceEvent> lost;
+        std::function<void()> arm = [&] {
+            events->async_wait([&](boost::system::error_code ec, DeviceEvent e) {
+                if (ec) return;
+                seen.push_back(e);
+                if (e.device_lost()) {
+                    lost = std::move(e);
+                } else {
+                    arm();
+                }
+            });
+        };
+        arm();
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!lost && std::chrono::steady_clock::now() < deadline) {
-            auto e = events->wait_for(std::chrono::milliseconds(200));
-            if (e) seen.push_back(*e);
-            if (e && e->device_lost()) lost = e;
-        }
+        while (!lost && std::chrono::steady_clock::now() < deadline) io.run_for(std::chrono::milliseconds(50));
         REQUIRE_MESSAGE(lost, "no device_removed/device_fatal event within 10 s");
         MESSAGE(lost->describe());
         CHECK(lost->device == rig->dev1);
-        // Nothing more comes from a lost device, and waiting does not spin or fail.
-        CHECK_FALSE(events->wait_for(std::chrono::milliseconds(300)));
+
+        // Nothing more comes from a lost device: a wait neither completes nor spins, and
+        // cancel() ends it once.
+        int after = 0;
+        boost::system::error_code after_ec;
+        events->async_wait([&](boost::system::error_code ec, const DeviceEvent&) {
+            ++after;
+            after_ec = ec;
+        });
+        rusage before{};
+        ::getrusage(RUSAGE_SELF, &before);
+        io.restart();
+        io.run_for(std::chrono::milliseconds(500));
+        rusage later{};
+        ::getrusage(RUSAGE_SELF, &later);
+        auto cpu_us = [](const rusage& r) {
+            return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000L + r.ru_utime.tv_usec + r.ru_stime.tv_usec;
+        };
+        CHECK(after == 0);
+        CHECK(cpu_us(later) - cpu_us(before) < 250000); // 0.5 s of waiting, far less of CPU
+        events->cancel();
+        io.run_for(std::chrono::milliseconds(300));
+        CHECK(after == 1);
+        CHECK(after_ec == boost::asio::error::operation_aborted);
 
         // The recipe: destroy everything made from the device (the QP first: its requests end).
         events.reset();

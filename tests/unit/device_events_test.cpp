@@ -76,7 +76,9 @@ TEST_SUITE("device events") {
         CHECK(text.find("rxe0 QueuePair 42 (QP number 4660): qp_fatal") == 0);
         CHECK(text.find("reset and reconnect it, or destroy it") != std::string::npos);
         // Removed from the subjects (destroyed): no longer named.
-        subjects.remove(&qp);
+        subjects.remove(&qp, 41); // another object's id: kept
+        CHECK(detail::translate_event(e, "rxe0", subjects).object == 42);
+        subjects.remove(&qp, 42);
         CHECK(detail::translate_event(e, "rxe0", subjects).object == 0);
     }
 

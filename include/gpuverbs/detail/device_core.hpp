@@ -32,6 +32,9 @@ public:
     [[nodiscard]] EventSubjects& subjects() noexcept { return subjects_; }
     /// Set while a DeviceEvents reads this context's events (one reader at a time).
     std::atomic<bool> events_taken{false};
+    /// DeviceEvents states that made the async descriptor non-blocking; the
+    /// last one to go restores its flags.
+    std::atomic<int> nonblocking_readers{0};
 
 private:
     ibv_context* context_;

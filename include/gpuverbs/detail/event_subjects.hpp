@@ -33,9 +33,11 @@ public:
         } catch (...) { // NOLINT(bugprone-empty-catch): std::bad_alloc degrades to "unknown object"
         }
     }
-    void remove(const void* native) noexcept {
+    /// Removes `native`'s entry if it is still `id`'s: after a destroy the
+    /// allocator may hand the same address to a new object, entered meanwhile.
+    void remove(const void* native, std::uint64_t id) noexcept {
         std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
-        ids_.erase(native);
+        if (auto it = ids_.find(native); it != ids_.end() && it->second == id) ids_.erase(it);
     }
     /// The id entered for `native`; 0 when it is not a gpuverbs object.
     [[nodiscard]] std::uint64_t find(const void* native) const noexcept {

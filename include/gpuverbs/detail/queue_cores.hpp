@@ -57,7 +57,7 @@ public:
     SrqCore& operator=(const SrqCore&) = delete;
     ~SrqCore() {
         destroyed(ibv_destroy_srq(srq_));
-        pd_->device()->subjects().remove(srq_);
+        pd_->device()->subjects().remove(srq_, id_);
     }
     [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
@@ -182,7 +182,7 @@ public:
         // Events got from the channel must be acknowledged before destruction.
         if (unacked_events_ != 0) ibv_ack_cq_events(cq_, unacked_events_);
         destroyed(ibv_destroy_cq(cq_));
-        device_->subjects().remove(cq_);
+        device_->subjects().remove(cq_, id_);
     }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
     [[nodiscard]] const std::shared_ptr<DeviceCore>& device() const noexcept { return device_; }
@@ -265,7 +265,7 @@ public:
         owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
         send_cq_->registry().remove(send_tag_);
         if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
-        pd_->device()->subjects().remove(qp_);
+        pd_->device()->subjects().remove(qp_, id_);
     }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
