@@ -6,6 +6,9 @@
 //                            u8 mtu (ibv_mtu) | u8 link_layer | 16-byte GID | u32 0
 //   RemoteMemory (28 bytes)  "GVRM" u16 version u16 0 | u64 address | u64 length | u32 rkey
 //   Handshake                "GVHS" u16 version u16 count | Endpoint | count × RemoteMemory
+//   MeshRecord               "GVMR" u16 version u16 regions | u32 rank | u32 world size |
+//                            u32 endpoints | u32 0 | endpoints × (u32 peer rank | u32 0 | Endpoint) |
+//                            regions × RemoteMemory
 //
 // Parsing checks sizes, magic, version, reserved fields and value ranges, and
 // fails with errc::malformed_record or errc::unsupported_version saying what
@@ -19,7 +22,9 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
@@ -31,6 +36,21 @@ struct Handshake {
     friend bool operator==(const Handshake&, const Handshake&) = default;
 };
 
+/// What one member of a mesh publishes once (rendezvous.hpp): for every peer
+/// the endpoint of the queue pair it prepared for that peer, and the memory
+/// every peer may access. Each pair agrees on one QP pair: p's QP for q
+/// connects to q's QP for p. O(N) bytes per member, read once by each peer.
+struct MeshRecord {
+    std::uint32_t rank = 0;
+    std::uint32_t world_size = 0;
+    /// (peer rank, endpoint of my QP for that peer), peer ranks strictly increasing.
+    std::vector<std::pair<std::uint32_t, Endpoint>> endpoints;
+    std::vector<RemoteMemory> regions;
+    /// The endpoint addressed to `peer`, or nullptr.
+    [[nodiscard]] const Endpoint* endpoint_for(std::uint32_t peer) const noexcept;
+    friend bool operator==(const MeshRecord&, const MeshRecord&) = default;
+};
+
 namespace wire {
 
 inline constexpr std::uint16_t version = 1;
@@ -40,11 +60,19 @@ inline constexpr std::size_t handshake_header_size = 8;
 inline constexpr std::size_t max_regions = 64;
 inline constexpr std::size_t max_handshake_size =
     handshake_header_size + endpoint_size + max_regions * remote_memory_size;
+inline constexpr std::size_t mesh_header_size = 24;
+inline constexpr std::size_t mesh_entry_size = 8 + endpoint_size;
+/// The largest mesh a record describes (ranks 0 .. max_world_size - 1).
+inline constexpr std::uint32_t max_world_size = 65536;
+inline constexpr std::size_t max_mesh_record_size =
+    mesh_header_size + (max_world_size - 1) * mesh_entry_size + max_regions * remote_memory_size;
 
 std::array<std::byte, endpoint_size> serialize(const Endpoint& endpoint);
 std::array<std::byte, remote_memory_size> serialize(const RemoteMemory& memory);
 /// Throws gpuverbs::Error (errc::invalid_argument) with more than max_regions regions.
 std::vector<std::byte> serialize(const Handshake& handshake);
+/// Throws gpuverbs::Error (errc::invalid_argument) for a record parse_mesh_record would refuse.
+std::vector<std::byte> serialize(const MeshRecord& record);
 
 Endpoint parse_endpoint(std::span<const std::byte> bytes);
 Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec);
@@ -52,11 +80,19 @@ RemoteMemory parse_remote_memory(std::span<const std::byte> bytes);
 RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, std::error_code& ec);
 Handshake parse_handshake(std::span<const std::byte> bytes);
 Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec);
+/// Checks sizes, ranks (rank < world size <= max_world_size; peer ranks below
+/// the world size, not the record's own, strictly increasing) and every
+/// endpoint and region as their own parsers do.
+MeshRecord parse_mesh_record(std::span<const std::byte> bytes);
+MeshRecord parse_mesh_record(std::span<const std::byte> bytes, std::error_code& ec);
 
 namespace detail {
 Endpoint parse_endpoint(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 Handshake parse_handshake(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
+MeshRecord parse_mesh_record(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
+/// Why `record` cannot be sent or accepted; empty when it is well-formed.
+std::string mesh_record_problem(const MeshRecord& record);
 } // namespace detail
 
 } // namespace wire

@@ -136,3 +136,91 @@ TEST_SUITE("wire format") {
         }
     }
 }
+
+TEST_SUITE("mesh record") {
+    namespace {
+    MeshRecord sample_mesh() {
+        MeshRecord m;
+        m.rank = 2;
+        m.world_size = 5;
+        for (std::uint32_t peer : {0U, 1U, 4U}) {
+            Endpoint e = sample_endpoint();
+            e.qp_num = 0x100 + peer;
+            m.endpoints.emplace_back(peer, e);
+        }
+        m.regions = {RemoteMemory{0x1000, 4096, 7}, RemoteMemory{0x9000, 64, 8}};
+        return m;
+    }
+    std::string mesh_problem(std::span<const std::byte> bytes, std::error_code& ec) {
+        detail::Status s;
+        (void)wire::detail::parse_mesh_record(bytes, s);
+        ec = s.code;
+        return s.detail;
+    }
+    } // namespace
+
+    TEST_CASE("a mesh record round-trips and finds the endpoint addressed to each peer") {
+        const MeshRecord m = sample_mesh();
+        auto b = wire::serialize(m);
+        CHECK(b.size() == wire::mesh_header_size + 3 * wire::mesh_entry_size + 2 * wire::remote_memory_size);
+        CHECK(std::string(reinterpret_cast<const char*>(b.data()), 4) == "GVMR");
+        CHECK(b[7] == std::byte{2});  // regions
+        CHECK(b[11] == std::byte{2}); // rank
+        CHECK(b[15] == std::byte{5}); // world size
+        CHECK(b[19] == std::byte{3}); // endpoints
+        const MeshRecord back = wire::parse_mesh_record(b);
+        CHECK(back == m);
+        REQUIRE(back.endpoint_for(4) != nullptr);
+        CHECK(back.endpoint_for(4)->qp_num == 0x104);
+        CHECK(back.endpoint_for(3) == nullptr);
+        CHECK(back.endpoint_for(2) == nullptr);
+        MeshRecord alone;
+        alone.world_size = 1;
+        CHECK(wire::parse_mesh_record(wire::serialize(alone)) == alone);
+    }
+
+    TEST_CASE("records that name impossible ranks are refused on both sides, naming the rank") {
+        MeshRecord m = sample_mesh();
+        m.endpoints[1].first = 2; // to itself
+        CHECK_THROWS_WITH(wire::serialize(m), doctest::Contains("rank 2 addresses an endpoint to rank 2 (itself)"));
+        m = sample_mesh();
+        m.endpoints[2].first = 1; // twice
+        CHECK_THROWS_WITH(wire::serialize(m), doctest::Contains("to rank 1 (out of order or twice)"));
+        m = sample_mesh();
+        m.endpoints[2].first = 5;
+        CHECK_THROWS_WITH(wire::serialize(m), doctest::Contains("to rank 5 (outside the world)"));
+        m = sample_mesh();
+        m.rank = 5;
+        CHECK_THROWS_WITH(wire::serialize(m), doctest::Contains("is outside its world of 5 members"));
+        m = sample_mesh();
+        m.world_size = wire::max_world_size + 1;
+        CHECK_THROWS_WITH(wire::serialize(m), doctest::Contains("names a world of 65537 members"));
+
+        // The same on the receiving side: a record patched after serialization.
+        auto b = wire::serialize(sample_mesh());
+        b[wire::mesh_header_size + wire::mesh_entry_size + 3] = std::byte{2}; // second entry now names rank 2
+        std::error_code ec;
+        CHECK(mesh_problem(b, ec).find("rank 2 addresses an endpoint to rank 2 (itself)") != std::string::npos);
+        CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("truncated, oversized, mis-versioned and huge-count mesh records fail before allocating") {
+        auto b = wire::serialize(sample_mesh());
+        std::error_code ec;
+        CHECK(mesh_problem(std::span(b).first(b.size() - 1), ec).find("need exactly") != std::string::npos);
+        CHECK(ec == errc::malformed_record);
+        auto longer = b;
+        longer.push_back(std::byte{0});
+        CHECK(mesh_problem(longer, ec).find("need exactly") != std::string::npos);
+        auto versioned = b;
+        versioned[5] = std::byte{9};
+        (void)mesh_problem(versioned, ec);
+        CHECK(ec == errc::unsupported_version);
+        auto huge = b;
+        huge[16] = std::byte{0xff}; // endpoint count 0xff000003
+        CHECK(mesh_problem(huge, ec).find("announces 4278190083 endpoints") != std::string::npos);
+        CHECK(ec == errc::malformed_record);
+        CHECK(wire::parse_mesh_record(std::span<const std::byte>{}, ec).endpoints.empty());
+        CHECK(ec == errc::malformed_record);
+    }
+}
