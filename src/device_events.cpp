@@ -334,12 +334,12 @@ public:
 
     void start(Handler handler) {
         if (!strand_) {
-            post_result(std::move(handler), boost::system::error_code(make_error_code(errc::no_executor)));
+            post_error(std::move(handler), boost::system::error_code(make_error_code(errc::no_executor)));
             return;
         }
         asio::dispatch(*strand_, [self = shared_from_this(), h = std::move(handler)]() mutable {
             if (self->handler_) {
-                post_result(std::move(h), asio::error::already_started);
+                post_error(std::move(h), asio::error::already_started);
                 return;
             }
             self->handler_ = std::move(h);
@@ -368,8 +368,6 @@ public:
     }
 
 private:
-    static void post_result(Handler handler, boost::system::error_code ec) { post_error(std::move(handler), ec); }
-
     void finish(boost::system::error_code ec, DeviceEvent event = {}) {
         Handler h = std::move(handler_);
         handler_ = {};
@@ -403,7 +401,6 @@ private:
     /// Waits for the descriptor, or the next removal check, whichever is first.
     void arm() {
         const unsigned round = ++round_;
-        tick_ = false;
         timer_->expires_after(DeviceEvents::removal_check_interval);
         timer_->async_wait([self = shared_from_this(), round](boost::system::error_code ec) {
             if (self->round_ != round) return;
@@ -412,7 +409,6 @@ private:
                 return;
             }
             if (ec) return;
-            self->tick_ = true;
             self->descriptor_->cancel();
         });
         if (lost_) return; // only the timer: nothing more comes from a lost device
@@ -450,7 +446,6 @@ private:
     // Strand-only state of the one async_wait.
     Handler handler_;
     bool cancelled_ = false;
-    bool tick_ = false;
     unsigned round_ = 0;
 };
 

@@ -352,11 +352,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(done[0].status == make_wc_error(IBV_WC_REM_ACCESS_ERR));
         CHECK(p.a.qp.state() == QpState::error);
         // Below the address: also refused.
-        PreparedQueuePair again = std::move(p.a.qp).reset();
-        PreparedQueuePair b_again = std::move(p.b.qp).reset();
-        const Endpoint ea = again.endpoint();
-        p.a.qp = std::move(again).connect(b_again.endpoint());
-        p.b.qp = std::move(b_again).connect(ea);
+        reconnect(p, ConnectOptions{});
         RemoteMemory before = given;
         before.address -= 4096;
         REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 4096), before));

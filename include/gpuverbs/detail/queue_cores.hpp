@@ -61,7 +61,6 @@ public:
     }
     [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
-    [[nodiscard]] const std::shared_ptr<PdCore>& pd() const noexcept { return pd_; }
 
 private:
     std::shared_ptr<PdCore> pd_;
@@ -185,7 +184,6 @@ public:
         device_->subjects().remove(cq_, id_);
     }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
-    [[nodiscard]] const std::shared_ptr<DeviceCore>& device() const noexcept { return device_; }
 
     [[nodiscard]] ibv_cq* cq() const noexcept { return cq_; }
     [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_ ? channel_->channel() : nullptr; }
