@@ -50,6 +50,10 @@ public:
                 return "the pointer is not GPU device memory that CUDA knows (host, managed or unmapped memory)";
             case errc::gpu_direct_unavailable:
                 return "the RDMA device cannot reach this GPU memory: neither DMA-BUF nor nvidia-peermem works here";
+            case errc::rendezvous_unavailable:
+                return "the rendezvous (launcher or store) cannot be reached or refused the request";
+            case errc::rank_taken: return "another live member of the rendezvous already holds this rank";
+            case errc::peer_missing: return "a peer did not publish its record before the deadline";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";
@@ -73,6 +77,7 @@ public:
             case errc::device_not_found:
             case errc::no_rdma_device:
             case errc::port_not_found: return std::errc::no_such_device;
+            case errc::peer_missing: return std::errc::timed_out;
             default: return {value, *this};
         }
     }

@@ -55,6 +55,10 @@ enum class errc {
     // GPU memory.
     not_gpu_memory,         ///< the pointer is not device memory CUDA knows (host, managed or unmapped memory)
     gpu_direct_unavailable, ///< no registration method lets this NIC reach this GPU memory (see the reasons)
+    // Many peers (rendezvous.hpp, mesh.hpp).
+    rendezvous_unavailable, ///< the launcher or store cannot be reached, or refused us (see the message)
+    rank_taken,             ///< another live member already holds this rank in the rendezvous
+    peer_missing,           ///< a peer did not publish what we need before the deadline
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

@@ -1,0 +1,174 @@
+// The rendezvous of an MPI program: the exchange rides on MPI_Allgather over a
+// communicator the program already has. Header-only: it compiles in the
+// program's own MPI build (include <mpi.h> and link MPI as usual).
+//
+//   MPI_Init(&argc, &argv);
+//   gpuverbs::MpiRendezvous mpi(MPI_COMM_WORLD);
+//   gpuverbs::Mesh mesh(mpi, pd, cq, {mr.remote()});
+//   mesh.connect_all();
+//
+// publish keeps the bytes until the next fence; fence() is the collective that
+// moves everyone's (two MPI_Allgather calls, O(total bytes) per rank); lookup
+// reads what the last fence brought and never waits. So only connect_all()
+// works over MPI: the lazy Mesh::connect() needs PMIx or Redis, and says so.
+// MPI collectives cannot time out: fence's timeout is not used.
+#pragma once
+
+#include "gpuverbs/error.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpuverbs {
+
+class MpiRendezvous {
+public:
+    /// A member of `comm` (MPI must be initialised; the communicator must outlive this object).
+    explicit MpiRendezvous(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
+        int initialized = 0;
+        MPI_Initialized(&initialized);
+        if (initialized == 0) {
+            throw Error(errc::rendezvous_unavailable, "MpiRendezvous", "MPI is not initialised: call MPI_Init first");
+        }
+        int rank = 0;
+        int size = 0;
+        check(MPI_Comm_rank(comm_, &rank), "MPI_Comm_rank");
+        check(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
+        rank_ = static_cast<std::uint32_t>(rank);
+        size_ = static_cast<std::uint32_t>(size);
+        table_.resize(size_);
+    }
+
+    [[nodiscard]] std::uint32_t rank() const noexcept { return rank_; }
+    [[nodiscard]] std::uint32_t world_size() const noexcept { return size_; }
+    [[nodiscard]] std::string name() const { return "an MPI communicator of " + std::to_string(size_) + " ranks"; }
+
+    /// Kept until the next fence().
+    void publish(const std::string& key, std::span<const std::byte> value) {
+        pending_[key] = std::vector<std::byte>(value.begin(), value.end());
+    }
+
+    /// Collective over the communicator: everyone's publications since the
+    /// last fence become readable (later ones replace earlier ones).
+    void fence(std::chrono::milliseconds /*timeout: MPI collectives cannot time out*/) {
+        std::vector<std::byte> mine = encode(pending_);
+        if (mine.size() > static_cast<std::size_t>(INT_MAX)) {
+            throw Error(errc::invalid_argument, "MPI_Allgatherv",
+                        "rank " + std::to_string(rank_) + " publishes " + std::to_string(mine.size()) +
+                            " bytes; MPI counts are int");
+        }
+        int count = static_cast<int>(mine.size());
+        std::vector<int> counts(size_);
+        check(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_), "MPI_Allgather");
+        std::vector<int> displacements(size_);
+        std::size_t total = 0;
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            if (counts[r] < 0 || total + static_cast<std::size_t>(counts[r]) > static_cast<std::size_t>(INT_MAX)) {
+                throw Error(errc::invalid_argument, "MPI_Allgatherv",
+                            "the ranks publish more than " + std::to_string(INT_MAX) + " bytes in all");
+            }
+            displacements[r] = static_cast<int>(total);
+            total += static_cast<std::size_t>(counts[r]);
+        }
+        std::vector<std::byte> all(total);
+        check(MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(), MPI_BYTE,
+                             comm_),
+              "MPI_Allgatherv");
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            auto part = std::span(all).subspan(static_cast<std::size_t>(displacements[r]),
+                                               static_cast<std::size_t>(counts[r]));
+            for (auto& [key, value] : decode(part, r)) table_[r][key] = std::move(value);
+        }
+        pending_.clear();
+    }
+
+    /// What `peer` published under `key` before the last fence (never waits).
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds /*timeout*/) {
+        if (peer >= size_) {
+            throw Error(errc::invalid_argument, "MpiRendezvous::lookup",
+                        name() + ": there is no rank " + std::to_string(peer));
+        }
+        auto it = table_[peer].find(key);
+        if (it == table_[peer].end()) {
+            throw Error(errc::unsupported, "MpiRendezvous::lookup",
+                        "rank " + std::to_string(peer) + " of " + name() + " published no '" + key +
+                            "' before the last fence(): the MPI flavour exchanges only at fence() (Mesh::connect_all); "
+                            "connecting peers lazily needs PMIx or Redis");
+        }
+        return it->second;
+    }
+
+    /// Forgets what was published and not yet fenced.
+    void withdraw() { pending_.clear(); }
+
+private:
+    using Entries = std::map<std::string, std::vector<std::byte>>;
+
+    static void check(int rc, const char* verb) {
+        if (rc == MPI_SUCCESS) return;
+        char text[MPI_MAX_ERROR_STRING] = {};
+        int length = 0;
+        MPI_Error_string(rc, text, &length);
+        throw Error(errc::rendezvous_unavailable, verb, std::string(text, static_cast<std::size_t>(length)));
+    }
+
+    // Entries as u32 key length, key, u32 value length, value (host order: one program on one kind of machine).
+    static std::vector<std::byte> encode(const Entries& entries) {
+        std::vector<std::byte> out;
+        auto put = [&out](const void* data, std::size_t n) {
+            const auto* b = static_cast<const std::byte*>(data);
+            out.insert(out.end(), b, b + n);
+        };
+        for (const auto& [key, value] : entries) {
+            auto k = static_cast<std::uint32_t>(key.size());
+            auto v = static_cast<std::uint32_t>(value.size());
+            put(&k, 4);
+            put(key.data(), key.size());
+            put(&v, 4);
+            put(value.data(), value.size());
+        }
+        return out;
+    }
+
+    Entries decode(std::span<const std::byte> in, std::uint32_t from) const {
+        Entries entries;
+        auto take = [&](std::size_t n) {
+            if (in.size() < n) {
+                throw Error(errc::malformed_record, "MpiRendezvous::fence",
+                            "rank " + std::to_string(from) + " of " + name() + " sent a truncated table");
+            }
+            auto part = in.first(n);
+            in = in.subspan(n);
+            return part;
+        };
+        auto length = [&] {
+            std::uint32_t n = 0;
+            std::memcpy(&n, take(4).data(), 4);
+            return n;
+        };
+        while (!in.empty()) {
+            auto k = take(length());
+            std::string key(reinterpret_cast<const char*>(k.data()), k.size());
+            auto v = take(length());
+            entries[key] = std::vector<std::byte>(v.begin(), v.end());
+        }
+        return entries;
+    }
+
+    MPI_Comm comm_;
+    std::uint32_t rank_ = 0;
+    std::uint32_t size_ = 0;
+    Entries pending_;
+    std::vector<Entries> table_;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,180 @@
+// Mesh: one RC queue pair per peer, agreed through a rendezvous (mesh.hpp).
+#include "gpuverbs/mesh.hpp"
+
+#include "gpuverbs/error.hpp"
+
+#include <algorithm>
+
+namespace gpuverbs {
+
+namespace detail {
+
+std::string mesh_peer_problem(const MeshRecord& record, std::uint32_t expected, std::uint32_t me,
+                              std::uint32_t world_size) {
+    if (record.rank != expected) {
+        return "the record is rank " + std::to_string(record.rank) + "'s, not rank " + std::to_string(expected) +
+               "'s: two members claim one rank, or the store holds a stale entry";
+    }
+    if (record.world_size != world_size) {
+        return "it was made for a world of " + std::to_string(record.world_size) + " members, ours has " +
+               std::to_string(world_size) + ": the two processes are not members of the same job or service";
+    }
+    if (record.endpoint_for(me) == nullptr) {
+        return "it holds no endpoint for rank " + std::to_string(me) + " (" + std::to_string(record.endpoints.size()) +
+               " endpoints, for other peers): that peer did not prepare a queue pair for us";
+    }
+    return {};
+}
+
+} // namespace detail
+
+struct Mesh::Pending {
+    std::uint32_t peer;
+    PreparedQueuePair qp;
+};
+
+Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+           std::vector<RemoteMemory> regions, MeshOptions options)
+    : rendezvous_(std::move(rendezvous)), pd_(&pd), cq_(&cq), regions_(std::move(regions)),
+      options_(std::move(options)) {
+    if (regions_.size() > wire::max_regions) {
+        throw Error(errc::invalid_argument, "Mesh",
+                    std::to_string(regions_.size()) + " regions offered; a mesh record carries at most " +
+                        std::to_string(wire::max_regions));
+    }
+    if (rendezvous_->world_size() > wire::max_world_size || rendezvous_->rank() >= rendezvous_->world_size()) {
+        throw Error(errc::invalid_argument, "Mesh",
+                    rendezvous_->name() + " gives rank " + std::to_string(rendezvous_->rank()) + " of " +
+                        std::to_string(rendezvous_->world_size()) + "; a mesh needs rank < world size <= " +
+                        std::to_string(wire::max_world_size));
+    }
+}
+
+Mesh::Mesh(Mesh&&) noexcept = default;
+Mesh& Mesh::operator=(Mesh&&) noexcept = default;
+Mesh::~Mesh() = default;
+
+std::uint32_t Mesh::rank() const noexcept {
+    return rendezvous_->rank();
+}
+std::uint32_t Mesh::world_size() const noexcept {
+    return rendezvous_->world_size();
+}
+
+void Mesh::fail(std::error_code code, std::uint32_t peer, const std::string& what) const {
+    throw Error(code, "Mesh",
+                "rank " + std::to_string(rank()) + " connecting to peer " + std::to_string(peer) + " through " +
+                    rendezvous_->name() + ": " + what);
+}
+
+void Mesh::connect_all() {
+    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    std::uint32_t me = rank();
+    std::uint32_t n = world_size();
+    if (n == wire::max_world_size) {
+        throw Error(errc::unsupported, "Mesh::connect_all",
+                    rendezvous_->name() + " is an open world (members join and leave): connect_all() needs a fixed "
+                                          "world size; connect() the peers that are present instead");
+    }
+    if (!peers_.empty()) {
+        throw Error(errc::invalid_argument, "Mesh::connect_all",
+                    "rank " + std::to_string(me) + " already has " + std::to_string(peers_.size()) +
+                        " connected peers: connect_all() builds a fresh mesh; connect() the others");
+    }
+    std::vector<Pending> pending;
+    pending.reserve(n - 1);
+    MeshRecord ours{me, n, {}, regions_};
+    ours.endpoints.reserve(n - 1);
+    for (std::uint32_t q = 0; q < n; ++q) {
+        if (q == me) continue;
+        pending.push_back({q, PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair)});
+        ours.endpoints.emplace_back(q, pending.back().qp.endpoint());
+    }
+    rendezvous_->publish(options_.name, wire::serialize(ours));
+    rendezvous_->fence(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                  deadline - std::chrono::steady_clock::now())));
+    connect_pending(pending, options_.name, deadline);
+}
+
+void Mesh::connect(std::span<const std::uint32_t> peers) {
+    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    std::uint32_t me = rank();
+    std::vector<Pending> pending;
+    for (std::uint32_t q : peers) {
+        if (q == me || q >= world_size()) {
+            throw Error(errc::invalid_argument, "Mesh::connect",
+                        "rank " + std::to_string(me) + " cannot connect to rank " + std::to_string(q) +
+                            (q == me ? " (itself)" : " (the world has " + std::to_string(world_size()) + " ranks)"));
+        }
+        if (peers_.contains(q) ||
+            std::any_of(pending.begin(), pending.end(), [q](const Pending& p) { return p.peer == q; })) {
+            continue;
+        }
+        pending.push_back({q, PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair)});
+    }
+    // Publish every record before reading any: a peer connecting to us at the
+    // same time finds ours whatever the order.
+    for (const Pending& p : pending) {
+        MeshRecord record{me, world_size(), {{p.peer, p.qp.endpoint()}}, regions_};
+        rendezvous_->publish(options_.name + ".to." + std::to_string(p.peer), wire::serialize(record));
+    }
+    connect_pending(pending, options_.name + ".to." + std::to_string(me), deadline);
+}
+
+void Mesh::connect_pending(std::vector<Pending>& pending, const std::string& key,
+                           std::chrono::steady_clock::time_point deadline) {
+    std::uint32_t me = rank();
+    for (Pending& p : pending) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        std::vector<std::byte> bytes;
+        try {
+            bytes = rendezvous_->lookup(p.peer, key, std::max(left, std::chrono::milliseconds(0)));
+        } catch (const Error& e) {
+            fail(e.code(), p.peer, std::string(e.what()));
+        }
+        detail::Status status;
+        MeshRecord record = wire::detail::parse_mesh_record(bytes, status);
+        if (!status.ok()) fail(status.code, p.peer, "its record '" + key + "' is unusable: " + status.detail);
+        if (std::string problem = detail::mesh_peer_problem(record, p.peer, me, world_size()); !problem.empty()) {
+            fail(errc::malformed_record, p.peer, "its record '" + key + "' cannot connect us: " + problem);
+        }
+        std::error_code ec;
+        Diagnostics diagnostics;
+        QueuePair qp = std::move(p.qp).connect(*record.endpoint_for(me), options_.connect, ec, diagnostics);
+        if (ec) fail(ec, p.peer, diagnostics.message());
+        rank_of_qp_[qp.qp_num()] = p.peer;
+        peers_[p.peer] = MeshPeer{p.peer, std::move(qp), std::move(record.regions)};
+    }
+}
+
+MeshPeer& Mesh::peer(std::uint32_t rank) {
+    if (auto it = peers_.find(rank); it != peers_.end()) return it->second;
+    connect(rank);
+    return peers_.at(rank);
+}
+
+MeshPeer* Mesh::find(std::uint32_t rank) noexcept {
+    auto it = peers_.find(rank);
+    return it == peers_.end() ? nullptr : &it->second;
+}
+
+MeshPeer* Mesh::find_by_qp(std::uint32_t qp_num) noexcept {
+    auto it = rank_of_qp_.find(qp_num);
+    return it == rank_of_qp_.end() ? nullptr : find(it->second);
+}
+
+void Mesh::disconnect(std::uint32_t rank) {
+    auto it = peers_.find(rank);
+    if (it == peers_.end()) return;
+    rank_of_qp_.erase(it->second.qp.qp_num());
+    peers_.erase(it);
+}
+
+std::vector<std::uint32_t> Mesh::peers() const {
+    std::vector<std::uint32_t> ranks;
+    ranks.reserve(peers_.size());
+    for (const auto& [rank, peer] : peers_) ranks.push_back(rank);
+    return ranks;
+}
+
+} // namespace gpuverbs

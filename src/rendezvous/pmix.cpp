@@ -1,0 +1,184 @@
+// PmixRendezvous (rendezvous/pmix.hpp): PMIx_Put/Commit/Fence/Get.
+#include "gpuverbs/rendezvous/pmix.hpp"
+
+#include "gpuverbs/error.hpp"
+
+#if GPUVERBS_HAVE_PMIX
+#include <pmix.h>
+
+#include <algorithm>
+#include <cstring>
+#endif
+
+namespace gpuverbs {
+
+#if GPUVERBS_HAVE_PMIX
+
+namespace {
+
+std::string pmix_text(pmix_status_t rc) {
+    return std::string(PMIx_Error_string(rc)) + " (" + std::to_string(rc) + ")";
+}
+
+/// PMIx's timeouts are whole seconds: at least 1, rounded up.
+int timeout_seconds(std::chrono::milliseconds timeout) {
+    auto ms = std::max<std::int64_t>(timeout.count(), 1);
+    return static_cast<int>(std::min<std::int64_t>((ms + 999) / 1000, 1 << 30));
+}
+
+void check_key(const std::string& key, const char* verb) {
+    if (key.empty() || key.size() > PMIX_MAX_KEYLEN) {
+        throw Error(errc::invalid_argument, verb,
+                    "a PMIx key has 1 to " + std::to_string(PMIX_MAX_KEYLEN) + " characters; '" + key + "' has " +
+                        std::to_string(key.size()));
+    }
+}
+
+} // namespace
+
+struct PmixRendezvous::Impl {
+    pmix_proc_t me{};
+    std::uint32_t size = 0;
+};
+
+PmixRendezvous::PmixRendezvous() : impl_(std::make_unique<Impl>()) {
+    pmix_status_t rc = PMIx_Init(&impl_->me, nullptr, 0);
+    if (rc != PMIX_SUCCESS) {
+        throw Error(errc::rendezvous_unavailable, "PMIx_Init",
+                    "this process was not started by a PMIx launcher (mpirun, srun --mpi=pmix, prterun), or the "
+                    "launcher is gone: " +
+                        pmix_text(rc));
+    }
+    pmix_proc_t job;
+    PMIX_LOAD_PROCID(&job, impl_->me.nspace, PMIX_RANK_WILDCARD);
+    pmix_value_t* value = nullptr;
+    rc = PMIx_Get(&job, PMIX_JOB_SIZE, nullptr, 0, &value);
+    if (rc != PMIX_SUCCESS || value == nullptr || value->type != PMIX_UINT32) {
+        if (value != nullptr) PMIX_VALUE_RELEASE(value);
+        PMIx_Finalize(nullptr, 0);
+        throw Error(errc::rendezvous_unavailable, "PMIx_Get",
+                    "the launcher did not give the job's size (PMIX_JOB_SIZE): " + pmix_text(rc));
+    }
+    impl_->size = value->data.uint32;
+    PMIX_VALUE_RELEASE(value);
+}
+
+PmixRendezvous::~PmixRendezvous() {
+    if (impl_) PMIx_Finalize(nullptr, 0);
+}
+
+std::uint32_t PmixRendezvous::rank() const noexcept {
+    return impl_->me.rank;
+}
+std::uint32_t PmixRendezvous::world_size() const noexcept {
+    return impl_->size;
+}
+std::string PmixRendezvous::name() const {
+    return std::string("PMIx namespace '") + impl_->me.nspace + "'";
+}
+
+void PmixRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
+    check_key(key, "PMIx_Put");
+    pmix_value_t v;
+    PMIX_VALUE_CONSTRUCT(&v);
+    v.type = PMIX_BYTE_OBJECT;
+    // PMIx_Put copies the value; the cast only satisfies its C signature.
+    v.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(value.data())); // NOLINT
+    v.data.bo.size = value.size();
+    pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v);
+    if (rc == PMIX_SUCCESS) rc = PMIx_Commit();
+    if (rc != PMIX_SUCCESS) {
+        throw Error(errc::rendezvous_unavailable, "PMIx_Put",
+                    name() + ": rank " + std::to_string(rank()) + " could not publish '" + key + "': " + pmix_text(rc));
+    }
+}
+
+void PmixRendezvous::fence(std::chrono::milliseconds timeout) {
+    pmix_proc_t job;
+    PMIX_LOAD_PROCID(&job, impl_->me.nspace, PMIX_RANK_WILDCARD);
+    pmix_info_t info[2];
+    bool collect = true;
+    int seconds = timeout_seconds(timeout);
+    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+    PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+    pmix_status_t rc = PMIx_Fence(&job, 1, info, 2);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
+    if (rc == PMIX_ERR_TIMEOUT) {
+        throw Error(errc::peer_missing, "PMIx_Fence",
+                    name() + ": not every rank reached the fence within " + std::to_string(seconds) +
+                        " s (a rank is stuck, crashed or never called it)");
+    }
+    if (rc != PMIX_SUCCESS) throw Error(errc::rendezvous_unavailable, "PMIx_Fence", name() + ": " + pmix_text(rc));
+}
+
+std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::string& key,
+                                              std::chrono::milliseconds timeout) {
+    check_key(key, "PMIx_Get");
+    if (peer >= impl_->size) {
+        throw Error(errc::invalid_argument, "PMIx_Get",
+                    name() + " has " + std::to_string(impl_->size) + " ranks; there is no rank " + std::to_string(peer));
+    }
+    pmix_proc_t proc;
+    PMIX_LOAD_PROCID(&proc, impl_->me.nspace, peer);
+    pmix_info_t info;
+    int seconds = timeout_seconds(timeout);
+    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+    pmix_value_t* value = nullptr;
+    pmix_status_t rc = PMIx_Get(&proc, key.c_str(), &info, 1, &value);
+    PMIX_INFO_DESTRUCT(&info);
+    std::string who = name() + ": rank " + std::to_string(peer) + "'s '" + key + "'";
+    if (rc == PMIX_ERR_TIMEOUT || rc == PMIX_ERR_NOT_FOUND) {
+        throw Error(errc::peer_missing, "PMIx_Get",
+                    who + " was not published within " + std::to_string(seconds) + " s (" + pmix_text(rc) + ")");
+    }
+    if (rc != PMIX_SUCCESS || value == nullptr) {
+        if (value != nullptr) PMIX_VALUE_RELEASE(value);
+        throw Error(errc::rendezvous_unavailable, "PMIx_Get", who + ": " + pmix_text(rc));
+    }
+    if (value->type != PMIX_BYTE_OBJECT) {
+        int type = value->type;
+        PMIX_VALUE_RELEASE(value);
+        throw Error(errc::malformed_record, "PMIx_Get",
+                    who + " is PMIx data type " + std::to_string(type) + ", not the bytes gpuverbs publishes");
+    }
+    const auto* first = reinterpret_cast<const std::byte*>(value->data.bo.bytes);
+    std::vector<std::byte> bytes(first, first + value->data.bo.size);
+    PMIX_VALUE_RELEASE(value);
+    return bytes;
+}
+
+bool PmixRendezvous::available() noexcept {
+    return true;
+}
+
+#else // without PMIx: the class exists and says why it cannot work
+
+struct PmixRendezvous::Impl {};
+
+PmixRendezvous::PmixRendezvous() {
+    throw Error(errc::unsupported, "PmixRendezvous",
+                "gpuverbs was built without PMIx: install libpmix-dev (scripts/install-deps) and configure again");
+}
+PmixRendezvous::~PmixRendezvous() = default;
+std::uint32_t PmixRendezvous::rank() const noexcept {
+    return 0;
+}
+std::uint32_t PmixRendezvous::world_size() const noexcept {
+    return 0;
+}
+std::string PmixRendezvous::name() const {
+    return "PMIx (not built)";
+}
+void PmixRendezvous::publish(const std::string&, std::span<const std::byte>) {}
+void PmixRendezvous::fence(std::chrono::milliseconds) {}
+std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) {
+    return {};
+}
+bool PmixRendezvous::available() noexcept {
+    return false;
+}
+
+#endif
+
+} // namespace gpuverbs
