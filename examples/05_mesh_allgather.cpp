@@ -3,7 +3,7 @@
 // rendezvous its launcher or service already has, RDMA-writes its own slice
 // into every peer's buffer, and checks the whole result.
 //
-//   mpirun -np 6 05_mesh_allgather [--exchange pmix|mpi] [--devices rxe0,rxe1] [--slice BYTES]
+//   mpirun -np 6 05_mesh_allgather [--exchange pmix|mpi] [--devices rxe0,rxe1] [--slice BYTES] [--lazy]
 //   05_mesh_allgather --exchange redis --store HOST[:PORT] --world N [--service NAME] ...
 //     (start N of them; the password, if any, comes from $GPUVERBS_REDIS_PASSWORD)
 //
@@ -32,6 +32,7 @@ struct Args {
     std::string store;
     std::string service = "gpuverbs-allgather";
     std::uint32_t world = 0;
+    bool lazy = false;
 };
 
 // The byte at offset i of rank r's slice.
@@ -67,7 +68,15 @@ int allgather(R& rendezvous, const Args& a) {
 
     // 2. The mesh: one queue pair per peer, agreed through the rendezvous.
     gpuverbs::Mesh mesh(rendezvous, pd, cq, {mr.remote()});
-    mesh.connect_all();
+    if (a.lazy) { // pair by pair, as a large job would connect only the peers it talks to
+        std::vector<std::uint32_t> everyone;
+        for (std::uint32_t q = 0; q < n; ++q) {
+            if (q != me) everyone.push_back(q);
+        }
+        mesh.connect(everyone);
+    } else {
+        mesh.connect_all();
+    }
     double setup_ms = ms_since(start);
 
     // 3. A receive per peer for its immediate, then our slice into every peer's buffer.
@@ -93,7 +102,7 @@ int allgather(R& rendezvous, const Args& a) {
             throw gpuverbs::Error(c.status, to_string(c.opcode).data(),
                                   "with rank " + std::to_string(peer ? peer->rank : ~0u) + ": " + c.status.message());
         }
-        (c.immediate ? arrived : sent) += 1;
+        (c.opcode == gpuverbs::Opcode::receive_with_imm ? arrived : sent) += 1;
     }
 
     // 5. Every slice, every byte.
@@ -154,6 +163,7 @@ int main(int argc, char** argv) {
             ->type_name("D1,D2");
         cli.app.add_option("--slice", a.slice, "bytes each rank contributes")->type_name("BYTES")->check(
             CLI::Range(std::size_t(1), std::size_t(1) << 26));
+        cli.app.add_flag("--lazy", a.lazy, "connect pair by pair (Mesh::connect) instead of connect_all");
         cli.app.add_option("--store", a.store, "redis: the store's address")->type_name("HOST[:PORT]");
         cli.app.add_option("--service", a.service, "redis: the service name (key namespace)");
         cli.app.add_option("--world", a.world, "redis: how many processes take part")->type_name("N");

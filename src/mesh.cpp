@@ -28,11 +28,6 @@ std::string mesh_peer_problem(const MeshRecord& record, std::uint32_t expected, 
 
 } // namespace detail
 
-struct Mesh::Pending {
-    std::uint32_t peer;
-    PreparedQueuePair qp;
-};
-
 Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
            std::vector<RemoteMemory> regions, MeshOptions options)
     : rendezvous_(std::move(rendezvous)), pd_(&pd), cq_(&cq), regions_(std::move(regions)),
@@ -67,6 +62,13 @@ void Mesh::fail(std::error_code code, std::uint32_t peer, const std::string& wha
                     rendezvous_->name() + ": " + what);
 }
 
+namespace {
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+    return std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+}
+} // namespace
+
 void Mesh::connect_all() {
     auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     std::uint32_t me = rank();
@@ -74,77 +76,108 @@ void Mesh::connect_all() {
     if (n == wire::max_world_size) {
         throw Error(errc::unsupported, "Mesh::connect_all",
                     rendezvous_->name() + " is an open world (members join and leave): connect_all() needs a fixed "
-                                          "world size; connect() the peers that are present instead");
+                                          "world size; connect() or offer() the peers that are present instead");
     }
-    if (!peers_.empty()) {
+    if (!peers_.empty() || !offers_.empty()) {
         throw Error(errc::invalid_argument, "Mesh::connect_all",
-                    "rank " + std::to_string(me) + " already has " + std::to_string(peers_.size()) +
-                        " connected peers: connect_all() builds a fresh mesh; connect() the others");
+                    "rank " + std::to_string(me) + " already has " + std::to_string(peers_.size() + offers_.size()) +
+                        " peers connected or offered: connect_all() builds a fresh mesh; connect() the others");
     }
-    std::vector<Pending> pending;
-    pending.reserve(n - 1);
+    std::map<std::uint32_t, PreparedQueuePair> prepared;
     MeshRecord ours{me, n, {}, regions_};
     ours.endpoints.reserve(n - 1);
     for (std::uint32_t q = 0; q < n; ++q) {
         if (q == me) continue;
-        pending.push_back({q, PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair)});
-        ours.endpoints.emplace_back(q, pending.back().qp.endpoint());
+        auto& qp = prepared[q] = PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair);
+        ours.endpoints.emplace_back(q, qp.endpoint());
     }
     rendezvous_->publish(options_.name, wire::serialize(ours));
-    rendezvous_->fence(std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                                  deadline - std::chrono::steady_clock::now())));
-    connect_pending(pending, options_.name, deadline);
+    rendezvous_->fence(left_until(deadline));
+    for (auto& [q, qp] : prepared) connect_peer(q, qp, options_.name, left_until(deadline));
 }
 
-void Mesh::connect(std::span<const std::uint32_t> peers) {
-    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+void Mesh::offer(std::span<const std::uint32_t> peers) {
     std::uint32_t me = rank();
-    std::vector<Pending> pending;
     for (std::uint32_t q : peers) {
         if (q == me || q >= world_size()) {
             throw Error(errc::invalid_argument, "Mesh::connect",
                         "rank " + std::to_string(me) + " cannot connect to rank " + std::to_string(q) +
                             (q == me ? " (itself)" : " (the world has " + std::to_string(world_size()) + " ranks)"));
         }
-        if (peers_.contains(q) ||
-            std::any_of(pending.begin(), pending.end(), [q](const Pending& p) { return p.peer == q; })) {
-            continue;
+    }
+    // Publish every record before anything waits: a peer connecting to us at
+    // the same time finds ours whatever the order.
+    for (std::uint32_t q : peers) {
+        if (peers_.contains(q) || offers_.contains(q)) continue;
+        PreparedQueuePair qp(*pd_, *cq_, *cq_, options_.queue_pair);
+        MeshRecord record{me, world_size(), {{q, qp.endpoint()}}, regions_};
+        try {
+            rendezvous_->publish(pair_key(q), wire::serialize(record));
+        } catch (const Error& e) {
+            fail(e.code(), q, std::string(e.what()));
         }
-        pending.push_back({q, PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair)});
+        offers_.emplace(q, std::move(qp));
     }
-    // Publish every record before reading any: a peer connecting to us at the
-    // same time finds ours whatever the order.
-    for (const Pending& p : pending) {
-        MeshRecord record{me, world_size(), {{p.peer, p.qp.endpoint()}}, regions_};
-        rendezvous_->publish(options_.name + ".to." + std::to_string(p.peer), wire::serialize(record));
-    }
-    connect_pending(pending, options_.name + ".to." + std::to_string(me), deadline);
 }
 
-void Mesh::connect_pending(std::vector<Pending>& pending, const std::string& key,
-                           std::chrono::steady_clock::time_point deadline) {
-    std::uint32_t me = rank();
-    for (Pending& p : pending) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        std::vector<std::byte> bytes;
-        try {
-            bytes = rendezvous_->lookup(p.peer, key, std::max(left, std::chrono::milliseconds(0)));
-        } catch (const Error& e) {
-            fail(e.code(), p.peer, std::string(e.what()));
-        }
-        detail::Status status;
-        MeshRecord record = wire::detail::parse_mesh_record(bytes, status);
-        if (!status.ok()) fail(status.code, p.peer, "its record '" + key + "' is unusable: " + status.detail);
-        if (std::string problem = detail::mesh_peer_problem(record, p.peer, me, world_size()); !problem.empty()) {
-            fail(errc::malformed_record, p.peer, "its record '" + key + "' cannot connect us: " + problem);
-        }
-        std::error_code ec;
-        Diagnostics diagnostics;
-        QueuePair qp = std::move(p.qp).connect(*record.endpoint_for(me), options_.connect, ec, diagnostics);
-        if (ec) fail(ec, p.peer, diagnostics.message());
-        rank_of_qp_[qp.qp_num()] = p.peer;
-        peers_[p.peer] = MeshPeer{p.peer, std::move(qp), std::move(record.regions)};
+void Mesh::connect(std::span<const std::uint32_t> peers) {
+    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    offer(peers);
+    for (std::uint32_t q : peers) {
+        auto it = offers_.find(q);
+        if (it == offers_.end()) continue; // connected already (or listed twice)
+        connect_peer(q, it->second, pair_key(rank()), left_until(deadline));
+        offers_.erase(q);
     }
+}
+
+std::vector<std::uint32_t> Mesh::complete_offers() {
+    std::vector<std::uint32_t> connected;
+    for (auto it = offers_.begin(); it != offers_.end();) {
+        std::uint32_t q = it->first;
+        try {
+            connect_peer(q, it->second, pair_key(rank()), std::chrono::milliseconds(0));
+        } catch (const Error& e) {
+            if (e.code() == errc::peer_missing) { // not there yet: look again next time
+                ++it;
+                continue;
+            }
+            offers_.erase(it);
+            throw;
+        }
+        it = offers_.erase(it);
+        connected.push_back(q);
+    }
+    return connected;
+}
+
+std::vector<std::uint32_t> Mesh::offered() const {
+    std::vector<std::uint32_t> ranks;
+    for (const auto& [q, qp] : offers_) ranks.push_back(q);
+    return ranks;
+}
+
+void Mesh::connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
+                        std::chrono::milliseconds timeout) {
+    std::uint32_t me = rank();
+    std::vector<std::byte> bytes;
+    try {
+        bytes = rendezvous_->lookup(peer, key, timeout);
+    } catch (const Error& e) {
+        fail(e.code(), peer, std::string(e.what()));
+    }
+    detail::Status status;
+    MeshRecord record = wire::detail::parse_mesh_record(bytes, status);
+    if (!status.ok()) fail(status.code, peer, "its record '" + key + "' is unusable: " + status.detail);
+    if (std::string problem = detail::mesh_peer_problem(record, peer, me, world_size()); !problem.empty()) {
+        fail(errc::malformed_record, peer, "its record '" + key + "' cannot connect us: " + problem);
+    }
+    std::error_code ec;
+    Diagnostics diagnostics;
+    QueuePair qp = std::move(prepared).connect(*record.endpoint_for(me), options_.connect, ec, diagnostics);
+    if (ec) fail(ec, peer, diagnostics.message());
+    rank_of_qp_[qp.qp_num()] = peer;
+    peers_[peer] = MeshPeer{peer, std::move(qp), std::move(record.regions)};
 }
 
 MeshPeer& Mesh::peer(std::uint32_t rank) {
@@ -164,6 +197,7 @@ MeshPeer* Mesh::find_by_qp(std::uint32_t qp_num) noexcept {
 }
 
 void Mesh::disconnect(std::uint32_t rank) {
+    offers_.erase(rank);
     auto it = peers_.find(rank);
     if (it == peers_.end()) return;
     rank_of_qp_.erase(it->second.qp.qp_num());

@@ -95,14 +95,29 @@ public:
     void connect(std::span<const std::uint32_t> peers);
     void connect(std::uint32_t peer) { connect(std::span<const std::uint32_t>(&peer, 1)); }
 
+    /// Lazy, without waiting (services whose members come and go): prepares
+    /// a queue pair for each of `peers` not connected or offered yet and
+    /// publishes its record. complete_offers() connects them as the peers'
+    /// records appear; no member ever blocks on another, so no order of
+    /// arrivals deadlocks.
+    void offer(std::span<const std::uint32_t> peers);
+    void offer(std::uint32_t peer) { offer(std::span<const std::uint32_t>(&peer, 1)); }
+    /// Connects the offered peers whose records have appeared (one look each,
+    /// through lookup with a zero timeout): the ranks connected by this call.
+    /// A peer whose record is unusable throws gpuverbs::Error naming it (its
+    /// offer is dropped; the others stay).
+    std::vector<std::uint32_t> complete_offers();
+    /// The peers offered and not connected yet, ascending.
+    [[nodiscard]] std::vector<std::uint32_t> offered() const;
+
     /// The peer, connecting it first if needed (lazy; blocks up to options.timeout).
     MeshPeer& peer(std::uint32_t rank);
     /// The peer if connected, else nullptr (never connects).
     [[nodiscard]] MeshPeer* find(std::uint32_t rank) noexcept;
     /// The peer whose queue pair has this number (to route a Completion), else nullptr.
     [[nodiscard]] MeshPeer* find_by_qp(std::uint32_t qp_num) noexcept;
-    /// Forgets a peer (e.g. one that left): its queue pair is destroyed; a
-    /// later connect() may connect it again.
+    /// Forgets a peer (e.g. one that left): its queue pair (or its offer) is
+    /// destroyed; a later connect() or offer() may connect it again.
     void disconnect(std::uint32_t rank);
     /// The connected peers' ranks, ascending.
     [[nodiscard]] std::vector<std::uint32_t> peers() const;
@@ -111,9 +126,10 @@ private:
     Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
          std::vector<RemoteMemory> regions, MeshOptions options);
 
-    struct Pending;
-    void connect_pending(std::vector<Pending>& pending, const std::string& key_for_peer,
-                         std::chrono::steady_clock::time_point deadline);
+    /// Reads `peer`'s record under `key` and connects `prepared` to it.
+    void connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
+                      std::chrono::milliseconds timeout);
+    [[nodiscard]] std::string pair_key(std::uint32_t to) const { return options_.name + ".to." + std::to_string(to); }
     [[noreturn]] void fail(std::error_code code, std::uint32_t peer, const std::string& what) const;
 
     std::unique_ptr<detail::AnyRendezvous> rendezvous_;
@@ -122,6 +138,7 @@ private:
     std::vector<RemoteMemory> regions_;
     MeshOptions options_;
     std::map<std::uint32_t, MeshPeer> peers_;
+    std::map<std::uint32_t, PreparedQueuePair> offers_;
     std::unordered_map<std::uint32_t, std::uint32_t> rank_of_qp_;
 };
 

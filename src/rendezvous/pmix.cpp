@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #endif
 
 namespace gpuverbs {
@@ -121,12 +122,23 @@ std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::str
     }
     pmix_proc_t proc;
     PMIX_LOAD_PROCID(&proc, impl_->me.nspace, peer);
-    pmix_info_t info;
+    // A peer that committed other keys but not this one yet answers
+    // NOT-FOUND at once (its server resolves a waiting get at each commit):
+    // ask again until the deadline.
+    auto deadline = std::chrono::steady_clock::now() + timeout;
     int seconds = timeout_seconds(timeout);
-    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
     pmix_value_t* value = nullptr;
-    pmix_status_t rc = PMIx_Get(&proc, key.c_str(), &info, 1, &value);
-    PMIX_INFO_DESTRUCT(&info);
+    pmix_status_t rc = PMIX_SUCCESS;
+    for (;;) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pmix_info_t info;
+        int wait = timeout_seconds(left);
+        PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &wait, PMIX_INT);
+        rc = PMIx_Get(&proc, key.c_str(), &info, 1, &value);
+        PMIX_INFO_DESTRUCT(&info);
+        if (rc != PMIX_ERR_NOT_FOUND || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::string who = name() + ": rank " + std::to_string(peer) + "'s '" + key + "'";
     if (rc == PMIX_ERR_TIMEOUT || rc == PMIX_ERR_NOT_FOUND) {
         throw Error(errc::peer_missing, "PMIx_Get",

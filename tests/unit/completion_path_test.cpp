@@ -46,16 +46,41 @@ TEST_SUITE("completions") {
         CHECK_FALSE(c.ok());
     }
 
-    TEST_CASE("immediate data comes back in host byte order, and is cleared when absent") {
+    TEST_CASE("immediate data comes back in host byte order on receives, and is cleared when absent") {
+        detail::WorkQueueState q(4);
+        q.record(0, 1, Opcode::receive);
+        q.record(1, 2, Opcode::receive);
+        q.commit(2);
         ibv_wc wc{};
+        wc.wr_id = detail::WrId::encode(detail::QueueKind::receive, 0, 0);
         wc.status = IBV_WC_SUCCESS;
+        wc.opcode = IBV_WC_RECV;
         wc.wc_flags = IBV_WC_WITH_IMM;
         wc.imm_data = htonl(0xa1b2c3d4);
         Completion c;
-        detail::translate(wc, nullptr, c);
+        detail::translate(wc, &q, c);
         CHECK(c.immediate == 0xa1b2c3d4u);
+        wc.wr_id = detail::WrId::encode(detail::QueueKind::receive, 0, 1);
         wc.wc_flags = 0;
-        detail::translate(wc, nullptr, c); // the same Completion reused by the next poll
+        detail::translate(wc, &q, c); // the same Completion reused by the next poll
+        CHECK_FALSE(c.immediate.has_value());
+    }
+
+    TEST_CASE("the sender's own write-with-immediate completion carries no immediate, though rxe flags one") {
+        detail::WorkQueueState q(2);
+        q.record(0, 9, Opcode::write_with_imm);
+        q.commit(1);
+        ibv_wc wc{};
+        wc.wr_id = detail::WrId::encode(detail::QueueKind::send, 0, 0);
+        wc.status = IBV_WC_SUCCESS;
+        wc.opcode = IBV_WC_RDMA_WRITE;
+        wc.wc_flags = IBV_WC_WITH_IMM; // as rxe reports it, with imm_data 0
+        Completion c;
+        detail::translate(wc, &q, c);
+        CHECK(c.opcode == Opcode::write_with_imm);
+        CHECK_FALSE(c.immediate.has_value());
+        // A destroyed QP's completion: whose it was is unknown, so no immediate either.
+        detail::translate(wc, nullptr, c);
         CHECK_FALSE(c.immediate.has_value());
     }
 

@@ -52,11 +52,7 @@ GPUVERBS_HOT void translate(const ibv_wc& wc, WorkQueueState* queue, Completion&
     c.qp_num = wc.qp_num;
     c.source_qp = wc.src_qp;
     c.vendor_error = wc.vendor_err;
-    if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
-        c.immediate = ntohl(wc.imm_data);
-    } else {
-        c.immediate.reset();
-    }
+    c.immediate.reset();
     if (queue == nullptr) { // the QP was destroyed before its completions were polled
         c.context = 0;
         c.opcode = Opcode::unknown;
@@ -67,6 +63,9 @@ GPUVERBS_HOT void translate(const ibv_wc& wc, WorkQueueState* queue, Completion&
     c.opcode = f.opcode == Opcode::receive && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM
                    ? Opcode::receive_with_imm
                    : f.opcode;
+    // Immediate data is the peer's, on receives only: some providers (rxe)
+    // also flag the sender's own write-with-immediate completion, with imm 0.
+    if (f.opcode == Opcode::receive && (wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.immediate = ntohl(wc.imm_data);
 }
 
 GPUVERBS_HOT int CqCore::poll(Completion* out, int max) noexcept {

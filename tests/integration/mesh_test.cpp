@@ -1,0 +1,556 @@
+// Many peers on real devices, real launchers and a real store: full meshes
+// under mpirun (PMIx and MPI), services meeting through a redis-server this
+// test starts (with a password), members joining, crashing and leaving, and
+// every kind of bad input a rendezvous can hand a mesh.
+#include "child_process.hpp"
+#include "rig.hpp"
+
+#include <gpuverbs/gpuverbs.hpp>
+
+#include <doctest/doctest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace gpuverbs;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+test::RigDevices rig() {
+    return *test::rig_devices();
+}
+
+/// A fresh name per use, so that runs never see each other's keys.
+std::string fresh(const std::string& what) {
+    static std::atomic<int> counter{0};
+    return what + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+int count_of(const std::string& text, const std::string& needle) {
+    int n = 0;
+    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+}
+
+/// redis-server on the rig's first address with a password from a 0600
+/// config file (never on a command line); killed at the end.
+class RedisServer {
+public:
+    RedisServer() : port_(static_cast<std::uint16_t>(20000 + (::getpid() * 7 + instances_++ * 13) % 20000)) {
+        std::random_device device;
+        password_ = "pw-" + std::to_string(device()) + std::to_string(device());
+        config_ = "/tmp/" + fresh("gpuverbs-redis") + ".conf";
+        {
+            std::ofstream conf(config_);
+            conf << "bind " << rig().ip0 << "\nport " << port_ << "\nrequirepass " << password_
+                 << "\nsave \"\"\nappendonly no\ndir /tmp\nlogfile \"\"\nprotected-mode no\n";
+        }
+        ::chmod(config_.c_str(), 0600);
+        start();
+    }
+    RedisServer(const RedisServer&) = delete;
+    RedisServer& operator=(const RedisServer&) = delete;
+    ~RedisServer() {
+        stop();
+        std::remove(config_.c_str());
+    }
+
+    void start() {
+        server_ = std::make_unique<test::ChildProcess>(std::vector<std::string>{"redis-server", config_},
+                                                       test::ChildProcess::Output{config_ + ".log"});
+        // Listening within a few seconds, or the log says why not.
+        boost::asio::io_context io;
+        for (int i = 0; i < 300; ++i) {
+            boost::asio::ip::tcp::socket s(io);
+            boost::system::error_code ec;
+            s.connect({boost::asio::ip::make_address(rig().ip0), port_}, ec);
+            if (!ec) return;
+            std::this_thread::sleep_for(10ms);
+        }
+        FAIL("redis-server did not start: " << read_file(config_ + ".log"));
+    }
+    void stop() { server_.reset(); }
+
+    [[nodiscard]] RedisOptions options(const std::string& service) const {
+        RedisOptions o;
+        o.host = rig().ip0;
+        o.port = port_;
+        o.password = password_;
+        o.service = service;
+        o.ttl = 1500ms;
+        o.command_timeout = 1000ms;
+        return o;
+    }
+    [[nodiscard]] std::string address() const { return rig().ip0 + ":" + std::to_string(port_); }
+    [[nodiscard]] const std::string& password() const { return password_; }
+
+private:
+    static inline int instances_ = 0;
+    std::uint16_t port_;
+    std::string password_;
+    std::string config_;
+    std::unique_ptr<test::ChildProcess> server_;
+};
+
+/// What one in-process mesh member needs: a device, PD, CQ and a registered buffer.
+struct Member {
+    Device device;
+    ProtectionDomain pd{device};
+    CompletionQueue cq{device, 256};
+    std::vector<std::byte> buffer = std::vector<std::byte>(1 << 16);
+    MemoryRegion mr{pd, buffer, Access::local_write | Access::remote_write};
+    explicit Member(const std::string& name) : device(Device::open(name)) {}
+};
+
+Completion wait_completion(CompletionQueue& cq, std::chrono::seconds limit = 10s) {
+    Completion c;
+    auto deadline = Clock::now() + limit;
+    while (cq.poll({&c, 1}) == 0) {
+        REQUIRE_MESSAGE(Clock::now() < deadline, "no completion within the deadline");
+    }
+    return c;
+}
+
+/// mpirun as the rig runs it: root, more ranks than the VM's CPUs, MPI's own
+/// traffic over shared memory and TCP (never over the rxe devices under test).
+int mpirun(int ranks, const std::vector<std::string>& program, const std::string& output) {
+    std::vector<std::string> args{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
+                                  "--mca", "btl", "self,vader,tcp", "--mca", "pml", "ob1", "--mca", "osc", "^ucx",
+                                  "--mca", "btl_vader_single_copy_mechanism", "none"};
+    args.insert(args.end(), program.begin(), program.end());
+    test::ChildProcess launcher(args, test::ChildProcess::Output{output});
+    return launcher.wait(120s);
+}
+
+void all_gather_under_mpirun(const std::vector<std::string>& extra, const std::string& via) {
+    auto r = rig();
+    std::vector<std::string> program{test::example_binary("05_mesh_allgather"), "--devices", r.dev0 + "," + r.dev1,
+                                      "--slice", "65536"};
+    program.insert(program.end(), extra.begin(), extra.end());
+    std::string out = "/tmp/" + fresh("mesh-allgather") + ".log";
+    int status = mpirun(6, program, out);
+    std::string text = read_file(out);
+    INFO(text);
+    CHECK(status == 0);
+    CHECK(count_of(text, "all-gather of 6 x 65536 bytes verified") == 6);
+    CHECK(count_of(text, "via " + via) == 6);
+    // Ranks alternate between the two devices.
+    CHECK(count_of(text, "on " + r.dev0 + ":") == 3);
+    CHECK(count_of(text, "on " + r.dev1 + ":") == 3);
+    for (int rank = 0; rank < 6; ++rank) CHECK(count_of(text, "rank " + std::to_string(rank) + " of 6 ") == 1);
+    std::remove(out.c_str());
+}
+
+} // namespace
+
+TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("mpirun -np 6, PMIx: a full mesh over rxe0 and rxe1, all-gather by RDMA write, twice in a row") {
+        all_gather_under_mpirun({"--exchange", "pmix"}, "PMIx namespace");
+        all_gather_under_mpirun({"--exchange", "pmix"}, "PMIx namespace"); // no leftovers from the first job
+    }
+    TEST_CASE("mpirun -np 6, MPI flavour: the exchange rides on MPI_Allgather") {
+        all_gather_under_mpirun({"--exchange", "mpi"}, "an MPI communicator of 6 ranks");
+    }
+    TEST_CASE("mpirun -np 6, PMIx, lazy: each pair connects through its own records") {
+        all_gather_under_mpirun({"--exchange", "pmix", "--lazy"}, "PMIx namespace");
+    }
+    TEST_CASE("outside a launcher, PmixRendezvous says it was not started by one") {
+        // This process was not started by mpirun.
+        try {
+            PmixRendezvous job;
+            FAIL("PMIx_Init succeeded outside a launcher");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(std::string(e.what()).find("not started by a PMIx launcher") != std::string::npos);
+        }
+    }
+}
+
+TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("two members connect lazily through Redis, without blocking each other, and write") {
+        RedisServer redis;
+        std::string service = fresh("pair");
+        RedisRendezvous a_store(redis.options(service));
+        RedisRendezvous b_store(redis.options(service));
+        CHECK(a_store.rank() == 0);
+        CHECK(b_store.rank() == 1);
+        CHECK(a_store.world_size() == wire::max_world_size); // an open world
+        CHECK(a_store.members() == std::vector<std::uint32_t>{0, 1});
+        auto r = rig();
+        Member a(r.dev0), b(r.dev1);
+        Mesh a_mesh(a_store, a.pd, a.cq, {a.mr.remote()});
+        Mesh b_mesh(b_store, b.pd, b.cq, {b.mr.remote()});
+        a_mesh.offer(1);
+        CHECK(a_mesh.complete_offers().empty()); // b has not offered yet: nothing waits
+        CHECK(a_mesh.offered() == std::vector<std::uint32_t>{1});
+        b_mesh.offer(0);
+        CHECK(b_mesh.complete_offers() == std::vector<std::uint32_t>{0});
+        CHECK(a_mesh.complete_offers() == std::vector<std::uint32_t>{1});
+        CHECK(a_mesh.offered().empty());
+        // One QP pair: each side's QP is connected to the other's.
+        CHECK(a_mesh.peer(1).qp.remote_endpoint().qp_num == b_mesh.peer(0).qp.qp_num());
+        CHECK(b_mesh.peer(0).qp.remote_endpoint().qp_num == a_mesh.peer(1).qp.qp_num());
+        for (std::size_t i = 0; i < 4096; ++i) a.buffer[i] = std::byte(i * 7);
+        REQUIRE_FALSE(a_mesh.peer(1).qp.post_write(a.mr.slice(0, 4096), a_mesh.peer(1).regions.at(0), 8192));
+        Completion c = wait_completion(a.cq);
+        CHECK(c.ok());
+        CHECK(std::equal(a.buffer.begin(), a.buffer.begin() + 4096, b.buffer.begin() + 8192));
+        CHECK(a_mesh.find_by_qp(a_mesh.peer(1).qp.qp_num())->rank == 1);
+        a_mesh.disconnect(1);
+        CHECK(a_mesh.find(1) == nullptr);
+    }
+
+    TEST_CASE("PeerWatch reports joins and leaves once each, as an Asio operation, and cancels") {
+        RedisServer redis;
+        std::string service = fresh("watch");
+        RedisRendezvous me(redis.options(service));
+        boost::asio::io_context io;
+        PeerWatch watch(me, io.get_executor());
+        std::vector<PeerEvent> seen;
+        boost::system::error_code last;
+        auto record = [&](boost::system::error_code ec, PeerEvent e) {
+            last = ec;
+            if (!ec) seen.push_back(e);
+        };
+        auto other = std::make_unique<RedisRendezvous>(redis.options(service));
+        watch.async_wait_peer(record);
+        io.run_for(2s);
+        REQUIRE(seen.size() == 1);
+        CHECK(seen[0] == PeerEvent{PeerEvent::Kind::joined, 1});
+        CHECK(seen[0].describe() == "rank 1 joined");
+        other->withdraw(); // a clean leave: seen at the next poll
+        io.restart();
+        auto asked = Clock::now();
+        watch.async_wait_peer(record);
+        io.run_for(2s);
+        REQUIRE(seen.size() == 2);
+        CHECK(seen[1] == PeerEvent{PeerEvent::Kind::left, 1});
+        CHECK(Clock::now() - asked < 1s);
+        CHECK(watch.known().empty());
+        // Nothing more happens: cancel() ends the wait once with operation_aborted.
+        io.restart();
+        int calls = 0;
+        watch.async_wait_peer([&](boost::system::error_code ec, PeerEvent) {
+            ++calls;
+            last = ec;
+        });
+        io.run_for(200ms);
+        CHECK(calls == 0);
+        watch.cancel();
+        io.run_for(200ms);
+        CHECK(calls == 1);
+        CHECK(last == boost::asio::error::operation_aborted);
+    }
+
+    TEST_CASE("4 worker processes mesh and exchange; one is killed, the others see it leave and go on; a new one "
+              "joins") {
+        RedisServer redis;
+        std::string service = fresh("workers");
+        auto r = rig();
+        ::setenv("GPUVERBS_REDIS_PASSWORD", redis.password().c_str(), 1); // NOLINT(concurrency-mt-unsafe)
+        std::string worker = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "gpuverbs_mesh_worker")
+                                 .string();
+        std::vector<std::unique_ptr<test::ChildProcess>> workers;
+        auto start = [&](int i) {
+            workers.push_back(std::make_unique<test::ChildProcess>(
+                std::vector<std::string>{worker, "--store", redis.address(), "--service", service, "--device",
+                                         i % 2 == 0 ? r.dev0 : r.dev1},
+                test::ChildProcess::Pipes{}));
+        };
+        std::vector<int> ranks;
+        for (int i = 0; i < 4; ++i) {
+            start(i);
+            auto joined = workers.back()->read_until("joined ", Clock::now() + 10s);
+            REQUIRE(joined);
+            ranks.push_back(std::stoi(joined->substr(7)));
+        }
+        CHECK(ranks == std::vector<int>{0, 1, 2, 3});
+        // Each connects to the three others, whatever the order of arrival.
+        auto expect_connected = [&](std::size_t w, int how_many) {
+            std::set<std::string> peers;
+            std::string skipped;
+            while (static_cast<int>(peers.size()) < how_many) {
+                auto line = workers[w]->read_until("connected ", Clock::now() + 15s, &skipped);
+                REQUIRE_MESSAGE(line, "worker " << w << " connected to " << peers.size() << " peers; it said: "
+                                                 << skipped);
+                peers.insert(*line);
+            }
+        };
+        for (std::size_t w = 0; w < 4; ++w) expect_connected(w, 3);
+        auto round = [&](const std::vector<std::size_t>& who, int k, const std::string& peers_of_first) {
+            for (std::size_t w : who) workers[w]->write_line("round " + std::to_string(k));
+            for (std::size_t w : who) {
+                std::string skipped;
+                auto ok = workers[w]->read_until("round " + std::to_string(k) + " ok", Clock::now() + 15s, &skipped);
+                if (!ok) {
+                    workers[w]->write_line("status");
+                    if (auto s = workers[w]->read_until("status", Clock::now() + 2s)) skipped += *s;
+                }
+                REQUIRE_MESSAGE(ok, "worker " << w << " round " << k << ": " << skipped);
+                if (w == who.front()) CHECK(*ok == "round " + std::to_string(k) + " ok peers=" + peers_of_first);
+            }
+        };
+        round({0, 1, 2, 3}, 1, "1,2,3");
+
+        // Rank 2 crashes: the others see it leave within ttl + poll interval.
+        auto killed = Clock::now();
+        workers[2]->kill();
+        REQUIRE(workers[2]->wait(5s) == 128 + SIGKILL);
+        for (std::size_t w : {0u, 1u, 3u}) {
+            auto left = workers[w]->read_until("left 2", Clock::now() + 10s);
+            REQUIRE_MESSAGE(left, "worker " << w << " never saw rank 2 leave");
+            auto after = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
+            MESSAGE("worker " << w << " saw rank 2 leave after " << after.count() << " ms (bound: ttl 1500 + poll 50)");
+        }
+        round({0, 1, 3}, 2, "1,3");
+
+        // A new worker joins (rank 4) and everyone connects to it.
+        start(4);
+        auto joined = workers.back()->read_until("joined ", Clock::now() + 10s);
+        REQUIRE(joined);
+        CHECK(*joined == "joined 4");
+        expect_connected(4, 3);
+        for (std::size_t w : {0u, 1u, 3u}) REQUIRE(workers[w]->read_until("connected 4", Clock::now() + 15s));
+        round({0, 1, 3, 4}, 3, "1,3,4");
+        for (std::size_t w : {0u, 1u, 3u, 4u}) {
+            workers[w]->write_line("quit");
+            CHECK(workers[w]->wait(10s) == 0);
+        }
+        ::unsetenv("GPUVERBS_REDIS_PASSWORD"); // NOLINT(concurrency-mt-unsafe)
+    }
+}
+
+TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("a store entry with garbage bytes, or a wrong wire version: an error naming the peer; the mesh "
+              "connects once the peer publishes a good record") {
+        RedisServer redis;
+        std::string service = fresh("garbage");
+        RedisRendezvous me_store(redis.options(service));
+        RedisRendezvous peer_store(redis.options(service));
+        auto r = rig();
+        Member me(r.dev0), peer(r.dev1);
+        MeshOptions options;
+        options.timeout = 2s;
+        Mesh mesh(me_store, me.pd, me.cq, {me.mr.remote()}, options);
+
+        std::vector<std::byte> garbage(57, std::byte{0x5a});
+        peer_store.publish("gpuverbs.mesh.to.0", garbage);
+        try {
+            mesh.connect(1);
+            FAIL("garbage was accepted");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            INFO(what);
+            CHECK(e.code() == errc::malformed_record);
+            CHECK(what.find("rank 0 connecting to peer 1 through Redis service '" + service) != std::string::npos);
+            CHECK(what.find("its record 'gpuverbs.mesh.to.0' is unusable") != std::string::npos);
+            CHECK(what.find(redis.password()) == std::string::npos);
+        }
+
+        // A well-formed record of a later version.
+        Mesh peer_mesh(peer_store, peer.pd, peer.cq, {peer.mr.remote()}, options);
+        MeshRecord record{1, wire::max_world_size, {{0, Endpoint{}}}, {}};
+        PreparedQueuePair scratch(peer.pd, peer.cq, peer.cq);
+        record.endpoints[0].second = scratch.endpoint();
+        std::vector<std::byte> bytes = wire::serialize(record);
+        bytes[5] = std::byte{99}; // the version's low byte
+        peer_store.publish("gpuverbs.mesh.to.0", bytes);
+        try {
+            mesh.connect(1);
+            FAIL("version 99 was accepted");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::unsupported_version);
+            CHECK(std::string(e.what()).find("peer 1") != std::string::npos);
+        }
+
+        // A record claiming another rank: two members claim one rank, or a stale entry.
+        record.rank = 2;
+        peer_store.publish("gpuverbs.mesh.to.0", wire::serialize(record));
+        try {
+            mesh.connect(1);
+            FAIL("rank 2's record was accepted as rank 1's");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::malformed_record);
+            CHECK(std::string(e.what()).find("the record is rank 2's, not rank 1's") != std::string::npos);
+        }
+
+        // The mesh is still usable: the peer publishes its real record, both connect.
+        peer_mesh.offer(0);
+        mesh.connect(1);
+        CHECK(peer_mesh.complete_offers() == std::vector<std::uint32_t>{0});
+        CHECK(mesh.peer(1).qp.remote_endpoint().qp_num == peer_mesh.peer(0).qp.qp_num());
+    }
+
+    TEST_CASE("a peer that never publishes: peer_missing at the deadline; one that publishes and never answers: "
+              "the first write fails with retries exhausted") {
+        RedisServer redis;
+        std::string service = fresh("silent");
+        RedisRendezvous me_store(redis.options(service));
+        RedisRendezvous silent(redis.options(service));
+        auto r = rig();
+        Member me(r.dev0), peer(r.dev1);
+        MeshOptions options;
+        options.timeout = 500ms;
+        options.connect.timeout = 12; // 16.8 ms ACK timeout
+        options.connect.retry_count = 1;
+        Mesh mesh(me_store, me.pd, me.cq, {me.mr.remote()}, options);
+        auto asked = Clock::now();
+        try {
+            mesh.connect(1);
+            FAIL("connected to a peer that published nothing");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            INFO(what);
+            CHECK(e.code() == errc::peer_missing);
+            CHECK(what.find("rank 1 is a live member of Redis service") != std::string::npos);
+            CHECK(what.find("did not publish 'gpuverbs.mesh.to.0' within") != std::string::npos);
+        }
+        auto took = Clock::now() - asked;
+        CHECK(took >= 500ms);
+        CHECK(took < 5s); // the deadline, not a hang
+        CHECK(mesh.offered() == std::vector<std::uint32_t>{1}); // can be asked again
+
+        // It publishes a record for us but never connects its own side.
+        Mesh silent_mesh(silent, peer.pd, peer.cq, {peer.mr.remote()}, options);
+        silent_mesh.offer(0);
+        mesh.connect(1);
+        REQUIRE_FALSE(mesh.peer(1).qp.post_write(me.mr.slice(0, 64), mesh.peer(1).regions.at(0)));
+        Completion c = wait_completion(me.cq);
+        CHECK(c.status == make_wc_error(IBV_WC_RETRY_EXC_ERR));
+    }
+
+    TEST_CASE("a duplicated rank is refused, naming it; a full world too; fence names the missing ranks") {
+        RedisServer redis;
+        std::string service = fresh("dup");
+        RedisOptions fixed = redis.options(service);
+        fixed.rank = 1;
+        RedisRendezvous first(fixed);
+        try {
+            RedisRendezvous second(fixed);
+            FAIL("two members hold rank 1");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::rank_taken);
+            CHECK(std::string(e.what()).find("rank 1 of Redis service '" + service) != std::string::npos);
+        }
+        // A fixed world of 2: the next member takes the lowest free rank, a third finds it full.
+        RedisOptions world = redis.options(service);
+        world.world_size = 2;
+        RedisRendezvous zero(world);
+        CHECK(zero.rank() == 0);
+        try {
+            RedisRendezvous third(world);
+            FAIL("a third member joined a world of 2");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::rank_taken);
+            CHECK(std::string(e.what()).find("all 2 ranks") != std::string::npos);
+        }
+        // A world of 3 with ranks 0 and 1 present: fence waits, then names rank 2.
+        world.world_size = 3;
+        world.rank = 0;
+        zero.withdraw();
+        RedisRendezvous member(world);
+        try {
+            member.fence(300ms);
+            FAIL("fence passed with a rank missing");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::peer_missing);
+            CHECK(std::string(e.what()).find("1 of 3 ranks did not join within 300 ms (missing: 2)") !=
+                  std::string::npos);
+        }
+    }
+
+    TEST_CASE("Redis down at start, wrong or missing password: clear errors, never the password") {
+        RedisServer redis;
+        RedisOptions options = redis.options(fresh("auth"));
+        options.password = "not-" + redis.password();
+        try {
+            RedisRendezvous store(options);
+            FAIL("a wrong password was accepted");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            INFO(what);
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(what.find("refused the credentials") != std::string::npos);
+            CHECK(what.find(options.password) == std::string::npos);
+        }
+        options.password.clear();
+        try {
+            RedisRendezvous store(options);
+            FAIL("no password was accepted");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("it needs a password") != std::string::npos);
+        }
+        redis.stop();
+        options = redis.options(fresh("down"));
+        auto asked = Clock::now();
+        try {
+            RedisRendezvous store(options);
+            FAIL("joined a store that is down");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(std::string(e.what()).find("cannot reach Redis at " + redis.address()) != std::string::npos);
+        }
+        CHECK(Clock::now() - asked < 5s);
+    }
+
+    TEST_CASE("Redis going down mid-run: the watch and a connect fail with the store named; nothing hangs") {
+        RedisServer redis;
+        std::string service = fresh("midrun");
+        auto store = std::make_unique<RedisRendezvous>(redis.options(service));
+        auto r = rig();
+        Member me(r.dev0);
+        MeshOptions options;
+        options.timeout = 3s;
+        Mesh mesh(*store, me.pd, me.cq, {me.mr.remote()}, options);
+        boost::asio::io_context io;
+        PeerWatch watch(*store, io.get_executor());
+        boost::system::error_code watch_error;
+        int calls = 0;
+        watch.async_wait_peer([&](boost::system::error_code ec, PeerEvent) {
+            ++calls;
+            watch_error = ec;
+        });
+        io.run_for(200ms);
+        CHECK(calls == 0);
+        redis.stop();
+        auto stopped = Clock::now();
+        io.run_for(5s);
+        CHECK(calls == 1);
+        CHECK(watch_error == detail::to_asio_error(errc::rendezvous_unavailable));
+        CHECK(watch.diagnostics().message().find("Redis at " + redis.address()) != std::string::npos);
+        CHECK(Clock::now() - stopped < 5s);
+        try {
+            mesh.connect(1);
+            FAIL("connected with the store down");
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(std::string(e.what()).find("peer 1") != std::string::npos);
+        }
+        auto leaving = Clock::now();
+        store.reset(); // withdrawing fails quietly: the keys expire by themselves
+        CHECK(Clock::now() - leaving < 5s);
+    }
+}
