@@ -1,0 +1,95 @@
+// The decisions of the many-peers layer that need no device or store: whether
+// a peer's record can connect us, what the rendezvous backends refuse before
+// they touch the network, and a store that is not there.
+#include "gpuverbs/mesh.hpp"
+#include "gpuverbs/rendezvous/pmix.hpp"
+#include "gpuverbs/rendezvous/redis.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace gpuverbs;
+
+namespace {
+
+MeshRecord record_of(std::uint32_t rank, std::uint32_t world, std::vector<std::uint32_t> peers) {
+    MeshRecord r{rank, world, {}, {}};
+    for (std::uint32_t p : peers) r.endpoints.emplace_back(p, Endpoint{});
+    return r;
+}
+
+/// The Rendezvous concept holds for every backend (and refuses what is not one).
+static_assert(Rendezvous<PmixRendezvous>);
+static_assert(Rendezvous<RedisRendezvous>);
+static_assert(!Rendezvous<MeshRecord>);
+
+} // namespace
+
+TEST_SUITE("mesh decisions") {
+    TEST_CASE("a peer's record connects us when it is that peer's, of our world, and addressed to us") {
+        CHECK(detail::mesh_peer_problem(record_of(3, 6, {0, 1, 2, 4, 5}), 3, 1, 6).empty());
+        CHECK(detail::mesh_peer_problem(record_of(3, 6, {1}), 3, 1, 6).empty()); // a pair record
+    }
+    TEST_CASE("a record of another rank: two members claim one rank, or a stale entry") {
+        std::string p = detail::mesh_peer_problem(record_of(4, 6, {1}), 3, 1, 6);
+        CHECK(p == "the record is rank 4's, not rank 3's: two members claim one rank, or the store holds a stale "
+                   "entry");
+    }
+    TEST_CASE("a record of another world: not the same job or service") {
+        std::string p = detail::mesh_peer_problem(record_of(3, 8, {1}), 3, 1, 6);
+        CHECK(p.find("made for a world of 8 members, ours has 6") != std::string::npos);
+    }
+    TEST_CASE("a record without an endpoint for us: that peer did not prepare a queue pair for us") {
+        std::string p = detail::mesh_peer_problem(record_of(3, 6, {0, 2}), 3, 1, 6);
+        CHECK(p.find("no endpoint for rank 1 (2 endpoints, for other peers)") != std::string::npos);
+    }
+}
+
+TEST_SUITE("rendezvous backends without a store") {
+    TEST_CASE("Redis options are checked before connecting: service name, TTL, world size, rank") {
+        auto refused = [](RedisOptions o, const std::string& words) {
+            try {
+                RedisRendezvous r(std::move(o));
+                FAIL("accepted");
+            } catch (const Error& e) {
+                CHECK(e.code() == errc::invalid_argument);
+                CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, e.what());
+            }
+        };
+        RedisOptions o;
+        o.port = 1; // nothing is contacted: every case fails before
+        o.service = "kv cache*";
+        refused(o, "service name 'kv cache*' must have 1 to 100 letters");
+        o.service = "kv";
+        o.ttl = std::chrono::milliseconds(100);
+        refused(o, "ttl must be at least 300 ms");
+        o.ttl = std::chrono::milliseconds(3000);
+        o.world_size = 0;
+        refused(o, "world_size 0 is not between 1 and 65536");
+        o.world_size = 4;
+        o.rank = 4;
+        refused(o, "rank 4 is outside the world (ranks are below 4)");
+    }
+    TEST_CASE("a store that is not there: rendezvous_unavailable naming the address, never the password") {
+        RedisOptions o;
+        o.host = "127.0.0.1";
+        o.port = 1; // nothing listens on port 1
+        o.password = "s3cret-never-shown";
+        try {
+            RedisRendezvous r(o);
+            FAIL("joined a store that is not there");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(what.find("cannot reach Redis at 127.0.0.1:1") != std::string::npos);
+            CHECK(what.find("s3cret") == std::string::npos);
+        }
+    }
+    TEST_CASE("the backends built here say so") {
+        CHECK(PmixRendezvous::available() == (GPUVERBS_TEST_HAVE_PMIX != 0));
+        CHECK(RedisRendezvous::available() == (GPUVERBS_TEST_HAVE_HIREDIS != 0));
+    }
+    TEST_CASE("PeerEvent describes itself") {
+        CHECK(PeerEvent{PeerEvent::Kind::joined, 7}.describe() == "rank 7 joined");
+        CHECK(PeerEvent{PeerEvent::Kind::left, 0}.describe() == "rank 0 left");
+    }
+}
