@@ -110,9 +110,10 @@ int allgather(R& rendezvous, const Args& a) {
     for (std::uint32_t r = 0; r < n; ++r) {
         for (std::size_t i = 0; i < a.slice; ++i) bad += buffer[r * a.slice + i] != pattern(r, i) ? 1 : 0;
     }
-    std::printf("rank %u of %u on %s: all-gather of %u x %zu bytes %s (mesh set-up %.1f ms, exchange %.2f ms, via %s)\n",
-                me, n, device.name().c_str(), n, a.slice, bad == 0 ? "verified" : "MISMATCH", setup_ms,
-                ms_since(exchange_start), rendezvous.name().c_str());
+    std::printf(
+        "rank %u of %u on %s: all-gather of %u x %zu bytes %s (mesh set-up %.1f ms, exchange %.2f ms, via %s)\n", me, n,
+        device.name().c_str(), n, a.slice, bad == 0 ? "verified" : "MISMATCH", setup_ms, ms_since(exchange_start),
+        rendezvous.name().c_str());
     return bad == 0 ? 0 : 1;
 }
 
@@ -161,8 +162,9 @@ int main(int argc, char** argv) {
         cli.app.add_option("--exchange", a.exchange, "how ranks meet")->check(CLI::IsMember({"pmix", "mpi", "redis"}));
         cli.app.add_option("--devices", a.devices, "RDMA devices, taken in turn by rank (default: the first)")
             ->type_name("D1,D2");
-        cli.app.add_option("--slice", a.slice, "bytes each rank contributes")->type_name("BYTES")->check(
-            CLI::Range(std::size_t(1), std::size_t(1) << 26));
+        cli.app.add_option("--slice", a.slice, "bytes each rank contributes")
+            ->type_name("BYTES")
+            ->check(CLI::Range(std::size_t(1), std::size_t(1) << 26));
         cli.app.add_flag("--lazy", a.lazy, "connect pair by pair (Mesh::connect) instead of connect_all");
         cli.app.add_option("--store", a.store, "redis: the store's address")->type_name("HOST[:PORT]");
         cli.app.add_option("--service", a.service, "redis: the service name (key namespace)");

@@ -30,7 +30,10 @@ std::string mesh_peer_problem(const MeshRecord& record, std::uint32_t expected, 
 
 Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
            std::vector<RemoteMemory> regions, MeshOptions options)
-    : rendezvous_(std::move(rendezvous)), pd_(&pd), cq_(&cq), regions_(std::move(regions)),
+    : rendezvous_(std::move(rendezvous)),
+      pd_(&pd),
+      cq_(&cq),
+      regions_(std::move(regions)),
       options_(std::move(options)) {
     if (regions_.size() > wire::max_regions) {
         throw Error(errc::invalid_argument, "Mesh",
@@ -40,8 +43,8 @@ Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDo
     if (rendezvous_->world_size() > wire::max_world_size || rendezvous_->rank() >= rendezvous_->world_size()) {
         throw Error(errc::invalid_argument, "Mesh",
                     rendezvous_->name() + " gives rank " + std::to_string(rendezvous_->rank()) + " of " +
-                        std::to_string(rendezvous_->world_size()) + "; a mesh needs rank < world size <= " +
-                        std::to_string(wire::max_world_size));
+                        std::to_string(rendezvous_->world_size()) +
+                        "; a mesh needs rank < world size <= " + std::to_string(wire::max_world_size));
     }
 }
 
@@ -64,8 +67,8 @@ void Mesh::fail(std::error_code code, std::uint32_t peer, const std::string& wha
 
 namespace {
 std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
-    return std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      deadline - std::chrono::steady_clock::now()));
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
 }
 } // namespace
 
@@ -75,8 +78,9 @@ void Mesh::connect_all() {
     std::uint32_t n = world_size();
     if (n == wire::max_world_size) {
         throw Error(errc::unsupported, "Mesh::connect_all",
-                    rendezvous_->name() + " is an open world (members join and leave): connect_all() needs a fixed "
-                                          "world size; connect() or offer() the peers that are present instead");
+                    rendezvous_->name() +
+                        " is an open world (members join and leave): connect_all() needs a fixed "
+                        "world size; connect() or offer() the peers that are present instead");
     }
     if (!peers_.empty() || !offers_.empty()) {
         throw Error(errc::invalid_argument, "Mesh::connect_all",

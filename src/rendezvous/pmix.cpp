@@ -117,8 +117,9 @@ std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::str
                                               std::chrono::milliseconds timeout) {
     check_key(key, "PMIx_Get");
     if (peer >= impl_->size) {
-        throw Error(errc::invalid_argument, "PMIx_Get",
-                    name() + " has " + std::to_string(impl_->size) + " ranks; there is no rank " + std::to_string(peer));
+        throw Error(
+            errc::invalid_argument, "PMIx_Get",
+            name() + " has " + std::to_string(impl_->size) + " ranks; there is no rank " + std::to_string(peer));
     }
     pmix_proc_t proc;
     PMIX_LOAD_PROCID(&proc, impl_->me.nspace, peer);

@@ -245,9 +245,10 @@ std::set<std::uint32_t> scan_members(RedisMember& m) {
     std::set<std::uint32_t> present;
     do {
         Reply reply = m.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "Redis SCAN");
-        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
-            reply->element[0]->type != REDIS_REPLY_STRING || reply->element[1]->type != REDIS_REPLY_ARRAY) {
-            throw Error(errc::rendezvous_unavailable, "Redis SCAN", m.name() + " answered SCAN with an unexpected reply");
+        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 || reply->element[0]->type != REDIS_REPLY_STRING ||
+            reply->element[1]->type != REDIS_REPLY_ARRAY) {
+            throw Error(errc::rendezvous_unavailable, "Redis SCAN",
+                        m.name() + " answered SCAN with an unexpected reply");
         }
         cursor.assign(reply->element[0]->str, reply->element[0]->len);
         const redisReply* keys = reply->element[1];
@@ -408,7 +409,8 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
         if (missing.empty()) return;
         if (std::chrono::steady_clock::now() >= deadline) {
             std::string list;
-            for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(missing[i]);
+            for (std::size_t i = 0; i < missing.size() && i < 8; ++i)
+                list += (i ? ", " : "") + std::to_string(missing[i]);
             if (missing.size() > 8) list += ", …";
             throw Error(errc::peer_missing, "RedisRendezvous::fence",
                         m.name() + ": " + std::to_string(missing.size()) + " of " +
@@ -438,13 +440,13 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
         if (now >= deadline) {
             bool member = m.checked({"EXISTS", m.member_key(peer)}, "Redis EXISTS")->integer != 0;
             throw Error(errc::peer_missing, "RedisRendezvous::lookup",
-                        "rank " + std::to_string(peer) +
-                            (member ? " is a live member of " : " is not a member of ") + m.name() +
+                        "rank " + std::to_string(peer) + (member ? " is a live member of " : " is not a member of ") +
+                            m.name() +
                             (member ? " but did not publish '" : " (it never joined or has left) and published no '") +
                             key + "' within " + std::to_string(timeout.count()) + " ms");
         }
-        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(m.options_.poll_interval,
-                                                                                   deadline - now));
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(m.options_.poll_interval, deadline - now));
     }
 }
 

@@ -86,7 +86,8 @@ public:
                 buffered_.erase(0, nl + 1);
                 return line;
             }
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+            auto left =
+                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
             if (left.count() <= 0) return std::nullopt;
             pollfd in{stdout_, POLLIN, 0};
             if (::poll(&in, 1, static_cast<int>(left.count())) != 1) return std::nullopt;
@@ -136,6 +137,7 @@ private:
     int stdin_ = -1;
     int stdout_ = -1;
     std::string buffered_;
+
 private:
     pid_t pid_ = 0;
 };

@@ -131,9 +131,23 @@ Completion wait_completion(CompletionQueue& cq, std::chrono::seconds limit = 10s
 /// mpirun as the rig runs it: root, more ranks than the VM's CPUs, MPI's own
 /// traffic over shared memory and TCP (never over the rxe devices under test).
 int mpirun(int ranks, const std::vector<std::string>& program, const std::string& output) {
-    std::vector<std::string> args{"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
-                                  "--mca", "btl", "self,vader,tcp", "--mca", "pml", "ob1", "--mca", "osc", "^ucx",
-                                  "--mca", "btl_vader_single_copy_mechanism", "none"};
+    std::vector<std::string> args{"mpirun",
+                                  "--allow-run-as-root",
+                                  "--oversubscribe",
+                                  "-np",
+                                  std::to_string(ranks),
+                                  "--mca",
+                                  "btl",
+                                  "self,vader,tcp",
+                                  "--mca",
+                                  "pml",
+                                  "ob1",
+                                  "--mca",
+                                  "osc",
+                                  "^ucx",
+                                  "--mca",
+                                  "btl_vader_single_copy_mechanism",
+                                  "none"};
     args.insert(args.end(), program.begin(), program.end());
     test::ChildProcess launcher(args, test::ChildProcess::Output{output});
     return launcher.wait(120s);
@@ -142,7 +156,7 @@ int mpirun(int ranks, const std::vector<std::string>& program, const std::string
 void all_gather_under_mpirun(const std::vector<std::string>& extra, const std::string& via) {
     auto r = rig();
     std::vector<std::string> program{test::example_binary("05_mesh_allgather"), "--devices", r.dev0 + "," + r.dev1,
-                                      "--slice", "65536"};
+                                     "--slice", "65536"};
     program.insert(program.end(), extra.begin(), extra.end());
     std::string out = "/tmp/" + fresh("mesh-allgather") + ".log";
     int status = mpirun(6, program, out);
@@ -268,14 +282,15 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
         CHECK(last == boost::asio::error::operation_aborted);
     }
 
-    TEST_CASE("4 worker processes mesh and exchange; one is killed, the others see it leave and go on; a new one "
-              "joins") {
+    TEST_CASE(
+        "4 worker processes mesh and exchange; one is killed, the others see it leave and go on; a new one "
+        "joins") {
         RedisServer redis;
         std::string service = fresh("workers");
         auto r = rig();
         ::setenv("GPUVERBS_REDIS_PASSWORD", redis.password().c_str(), 1); // NOLINT(concurrency-mt-unsafe)
-        std::string worker = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "gpuverbs_mesh_worker")
-                                 .string();
+        std::string worker =
+            (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "gpuverbs_mesh_worker").string();
         std::vector<std::unique_ptr<test::ChildProcess>> workers;
         auto start = [&](int i) {
             workers.push_back(std::make_unique<test::ChildProcess>(
@@ -297,8 +312,8 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
             std::string skipped;
             while (static_cast<int>(peers.size()) < how_many) {
                 auto line = workers[w]->read_until("connected ", Clock::now() + 15s, &skipped);
-                REQUIRE_MESSAGE(line, "worker " << w << " connected to " << peers.size() << " peers; it said: "
-                                                 << skipped);
+                REQUIRE_MESSAGE(line,
+                                "worker " << w << " connected to " << peers.size() << " peers; it said: " << skipped);
                 peers.insert(*line);
             }
         };
@@ -347,8 +362,9 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
 }
 
 TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
-    TEST_CASE("a store entry with garbage bytes, or a wrong wire version: an error naming the peer; the mesh "
-              "connects once the peer publishes a good record") {
+    TEST_CASE(
+        "a store entry with garbage bytes, or a wrong wire version: an error naming the peer; the mesh "
+        "connects once the peer publishes a good record") {
         RedisServer redis;
         std::string service = fresh("garbage");
         RedisRendezvous me_store(redis.options(service));
@@ -409,8 +425,9 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
         CHECK(mesh.peer(1).qp.remote_endpoint().qp_num == peer_mesh.peer(0).qp.qp_num());
     }
 
-    TEST_CASE("a peer that never publishes: peer_missing at the deadline; one that publishes and never answers: "
-              "the first write fails with retries exhausted") {
+    TEST_CASE(
+        "a peer that never publishes: peer_missing at the deadline; one that publishes and never answers: "
+        "the first write fails with retries exhausted") {
         RedisServer redis;
         std::string service = fresh("silent");
         RedisRendezvous me_store(redis.options(service));
@@ -435,7 +452,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
         }
         auto took = Clock::now() - asked;
         CHECK(took >= 500ms);
-        CHECK(took < 5s); // the deadline, not a hang
+        CHECK(took < 5s);                                       // the deadline, not a hang
         CHECK(mesh.offered() == std::vector<std::uint32_t>{1}); // can be asked again
 
         // It publishes a record for us but never connects its own side.

@@ -46,7 +46,7 @@ struct Worker {
     gpuverbs::MemoryRegion& mr;
     std::vector<std::byte>& buffer;
     std::map<std::uint32_t, std::set<std::uint32_t>> arrived; // round -> peers whose immediate came
-    std::uint32_t round = 0;                                   // the round in progress (0: none)
+    std::uint32_t round = 0;                                  // the round in progress (0: none)
     std::uint32_t writes_left = 0;
 
     void connected(std::uint32_t q) {
@@ -90,8 +90,8 @@ struct Worker {
     }
 
     void status() {
-        std::string text = "status: round " + std::to_string(round) + ", writes left " + std::to_string(writes_left) +
-                           ", peers";
+        std::string text =
+            "status: round " + std::to_string(round) + ", writes left " + std::to_string(writes_left) + ", peers";
         for (std::uint32_t q : mesh.peers()) text += " " + std::to_string(q);
         text += ", offered";
         for (std::uint32_t q : mesh.offered()) text += " " + std::to_string(q);
@@ -112,8 +112,8 @@ struct Worker {
         for (std::uint32_t q : peers) {
             for (std::size_t i = 0; i < slot; ++i) {
                 if (buffer[q * slot + i] != pattern(q, round, i)) {
-                    say("error: round " + std::to_string(round) + ": rank " + std::to_string(q) + "'s slot differs at " +
-                        std::to_string(i));
+                    say("error: round " + std::to_string(round) + ": rank " + std::to_string(q) +
+                        "'s slot differs at " + std::to_string(i));
                     round = 0;
                     return;
                 }
@@ -154,20 +154,20 @@ int run(int argc, char** argv) {
 
     boost::asio::io_context io;
     gpuverbs::PeerWatch watch(store, io.get_executor());
-    std::function<void(boost::system::error_code, gpuverbs::PeerEvent)> on_peer =
-        [&](boost::system::error_code ec, gpuverbs::PeerEvent e) {
-            if (ec) {
-                say("error: watch: " + watch.diagnostics().message());
-                return;
-            }
-            if (e.kind == gpuverbs::PeerEvent::Kind::joined) {
-                if (e.rank < slots) mesh.offer(e.rank);
-            } else {
-                mesh.disconnect(e.rank);
-                say("left " + std::to_string(e.rank));
-            }
-            watch.async_wait_peer(on_peer);
-        };
+    std::function<void(boost::system::error_code, gpuverbs::PeerEvent)> on_peer = [&](boost::system::error_code ec,
+                                                                                      gpuverbs::PeerEvent e) {
+        if (ec) {
+            say("error: watch: " + watch.diagnostics().message());
+            return;
+        }
+        if (e.kind == gpuverbs::PeerEvent::Kind::joined) {
+            if (e.rank < slots) mesh.offer(e.rank);
+        } else {
+            mesh.disconnect(e.rank);
+            say("left " + std::to_string(e.rank));
+        }
+        watch.async_wait_peer(on_peer);
+    };
     watch.async_wait_peer(on_peer);
 
     std::string line;
@@ -190,7 +190,8 @@ int run(int argc, char** argv) {
             }
             if (line == "quit") return 0;
             if (line == "status") worker.status();
-            if (line.rfind("round ", 0) == 0) worker.start_round(static_cast<std::uint32_t>(std::stoul(line.substr(6))));
+            if (line.rfind("round ", 0) == 0)
+                worker.start_round(static_cast<std::uint32_t>(std::stoul(line.substr(6))));
             line.clear();
         }
     }

@@ -31,8 +31,9 @@ TEST_SUITE("mesh decisions") {
     }
     TEST_CASE("a record of another rank: two members claim one rank, or a stale entry") {
         std::string p = detail::mesh_peer_problem(record_of(4, 6, {1}), 3, 1, 6);
-        CHECK(p == "the record is rank 4's, not rank 3's: two members claim one rank, or the store holds a stale "
-                   "entry");
+        CHECK(p ==
+              "the record is rank 4's, not rank 3's: two members claim one rank, or the store holds a stale "
+              "entry");
     }
     TEST_CASE("a record of another world: not the same job or service") {
         std::string p = detail::mesh_peer_problem(record_of(3, 8, {1}), 3, 1, 6);

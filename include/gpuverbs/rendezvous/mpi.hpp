@@ -84,8 +84,8 @@ public:
                              comm_),
               "MPI_Allgatherv");
         for (std::uint32_t r = 0; r < size_; ++r) {
-            auto part = std::span(all).subspan(static_cast<std::size_t>(displacements[r]),
-                                               static_cast<std::size_t>(counts[r]));
+            auto part =
+                std::span(all).subspan(static_cast<std::size_t>(displacements[r]), static_cast<std::size_t>(counts[r]));
             for (auto& [key, value] : decode(part, r)) table_[r][key] = std::move(value);
         }
         pending_.clear();

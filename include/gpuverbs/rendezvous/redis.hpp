@@ -156,8 +156,8 @@ public:
     /// operation_aborted after cancel(). One wait at a time.
     template <class Token = default_token_t<boost::asio::any_io_executor>>
     auto async_wait_peer(Token&& token = Token()) {
-        return boost::asio::async_compose<Token, void(boost::system::error_code, PeerEvent)>(
-            WaitOp{state_}, token, state_->timer);
+        return boost::asio::async_compose<Token, void(boost::system::error_code, PeerEvent)>(WaitOp{state_}, token,
+                                                                                             state_->timer);
     }
     /// One check now: the next event, or nothing. Throws gpuverbs::Error when the store fails.
     std::optional<PeerEvent> poll();
