@@ -37,7 +37,7 @@ struct Args {
 
 // The byte at offset i of rank r's slice.
 std::byte pattern(std::uint32_t r, std::size_t i) {
-    return std::byte((r * 131 + i) % 251);
+    return std::byte((std::size_t{r} * 131 + i) % 251);
 }
 
 using Clock = std::chrono::steady_clock;

@@ -17,6 +17,7 @@
 namespace gpuverbs {
 
 std::string RedisOptions::secret_from_environment(const char* name) {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): read while configuring, before the refresher thread starts
     const char* value = std::getenv(name);
     return value == nullptr ? std::string() : std::string(value);
 }
@@ -512,7 +513,11 @@ PeerWatch::PeerWatch(RedisRendezvous& rendezvous, const boost::asio::any_io_exec
 }
 
 PeerWatch::~PeerWatch() {
-    cancel();
+    try {
+        cancel();
+    } catch (const std::exception&) {
+        // The timer could not be cancelled: nothing was waiting on it.
+    }
 }
 
 void PeerWatch::cancel() {

@@ -11,7 +11,7 @@ using namespace gpuverbs;
 
 namespace {
 
-MeshRecord record_of(std::uint32_t rank, std::uint32_t world, std::vector<std::uint32_t> peers) {
+MeshRecord record_of(std::uint32_t rank, std::uint32_t world, const std::vector<std::uint32_t>& peers) {
     MeshRecord r{rank, world, {}, {}};
     for (std::uint32_t p : peers) r.endpoints.emplace_back(p, Endpoint{});
     return r;
