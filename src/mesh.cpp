@@ -97,7 +97,27 @@ void Mesh::connect_all() {
     }
     rendezvous_->publish(options_.name, wire::serialize(ours));
     rendezvous_->fence(left_until(deadline));
-    for (auto& [q, qp] : prepared) connect_peer(q, qp, options_.name, left_until(deadline));
+    std::vector<std::uint32_t> connected;
+    for (auto& [q, qp] : prepared) {
+        connect_peer(q, qp, options_.name, left_until(deadline));
+        connected.push_back(q);
+    }
+    // Our QPs are ready to receive; wait until every peer's are too.
+    rendezvous_->publish(options_.name + ".ready", ready_word());
+    rendezvous_->fence(left_until(deadline));
+    for (std::uint32_t q : connected) await_ready(q, options_.name + ".ready", deadline);
+}
+
+std::vector<std::byte> Mesh::ready_word() const {
+    return {std::byte{'r'}, std::byte{'e'}, std::byte{'d'}, std::byte{'y'}};
+}
+
+void Mesh::await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline) {
+    try {
+        (void)rendezvous_->lookup(peer, key, left_until(deadline));
+    } catch (const Error& e) {
+        fail(e.code(), peer, std::string("our side is connected, the peer's did not say it was: ") + e.what());
+    }
 }
 
 void Mesh::offer(std::span<const std::uint32_t> peers) {
@@ -127,32 +147,43 @@ void Mesh::offer(std::span<const std::uint32_t> peers) {
 void Mesh::connect(std::span<const std::uint32_t> peers) {
     auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     offer(peers);
+    std::vector<std::uint32_t> connected;
     for (std::uint32_t q : peers) {
         auto it = offers_.find(q);
         if (it == offers_.end()) continue; // connected already (or listed twice)
         connect_peer(q, it->second, pair_key(rank()), left_until(deadline));
         offers_.erase(q);
+        connected.push_back(q);
+        rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word());
     }
+    for (std::uint32_t q : connected) await_ready(q, options_.name + ".ready." + std::to_string(rank()), deadline);
 }
 
-std::vector<std::uint32_t> Mesh::complete_offers() {
-    std::vector<std::uint32_t> connected;
+Mesh::OfferProgress Mesh::complete_offers() {
+    OfferProgress progress;
     for (auto it = offers_.begin(); it != offers_.end();) {
         std::uint32_t q = it->first;
         try {
             connect_peer(q, it->second, pair_key(rank()), std::chrono::milliseconds(0));
         } catch (const Error& e) {
-            if (e.code() == errc::peer_missing) { // not there yet: look again next time
+            bool unusable = e.code() == errc::malformed_record || e.code() == errc::unsupported_version;
+            if (!unusable) { // not there yet, or the store failed for a moment: look again next time
                 ++it;
                 continue;
             }
-            offers_.erase(it);
-            throw;
+            progress.refused.emplace_back(q, e);
+            it = offers_.erase(it);
+            continue;
         }
         it = offers_.erase(it);
-        connected.push_back(q);
+        progress.connected.push_back(q);
+        try { // for a peer that connects to us with the blocking connect()
+            rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word());
+        } catch (const Error&) {
+            // The store failed for a moment: such a peer's connect() names us when its deadline passes.
+        }
     }
-    return connected;
+    return progress;
 }
 
 std::vector<std::uint32_t> Mesh::offered() const {

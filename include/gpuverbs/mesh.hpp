@@ -44,6 +44,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
@@ -85,12 +86,14 @@ public:
     [[nodiscard]] std::uint32_t world_size() const noexcept;
 
     /// A full mesh: every member calls it; afterwards peer(q) is connected for
-    /// every q != rank(). Needs a fixed world (not an open Redis service) and
-    /// no peer connected yet. On failure (gpuverbs::Error naming the peer and
-    /// what was wrong) the peers connected so far stay connected.
+    /// every q != rank(), and so is q's side (each member publishes that it
+    /// is ready and waits for the others' word), so traffic can start at once. Needs a fixed world (not an open Redis
+    /// service) and no peer connected yet. On failure (gpuverbs::Error naming the peer and what was wrong) the peers
+    /// connected so far stay connected.
     void connect_all();
     /// Lazy: connects to each of `peers` not connected yet (the peers must
-    /// connect to us too, in any order). On failure the peers connected so
+    /// connect to us too, in any order); returns once both sides of every
+    /// pair are connected. On failure the peers connected so
     /// far stay connected and the others can be asked again.
     void connect(std::span<const std::uint32_t> peers);
     void connect(std::uint32_t peer) { connect(std::span<const std::uint32_t>(&peer, 1)); }
@@ -102,11 +105,23 @@ public:
     /// arrivals deadlocks.
     void offer(std::span<const std::uint32_t> peers);
     void offer(std::uint32_t peer) { offer(std::span<const std::uint32_t>(&peer, 1)); }
+    /// What one complete_offers() did.
+    struct OfferProgress {
+        /// Connected by this call, ascending.
+        std::vector<std::uint32_t> connected;
+        /// Peers whose record could not connect us (malformed, another
+        /// version, another rank or world, no endpoint for us): their offer
+        /// is dropped; the error names the peer and what was wrong.
+        std::vector<std::pair<std::uint32_t, Error>> refused;
+    };
     /// Connects the offered peers whose records have appeared (one look each,
-    /// through lookup with a zero timeout): the ranks connected by this call.
-    /// A peer whose record is unusable throws gpuverbs::Error naming it (its
-    /// offer is dropped; the others stay).
-    std::vector<std::uint32_t> complete_offers();
+    /// through lookup with a zero timeout; PMIx rounds that up to its one-second
+    /// unit, so with PMIx each missing peer may cost a second). A peer not
+    /// there yet, or a store that failed for a moment, stays offered. The
+    /// peer's side may still be connecting when this returns: exchange a
+    /// first message (or a write with immediate the peer waits for) before
+    /// relying on it.
+    OfferProgress complete_offers();
     /// The peers offered and not connected yet, ascending.
     [[nodiscard]] std::vector<std::uint32_t> offered() const;
 
@@ -130,6 +145,8 @@ private:
     void connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
                       std::chrono::milliseconds timeout);
     [[nodiscard]] std::string pair_key(std::uint32_t to) const { return options_.name + ".to." + std::to_string(to); }
+    [[nodiscard]] std::vector<std::byte> ready_word() const;
+    void await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline);
     [[noreturn]] void fail(std::error_code code, std::uint32_t peer, const std::string& what) const;
 
     std::unique_ptr<detail::AnyRendezvous> rendezvous_;

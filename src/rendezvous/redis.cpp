@@ -45,6 +45,19 @@ bool valid_service(const std::string& s) {
     });
 }
 
+// Token-checked operations, each one command (so a reconnect-and-retry never
+// splits them): only the holder of a rank extends, writes or deletes its keys.
+// KEYS[1] member key, KEYS[2] data key, ARGV[1] our token.
+constexpr std::string_view refresh_script =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('PEXPIRE', KEYS[1], ARGV[2]) redis.call('PEXPIRE', KEYS[2], ARGV[2]) return 1";
+constexpr std::string_view publish_script =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) redis.call('PEXPIRE', KEYS[2], ARGV[4]) return 1";
+constexpr std::string_view withdraw_script =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('DEL', KEYS[1], KEYS[2]) return 1";
+
 std::string random_token() {
     std::random_device device;
     std::uniform_int_distribution<std::uint64_t> pick;
@@ -68,6 +81,9 @@ public:
 
     /// Runs one command; a reply of type error is returned as a reply (the caller words it).
     Reply command(std::initializer_list<std::string_view> args, const char* verb) {
+        return command(std::span<const std::string_view>(args.begin(), args.size()), verb);
+    }
+    Reply command(std::span<const std::string_view> args, const char* verb) {
         std::lock_guard lock(mutex_);
         for (int attempt = 0;; ++attempt) {
             if (context_ == nullptr) open(verb);
@@ -86,6 +102,9 @@ public:
 
 private:
     Reply send(std::initializer_list<std::string_view> args) {
+        return send(std::span<const std::string_view>(args.begin(), args.size()));
+    }
+    Reply send(std::span<const std::string_view> args) {
         std::vector<const char*> argv;
         std::vector<std::size_t> lengths;
         for (std::string_view a : args) {
@@ -174,6 +193,26 @@ public:
         return reply;
     }
 
+    /// How many of `keys` exist (one EXISTS).
+    std::uint32_t count_existing(const std::vector<std::string>& keys) {
+        std::vector<std::string_view> args{"EXISTS"};
+        args.insert(args.end(), keys.begin(), keys.end());
+        Reply reply = connection_.command(std::span<const std::string_view>(args), "Redis EXISTS");
+        if (reply->type == REDIS_REPLY_ERROR) {
+            throw Error(errc::rendezvous_unavailable, "Redis EXISTS",
+                        name() + " answered: " + std::string(reply->str, reply->len));
+        }
+        return static_cast<std::uint32_t>(integer(reply, "Redis EXISTS"));
+    }
+
+    /// An integer reply's value; anything else is the store misbehaving.
+    long long integer(const Reply& reply, const char* verb) const {
+        if (reply->type != REDIS_REPLY_INTEGER) {
+            throw Error(errc::rendezvous_unavailable, verb, name() + " answered with a reply that is not an integer");
+        }
+        return reply->integer;
+    }
+
     void check_alive(const char* verb) {
         if (withdrawn) throw Error(errc::invalid_argument, verb, name() + ": this member has withdrawn");
         std::lock_guard lock(refresh_mutex_);
@@ -183,7 +222,11 @@ public:
     /// Claims `r` (SET NX with the TTL): false when a live member holds it.
     bool claim(std::uint32_t r) {
         Reply reply = checked({"SET", member_key(r), token, "NX", "PX", ttl_text()}, "Redis SET");
-        if (reply->type == REDIS_REPLY_NIL) return false;
+        if (reply->type == REDIS_REPLY_NIL) {
+            // Taken, or ours: a SET whose answer was lost and that was sent again.
+            Reply holder = checked({"GET", member_key(r)}, "Redis GET");
+            if (holder->type != REDIS_REPLY_STRING || std::string_view(holder->str, holder->len) != token) return false;
+        }
         rank = r;
         // Whatever a dead holder of this rank left behind is not ours.
         checked({"DEL", data_key(r)}, "Redis DEL");
@@ -215,15 +258,14 @@ private:
             lock.unlock();
             std::string problem;
             try {
-                Reply reply = connection.command({"PEXPIRE", member_key(rank), ttl_text()}, "Redis PEXPIRE");
-                if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0) {
+                Reply reply = connection.command(
+                    {"EVAL", refresh_script, "2", member_key(rank), data_key(rank), token, ttl_text()}, "Redis EVAL");
+                if (reply->type != REDIS_REPLY_INTEGER || reply->integer == 0) {
                     problem = "our membership (rank " + std::to_string(rank) +
                               ") expired: this process stalled longer than the TTL or the store lost its data; "
                               "peers consider this member gone";
-                } else {
-                    connection.command({"PEXPIRE", data_key(rank), ttl_text()}, "Redis PEXPIRE");
                 }
-            } catch (const Error& e) {
+            } catch (const std::exception& e) {
                 problem = std::string("refreshing our membership failed: ") + e.what();
             }
             lock.lock();
@@ -277,6 +319,9 @@ std::optional<PeerEvent> next_peer_event(PeerWatchState& state, Status& status) 
             for (std::uint32_t r : state.known) {
                 if (!present.contains(r)) state.queue.push_back({PeerEvent::Kind::left, r});
             }
+        } catch (const std::bad_alloc&) {
+            status.fail(std::make_error_code(std::errc::not_enough_memory), "PeerWatch", "out of memory");
+            return std::nullopt;
         } catch (const Error& e) {
             std::string_view text = e.what();
             status.fail(e.code(), e.verb(), std::string(text.substr(std::min(text.size(), e.verb().size() + 2))));
@@ -340,8 +385,8 @@ RedisRendezvous::RedisRendezvous(RedisOptions options) {
         bool claimed = false;
         for (int attempt = 0; attempt < 16 && !claimed; ++attempt) {
             Reply next = m.checked({"INCR", m.options_.service + "/next-rank"}, "Redis INCR");
-            auto r = static_cast<std::uint64_t>(next->integer - 1);
-            if (next->type != REDIS_REPLY_INTEGER || r >= limit) {
+            auto r = static_cast<std::uint64_t>(m.integer(next, "Redis INCR") - 1);
+            if (r >= limit) {
                 throw Error(errc::invalid_argument, "RedisRendezvous",
                             m.name() + " has handed out all " + std::to_string(limit) + " ranks");
             }
@@ -357,7 +402,7 @@ RedisRendezvous::RedisRendezvous(RedisOptions options) {
 RedisRendezvous::~RedisRendezvous() {
     try {
         withdraw();
-    } catch (const Error&) {
+    } catch (const std::exception&) {
         // The store is gone: our keys expire with their TTL.
     }
 }
@@ -382,14 +427,14 @@ void RedisRendezvous::publish(const std::string& key, std::span<const std::byte>
     detail::RedisMember& m = *member_;
     m.check_alive("Redis HSET");
     std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
-    std::string data = m.data_key(m.rank);
-    // One transaction, so that the data never exists without its TTL.
-    m.checked({"MULTI"}, "Redis MULTI");
-    m.checked({"HSET", data, key, bytes}, "Redis HSET");
-    m.checked({"PEXPIRE", data, m.ttl_text()}, "Redis PEXPIRE");
-    Reply done = m.checked({"EXEC"}, "Redis EXEC");
-    if (done->type != REDIS_REPLY_ARRAY) {
-        throw Error(errc::rendezvous_unavailable, "Redis EXEC", m.name() + " did not store '" + key + "'");
+    Reply done = m.checked(
+        {"EVAL", publish_script, "2", m.member_key(m.rank), m.data_key(m.rank), m.token, key, bytes, m.ttl_text()},
+        "Redis EVAL");
+    if (m.integer(done, "Redis EVAL") == 0) {
+        throw Error(errc::rendezvous_unavailable, "RedisRendezvous::publish",
+                    m.name() + ": rank " + std::to_string(m.rank) +
+                        " is no longer ours (our entry expired: this process stalled longer than the TTL or the store "
+                        "lost its data); nothing was published");
     }
 }
 
@@ -401,14 +446,21 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
                     m.name() + " is an open world: a fence needs RedisOptions::world_size");
     }
     auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::uint32_t n = *m.options_.world_size;
     for (;;) {
+        // One round trip per poll: how many of the N member keys exist.
+        std::vector<std::string> keys;
+        keys.reserve(n);
+        for (std::uint32_t r = 0; r < n; ++r) keys.push_back(m.member_key(r));
+        if (m.count_existing(keys) == n) return;
         std::vector<std::uint32_t> missing;
-        for (std::uint32_t r = 0; r < *m.options_.world_size; ++r) {
-            Reply reply = m.checked({"EXISTS", m.member_key(r)}, "Redis EXISTS");
-            if (reply->integer == 0) missing.push_back(r);
-        }
-        if (missing.empty()) return;
         if (std::chrono::steady_clock::now() >= deadline) {
+            for (std::uint32_t r = 0; r < n; ++r) {
+                if (m.integer(m.checked({"EXISTS", keys[r]}, "Redis EXISTS"), "Redis EXISTS") == 0)
+                    missing.push_back(r);
+            }
+        }
+        if (!missing.empty()) {
             std::string list;
             for (std::size_t i = 0; i < missing.size() && i < 8; ++i)
                 list += (i ? ", " : "") + std::to_string(missing[i]);
@@ -439,7 +491,7 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
         }
         auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
-            bool member = m.checked({"EXISTS", m.member_key(peer)}, "Redis EXISTS")->integer != 0;
+            bool member = m.integer(m.checked({"EXISTS", m.member_key(peer)}, "Redis EXISTS"), "Redis EXISTS") != 0;
             throw Error(errc::peer_missing, "RedisRendezvous::lookup",
                         "rank " + std::to_string(peer) + (member ? " is a live member of " : " is not a member of ") +
                             m.name() +
@@ -456,7 +508,8 @@ void RedisRendezvous::withdraw() {
     if (m.withdrawn) return;
     m.withdrawn = true;
     m.stop_refresher();
-    m.checked({"DEL", m.member_key(m.rank), m.data_key(m.rank)}, "Redis DEL");
+    // Only if the rank is still ours: another process may hold it after our entry expired.
+    m.checked({"EVAL", withdraw_script, "2", m.member_key(m.rank), m.data_key(m.rank), m.token}, "Redis EVAL");
 }
 
 std::vector<std::uint32_t> RedisRendezvous::members() {
@@ -521,6 +574,7 @@ PeerWatch::~PeerWatch() {
 }
 
 void PeerWatch::cancel() {
+    if (state_->waiting) state_->cancelled = true;
     state_->timer.cancel();
 }
 

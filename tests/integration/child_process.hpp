@@ -49,6 +49,8 @@ public:
     ChildProcess(std::vector<std::string> args, Pipes /*pipes*/) {
         int to_child[2];
         int from_child[2];
+        // A child that died must fail the test with its message, not kill it with SIGPIPE.
+        ::signal(SIGPIPE, SIG_IGN);
         REQUIRE(pipe2(to_child, O_CLOEXEC) == 0);
         REQUIRE(pipe2(from_child, O_CLOEXEC) == 0);
         posix_spawn_file_actions_t actions;
@@ -72,7 +74,9 @@ public:
         if (stdin_ >= 0) ::close(stdin_);
         if (stdout_ >= 0) ::close(stdout_);
     }
-    void kill() const { ::kill(pid_, SIGKILL); }
+    void kill() const {
+        if (pid_ > 0) ::kill(pid_, SIGKILL);
+    }
     /// Sends one line to the child's stdin (Pipes).
     void write_line(const std::string& line) const {
         std::string text = line + "\n";

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
 #include <random>
 #include <sstream>
 
@@ -75,14 +76,14 @@ public:
     void start() {
         server_ = std::make_unique<test::ChildProcess>(std::vector<std::string>{"redis-server", config_},
                                                        test::ChildProcess::Output{config_ + ".log"});
-        // Listening within a few seconds, or the log says why not.
-        boost::asio::io_context io;
+        // Ours (it takes our password) within a few seconds, or the log says why not.
         for (int i = 0; i < 300; ++i) {
-            boost::asio::ip::tcp::socket s(io);
-            boost::system::error_code ec;
-            s.connect({boost::asio::ip::make_address(rig().ip0), port_}, ec);
-            if (!ec) return;
-            std::this_thread::sleep_for(10ms);
+            try {
+                RedisRendezvous probe(options("probe"));
+                return;
+            } catch (const Error&) {
+                std::this_thread::sleep_for(10ms);
+            }
         }
         FAIL("redis-server did not start: " << read_file(config_ + ".log"));
     }
@@ -212,11 +213,11 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
         Mesh a_mesh(a_store, a.pd, a.cq, {a.mr.remote()});
         Mesh b_mesh(b_store, b.pd, b.cq, {b.mr.remote()});
         a_mesh.offer(1);
-        CHECK(a_mesh.complete_offers().empty()); // b has not offered yet: nothing waits
+        CHECK(a_mesh.complete_offers().connected.empty()); // b has not offered yet: nothing waits
         CHECK(a_mesh.offered() == std::vector<std::uint32_t>{1});
         b_mesh.offer(0);
-        CHECK(b_mesh.complete_offers() == std::vector<std::uint32_t>{0});
-        CHECK(a_mesh.complete_offers() == std::vector<std::uint32_t>{1});
+        CHECK(b_mesh.complete_offers().connected == std::vector<std::uint32_t>{0});
+        CHECK(a_mesh.complete_offers().connected == std::vector<std::uint32_t>{1});
         CHECK(a_mesh.offered().empty());
         // One QP pair: each side's QP is connected to the other's.
         CHECK(a_mesh.peer(1).qp.remote_endpoint().qp_num == b_mesh.peer(0).qp.qp_num());
@@ -265,7 +266,17 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
             ++calls;
             last = ec;
         });
+        // A second wait while one is pending is refused, never inside the initiating call.
+        boost::system::error_code second;
+        int second_calls = 0;
+        watch.async_wait_peer([&](boost::system::error_code ec, PeerEvent) {
+            ++second_calls;
+            second = ec;
+        });
+        CHECK(second_calls == 0);
         io.run_for(200ms);
+        CHECK(second_calls == 1);
+        CHECK(second == boost::asio::error::in_progress);
         CHECK(calls == 0);
         watch.cancel();
         io.run_for(200ms);
@@ -333,6 +344,7 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
             REQUIRE_MESSAGE(left, "worker " << w << " never saw rank 2 leave");
             auto after = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
             MESSAGE("worker " << w << " saw rank 2 leave after " << after.count() << " ms (bound: ttl 1500 + poll 50)");
+            CHECK(after < 1550ms + 3s); // the bound, with room for a loaded emulated machine
         }
         round({0, 1, 3}, 2, "1,3");
 
@@ -409,10 +421,16 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
             CHECK(std::string(e.what()).find("the record is rank 2's, not rank 1's") != std::string::npos);
         }
 
-        // The mesh is still usable: the peer publishes its real record, both connect.
+        // The mesh is still usable: the peer publishes its real record, both
+        // connect (ours blocks until the peer's side says it is ready).
         peer_mesh.offer(0);
-        mesh.connect(1);
-        CHECK(peer_mesh.complete_offers() == std::vector<std::uint32_t>{0});
+        auto ours = std::async(std::launch::async, [&] { mesh.connect(1); });
+        std::vector<std::uint32_t> theirs;
+        for (auto until = Clock::now() + 5s; theirs.empty() && Clock::now() < until;) {
+            theirs = peer_mesh.complete_offers().connected;
+        }
+        CHECK(theirs == std::vector<std::uint32_t>{0});
+        ours.get();
         CHECK(mesh.peer(1).qp.remote_endpoint().qp_num == peer_mesh.peer(0).qp.qp_num());
     }
 
@@ -446,10 +464,22 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
         CHECK(took < 5s);                                       // the deadline, not a hang
         CHECK(mesh.offered() == std::vector<std::uint32_t>{1}); // can be asked again
 
-        // It publishes a record for us but never connects its own side.
+        // It publishes a record for us but never connects its own side: our
+        // side connects, theirs never says it is ready.
         Mesh silent_mesh(silent, peer.pd, peer.cq, {peer.mr.remote()}, options);
         silent_mesh.offer(0);
-        mesh.connect(1);
+        try {
+            mesh.connect(1);
+            FAIL("the peer never connected, yet connect() returned");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            INFO(what);
+            CHECK(e.code() == errc::peer_missing);
+            CHECK(what.find("our side is connected, the peer's did not say it was") != std::string::npos);
+            CHECK(what.find("did not publish 'gpuverbs.mesh.ready.0'") != std::string::npos);
+        }
+        // Writing to it anyway: retries exhausted, the peer named by the error's words.
+        REQUIRE(mesh.find(1) != nullptr);
         REQUIRE_FALSE(mesh.peer(1).qp.post_write(me.mr.slice(0, 64), mesh.peer(1).regions.at(0)));
         Completion c = wait_completion(me.cq);
         CHECK(c.status == make_wc_error(IBV_WC_RETRY_EXC_ERR));

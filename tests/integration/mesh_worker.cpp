@@ -175,7 +175,10 @@ int run(int argc, char** argv) {
     for (;;) {
         io.poll();
         if (std::chrono::steady_clock::now() - last_look > std::chrono::milliseconds(20)) {
-            for (std::uint32_t q : mesh.complete_offers()) worker.connected(q);
+            gpuverbs::Mesh::OfferProgress progress = mesh.complete_offers();
+            for (std::uint32_t q : progress.connected) worker.connected(q);
+            for (const auto& [q, error] : progress.refused)
+                say("error: rank " + std::to_string(q) + ": " + error.what());
             last_look = std::chrono::steady_clock::now();
         }
         worker.drain_completions();

@@ -31,6 +31,7 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/compose.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -135,6 +136,7 @@ struct PeerWatchState {
     std::deque<PeerEvent> queue;
     Diagnostics diagnostics;
     bool waiting = false;
+    bool cancelled = false;
 };
 } // namespace detail
 
@@ -152,8 +154,9 @@ public:
     ~PeerWatch();
 
     /// The next join or leave: void(boost::system::error_code, PeerEvent).
-    /// Errors: the store failed (the code; the words in diagnostics()), or
-    /// operation_aborted after cancel(). One wait at a time.
+    /// Errors: the store failed (the code; the words in diagnostics()),
+    /// operation_aborted after cancel(), in_progress when another wait is
+    /// pending (one at a time). Never completes inside this call.
     template <class Token = default_token_t<boost::asio::any_io_executor>>
     auto async_wait_peer(Token&& token = Token()) {
         return boost::asio::async_compose<Token, void(boost::system::error_code, PeerEvent)>(WaitOp{state_}, token,
@@ -170,21 +173,25 @@ public:
 private:
     struct WaitOp {
         std::shared_ptr<detail::PeerWatchState> state;
-        bool started = false;
+        enum class Step { start, rejected, polling } step = Step::start;
         template <class Self>
         void operator()(Self& self, boost::system::error_code ec = {}) {
-            if (ec) {
-                state->waiting = false;
-                return self.complete(ec, PeerEvent{});
-            }
-            if (!started) {
-                if (state->waiting) {
-                    return self.complete(boost::asio::error::in_progress, PeerEvent{});
+            if (step == Step::rejected) return self.complete(boost::asio::error::in_progress, PeerEvent{});
+            if (step == Step::start) {
+                if (state->waiting) { // one wait at a time; never complete inside the initiating call
+                    step = Step::rejected;
+                    return boost::asio::post(state->timer.get_executor(), std::move(self));
                 }
                 state->waiting = true;
-                started = true;
+                state->cancelled = false;
+                step = Step::polling;
                 state->timer.expires_after(std::chrono::milliseconds(0));
                 return state->timer.async_wait(std::move(self));
+            }
+            // A cancel() that came after the timer had fired is seen here.
+            if (ec || state->cancelled) {
+                state->waiting = false;
+                return self.complete(ec ? ec : boost::asio::error::operation_aborted, PeerEvent{});
             }
             detail::Status status;
             std::optional<PeerEvent> event = detail::next_peer_event(*state, status);
