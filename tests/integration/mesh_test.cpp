@@ -60,7 +60,9 @@ public:
         config_ = "/tmp/" + fresh("gpuverbs-redis") + ".conf";
         {
             std::ofstream conf(config_);
+            // The default user's password, and an ACL user with its own (Redis 6+).
             conf << "bind " << rig().ip0 << "\nport " << port_ << "\nrequirepass " << password_
+                 << "\nuser mesh-acl on >acl-" << password_ << " ~* +@all"
                  << "\nsave \"\"\nappendonly no\ndir /tmp\nlogfile \"\"\nprotected-mode no\n";
         }
         ::chmod(config_.c_str(), 0600);
@@ -527,7 +529,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
         }
     }
 
-    TEST_CASE("Redis down at start, wrong or missing password: clear errors, never the password") {
+    TEST_CASE("Redis down at start, wrong or missing password, an ACL user: clear errors, never the password") {
         RedisServer redis;
         RedisOptions options = redis.options(fresh("auth"));
         options.password = "not-" + redis.password();
@@ -541,6 +543,24 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
             CHECK(what.find("refused the credentials") != std::string::npos);
             CHECK(what.find(options.password) == std::string::npos);
         }
+        // An ACL user: its own password works, the default user's does not.
+        options.user = "mesh-acl";
+        options.password = "acl-" + redis.password();
+        {
+            RedisRendezvous store(options);
+            CHECK(store.members() == std::vector<std::uint32_t>{store.rank()});
+        }
+        options.password = redis.password();
+        try {
+            RedisRendezvous store(options);
+            FAIL("user mesh-acl was accepted with another's password");
+        } catch (const Error& e) {
+            std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("refused the credentials of user 'mesh-acl'") != std::string::npos);
+            CHECK(what.find(redis.password()) == std::string::npos);
+        }
+        options.user.clear();
         options.password.clear();
         try {
             RedisRendezvous store(options);
