@@ -26,6 +26,7 @@
 #include "gpuverbs/send_batch.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
 #include "gpuverbs/tcp_bootstrap.hpp"
+#include "gpuverbs/transfer.hpp"
 #include "gpuverbs/version.hpp"
 #include "gpuverbs/wire.hpp"
 #include "gpuverbs/work_request.hpp"

@@ -1,0 +1,216 @@
+// TransferPlan (transfer.hpp): check two block lists, coalesce neighbours,
+// cut into work requests.
+#include "gpuverbs/transfer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+namespace gpuverbs {
+
+namespace {
+
+std::string hex(std::uint64_t v) {
+    char text[24];
+    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
+    return text;
+}
+
+/// Two blocks that would put bytes in the same place: the destination side of
+/// the transfer (remote for writes, local for reads). Entries: (key, begin, end, index).
+bool find_overlap(std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::size_t>>& ranges,
+                  const char* side, detail::Status& status) {
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t k = 1; k < ranges.size(); ++k) {
+        const auto& [key_a, begin_a, end_a, index_a] = ranges[k - 1];
+        const auto& [key_b, begin_b, end_b, index_b] = ranges[k];
+        if (key_a == key_b && begin_b < end_a) {
+            status.fail(errc::invalid_argument, "TransferPlan",
+                        std::string(side) + " blocks " + std::to_string(std::min(index_a, index_b)) + " and " +
+                            std::to_string(std::max(index_a, index_b)) + " overlap (bytes " + hex(begin_b) + " to " +
+                            hex(std::min(end_a, end_b)) + " of key " + hex(key_a) +
+                            "): both would be written, and which lands last is undefined");
+            return true;
+        }
+    }
+    return false;
+}
+
+} // namespace
+
+namespace detail {
+
+TransferPlan make_transfer_plan(TransferDirection direction, std::span<const LocalBuffer> local,
+                                std::span<const RemoteBlock> remote, const TransferLimits& limits, Status& status) {
+    const char* verb = "TransferPlan";
+    if (local.empty() || remote.empty()) {
+        status.fail(errc::invalid_argument, verb, "a transfer needs at least one local and one remote block");
+        return {};
+    }
+    if (limits.max_sge == 0 || limits.max_message == 0) {
+        status.fail(errc::invalid_argument, verb, "the limits allow no request (max_sge and max_message must be > 0)");
+        return {};
+    }
+    if (local.size() > UINT32_MAX || remote.size() > UINT32_MAX) {
+        status.fail(errc::invalid_argument, verb, "more than 2^32 blocks");
+        return {};
+    }
+    std::uint64_t local_total = 0;
+    for (std::size_t i = 0; i < local.size(); ++i) {
+        if (local[i].length == 0) {
+            status.fail(errc::invalid_argument, verb,
+                        "local block " + std::to_string(i) + " has length 0: leave it out of the list");
+            return {};
+        }
+        if (!local[i].in_region()) {
+            status.fail(errc::local_range_outside_region, verb,
+                        "local block " + std::to_string(i) + " (" + std::to_string(local[i].length) + " bytes at " +
+                            hex(local[i].address) + ") lies outside its memory region");
+            return {};
+        }
+        local_total += local[i].length;
+    }
+    std::uint64_t remote_total = 0;
+    for (std::size_t j = 0; j < remote.size(); ++j) {
+        const RemoteBlock& b = remote[j];
+        if (b.length == 0) {
+            status.fail(errc::invalid_argument, verb,
+                        "remote block " + std::to_string(j) + " has length 0: leave it out of the list");
+            return {};
+        }
+        if (!b.memory.contains(b.offset, b.length)) {
+            status.fail(errc::remote_range_outside_region, verb,
+                        "remote block " + std::to_string(j) + " (" + std::to_string(b.length) + " bytes at offset " +
+                            std::to_string(b.offset) + ") lies outside its remote region of " +
+                            std::to_string(b.memory.length) + " bytes (rkey " + hex(b.memory.rkey) + ")");
+            return {};
+        }
+        remote_total += b.length;
+    }
+    if (local_total != remote_total) {
+        status.fail(errc::invalid_argument, verb,
+                    "the local blocks hold " + std::to_string(local_total) + " bytes and the remote blocks " +
+                        std::to_string(remote_total) + ": both lists must describe the same bytes");
+        return {};
+    }
+    // The destination side must not name a byte twice.
+    std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::size_t>> ranges;
+    if (direction == TransferDirection::write) {
+        ranges.reserve(remote.size());
+        for (std::size_t j = 0; j < remote.size(); ++j) {
+            std::uint64_t begin = remote[j].memory.address + remote[j].offset;
+            ranges.emplace_back(remote[j].memory.rkey, begin, begin + remote[j].length, j);
+        }
+        if (find_overlap(ranges, "remote", status)) return {};
+    } else {
+        ranges.reserve(local.size());
+        for (std::size_t i = 0; i < local.size(); ++i) {
+            ranges.emplace_back(local[i].lkey, local[i].address, local[i].address + local[i].length, i);
+        }
+        if (find_overlap(ranges, "local", status)) return {};
+    }
+
+    // Walk both lists together. A request grows while the remote side stays
+    // contiguous in one region (neighbouring blocks coalesce), the message
+    // limit allows, and the local side fits in max_sge pieces (contiguous
+    // local blocks of one region share a piece).
+    std::vector<TransferPlan::Request> out;
+    std::vector<LocalBuffer> pieces;
+    std::size_t i = 0;
+    std::uint64_t i_off = 0;
+    std::size_t j = 0;
+    std::uint64_t j_off = 0;
+    auto remote_address = [&](std::size_t k) { return remote[k].memory.address + remote[k].offset; };
+    while (j < remote.size()) {
+        TransferPlan::Request r;
+        r.remote.address = remote_address(j) + j_off;
+        r.remote.rkey = remote[j].memory.rkey;
+        r.first_piece = static_cast<std::uint32_t>(pieces.size());
+        r.first_local = static_cast<std::uint32_t>(i);
+        r.first_remote = static_cast<std::uint32_t>(j);
+        for (;;) {
+            const LocalBuffer& l = local[i];
+            std::uint64_t address = l.address + i_off;
+            std::uint64_t n = std::min({remote[j].length - j_off, l.length - i_off, limits.max_message - r.remote.length});
+            // Contiguous with the last piece in the same region: grow it (a piece is one ibv_sge, < 2^32 bytes).
+            bool extends = r.piece_count > 0 && pieces.back().lkey == l.lkey &&
+                           pieces.back().address + pieces.back().length == address &&
+                           pieces.back().length + n <= UINT32_MAX;
+            if (!extends && r.piece_count == limits.max_sge) break;
+            if (extends) {
+                pieces.back().length += static_cast<std::uint32_t>(n);
+                pieces.back().region_end = std::max(pieces.back().region_end, l.region_end);
+            } else {
+                pieces.push_back(
+                    LocalBuffer{address, static_cast<std::uint32_t>(n), l.lkey, l.region_begin, l.region_end});
+                ++r.piece_count;
+            }
+            r.remote.length += n;
+            r.last_remote = static_cast<std::uint32_t>(j);
+            i_off += n;
+            j_off += n;
+            if (i_off == l.length) {
+                ++i;
+                i_off = 0;
+            }
+            if (r.remote.length == limits.max_message) {
+                if (j_off == remote[j].length) {
+                    ++j;
+                    j_off = 0;
+                }
+                break;
+            }
+            if (j_off == remote[j].length) {
+                std::uint64_t end = remote_address(j) + remote[j].length;
+                std::uint32_t rkey = remote[j].memory.rkey;
+                ++j;
+                j_off = 0;
+                if (j == remote.size() || remote[j].memory.rkey != rkey || remote_address(j) != end) break;
+            }
+        }
+        out.push_back(r);
+    }
+    TransferPlan result;
+    result.direction_ = direction;
+    result.requests_ = std::move(out);
+    result.pieces_ = std::move(pieces);
+    result.bytes_ = local_total;
+    result.local_blocks_ = local.size();
+    result.remote_blocks_ = remote.size();
+    return result;
+}
+
+} // namespace detail
+
+TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,
+                                std::span<const RemoteBlock> remote, const TransferLimits& limits) {
+    return detail::or_throw([&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); });
+}
+
+TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,
+                                std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec,
+                                Diagnostics& diagnostics) {
+    detail::Status status;
+    TransferPlan plan = detail::make_transfer_plan(direction, local, remote, limits, status);
+    status.report(diagnostics);
+    ec = status.code;
+    return plan;
+}
+
+WorkRequest TransferPlan::work_request(std::size_t i) const noexcept {
+    const Request& r = requests_[i];
+    std::span<const LocalBuffer> local(pieces_.data() + r.first_piece, r.piece_count);
+    return direction_ == TransferDirection::write ? WorkRequest::write(local, r.remote, 0)
+                                                  : WorkRequest::read(local, r.remote, 0);
+}
+
+std::string TransferPlan::blocks_of(std::size_t i) const {
+    const Request& r = requests_[i];
+    std::string text = r.first_remote == r.last_remote
+                           ? "remote block " + std::to_string(r.first_remote)
+                           : "remote blocks " + std::to_string(r.first_remote) + " to " + std::to_string(r.last_remote);
+    return text + " (local block " + std::to_string(r.first_local) + " onwards; request " + std::to_string(i) + " of " +
+           std::to_string(requests_.size()) + ")";
+}
+
+} // namespace gpuverbs

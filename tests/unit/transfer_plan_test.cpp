@@ -1,0 +1,151 @@
+// TransferPlan without a device: the checks on two block lists, how
+// neighbours coalesce, and how the result is cut to the scatter/gather and
+// message limits.
+#include "gpuverbs/transfer.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace gpuverbs;
+
+namespace {
+
+// Local blocks cut from one pretend region [0x10000, 0x10000 + 1 MiB), lkey 5.
+constexpr std::uint64_t base = 0x10000;
+LocalBuffer local(std::uint64_t offset, std::uint32_t length, std::uint32_t lkey = 5) {
+    return LocalBuffer{base + offset, length, lkey, base, base + (1u << 20)};
+}
+const RemoteMemory peer{0x900000, 1u << 20, 77};
+RemoteBlock remote(std::uint64_t offset, std::uint64_t length, const RemoteMemory& m = peer) {
+    return RemoteBlock{m, offset, length};
+}
+
+std::string refusal(TransferDirection d, const std::vector<LocalBuffer>& l, const std::vector<RemoteBlock>& r,
+                    std::error_code expected = errc::invalid_argument) {
+    std::error_code ec;
+    Diagnostics diagnostics;
+    (void)TransferPlan::make(d, l, r, TransferLimits{4}, ec, diagnostics);
+    CHECK(ec == expected);
+    return diagnostics.message();
+}
+
+} // namespace
+
+TEST_SUITE("transfer plans") {
+    TEST_CASE("one block to one block is one request with one piece") {
+        auto plan = TransferPlan::make(TransferDirection::write, std::vector{local(0, 4096)},
+                                       std::vector{remote(8192, 4096)});
+        REQUIRE(plan.requests().size() == 1);
+        CHECK(plan.requests()[0].remote == RemoteMemory{peer.address + 8192, 4096, 77});
+        CHECK(plan.pieces().size() == 1);
+        CHECK(plan.bytes() == 4096);
+        CHECK(plan.blocks_of(0) == "remote block 0 (local block 0 onwards; request 0 of 1)");
+    }
+
+    TEST_CASE("neighbours coalesce: contiguous blocks of one region on both sides are one request, one piece") {
+        std::vector l{local(0, 100), local(100, 200), local(300, 50)};
+        std::vector r{remote(1000, 150), remote(1150, 200)};
+        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        REQUIRE(plan.requests().size() == 1);
+        CHECK(plan.requests()[0].remote.length == 350);
+        REQUIRE(plan.pieces().size() == 1);
+        CHECK(plan.pieces()[0].length == 350);
+        CHECK(plan.blocks_of(0).find("remote blocks 0 to 1") == 0);
+    }
+
+    TEST_CASE("scattered remote blocks each get a request; the local side is cut where they end") {
+        std::vector l{local(0, 100), local(500, 300)};              // 400 bytes, two places
+        std::vector r{remote(0, 250), remote(4096, 150)};           // 400 bytes, two places
+        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{4});
+        REQUIRE(plan.requests().size() == 2);
+        CHECK(plan.requests()[0].remote.length == 250);
+        CHECK(plan.requests()[0].piece_count == 2); // 100 from block 0, 150 from block 1
+        CHECK(plan.pieces()[0].length == 100);
+        CHECK(plan.pieces()[1].address == base + 500);
+        CHECK(plan.pieces()[1].length == 150);
+        CHECK(plan.requests()[1].remote.address == peer.address + 4096);
+        CHECK(plan.pieces()[2].address == base + 650);
+        CHECK(plan.pieces()[2].length == 150);
+    }
+
+    TEST_CASE("the scatter/gather limit and the message size cut requests") {
+        // Five separate local pieces into one contiguous remote range, two pieces per request.
+        std::vector l{local(0, 10), local(20, 10), local(40, 10), local(60, 10), local(80, 10)};
+        auto plan = TransferPlan::make(TransferDirection::write, l, std::vector{remote(0, 50)}, TransferLimits{2});
+        REQUIRE(plan.requests().size() == 3);
+        CHECK(plan.requests()[0].remote.length == 20);
+        CHECK(plan.requests()[2].remote.length == 10);
+        CHECK(plan.requests()[2].remote.address == peer.address + 40);
+        // 10 KiB contiguous with 4 KiB messages.
+        auto cut = TransferPlan::make(TransferDirection::read, std::vector{local(0, 10240)},
+                                      std::vector{remote(0, 10240)}, TransferLimits{1, 4096});
+        REQUIRE(cut.requests().size() == 3);
+        CHECK(cut.requests()[1].remote.address == peer.address + 4096);
+        CHECK(cut.requests()[2].remote.length == 2048);
+        CHECK(cut.pieces()[2].address == base + 8192);
+    }
+
+    TEST_CASE("blocks of different regions never share a request or a piece") {
+        RemoteMemory other{peer.address + peer.length, 4096, 78}; // right after, another rkey
+        std::vector l{local(0, 100), local(100, 100, 6)};         // right after, another lkey
+        std::vector r{remote(peer.length - 100, 100), remote(0, 100, other)};
+        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{4});
+        REQUIRE(plan.requests().size() == 2);
+        CHECK(plan.requests()[1].remote.rkey == 78);
+        CHECK(plan.pieces()[1].lkey == 6);
+    }
+
+    TEST_CASE("bad lists are refused naming the block") {
+        CHECK(refusal(TransferDirection::write, {local(0, 10), local(10, 0)}, {remote(0, 10)}) ==
+              "TransferPlan: local block 1 has length 0: leave it out of the list");
+        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(0, 10), remote(20, 0)}) ==
+              "TransferPlan: remote block 1 has length 0: leave it out of the list");
+        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(peer.length - 5, 10)},
+                      errc::remote_range_outside_region)
+                  .find("remote block 0 (10 bytes at offset 1048571) lies outside its remote region of 1048576 bytes") !=
+              std::string::npos);
+        LocalBuffer outside{base + (1u << 20) - 4, 8, 5, base, base + (1u << 20)};
+        CHECK(refusal(TransferDirection::write, {outside}, {remote(0, 8)}, errc::local_range_outside_region)
+                  .find("local block 0 (8 bytes at") != std::string::npos);
+        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(0, 12)}).find(
+                  "the local blocks hold 10 bytes and the remote blocks 12") != std::string::npos);
+        CHECK(refusal(TransferDirection::write, {}, {remote(0, 12)}) ==
+              "TransferPlan: a transfer needs at least one local and one remote block");
+    }
+
+    TEST_CASE("the destination must not name a byte twice: remote blocks for writes, local blocks for reads") {
+        std::vector l{local(0, 10), local(100, 10)};
+        std::vector r{remote(0, 10), remote(5, 10)};
+        CHECK(refusal(TransferDirection::write, l, r).find("remote blocks 0 and 1 overlap") != std::string::npos);
+        // Reading the same remote bytes twice is fine...
+        CHECK(TransferPlan::make(TransferDirection::read, l, r).requests().size() == 2);
+        // ... writing the same local bytes twice is not.
+        std::vector twice{local(0, 10), local(5, 10)};
+        CHECK(refusal(TransferDirection::read, twice, std::vector{remote(0, 10), remote(100, 10)})
+                  .find("local blocks 0 and 1 overlap") != std::string::npos);
+    }
+
+    TEST_CASE("10,000 blocks of mixed sizes: every byte planned once, in order") {
+        // Lengths that are multiples of nothing in particular, contiguous locally;
+        // remotely even blocks fill a low half and odd blocks a high half.
+        std::vector<LocalBuffer> l;
+        std::vector<RemoteBlock> r;
+        std::uint64_t at = 0, low = 0, high = 600000;
+        for (std::uint32_t k = 0; k < 10000; ++k) {
+            std::uint32_t n = 1 + (k * 37) % 97;
+            l.push_back(local(at, n));
+            r.push_back(remote(k % 2 == 0 ? low : high, n));
+            (k % 2 == 0 ? low : high) += n;
+            at += n;
+        }
+        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        CHECK(plan.requests().size() == 10000); // alternating halves never coalesce remotely
+        std::uint64_t sum = 0;
+        std::uint64_t expected_local = base;
+        for (const auto& piece : plan.pieces()) {
+            CHECK(piece.address == expected_local);
+            expected_local += piece.length;
+            sum += piece.length;
+        }
+        CHECK(sum == plan.bytes());
+    }
+}
