@@ -131,7 +131,8 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         for (;;) {
             const LocalBuffer& l = local[i];
             std::uint64_t address = l.address + i_off;
-            std::uint64_t n = std::min({remote[j].length - j_off, l.length - i_off, limits.max_message - r.remote.length});
+            std::uint64_t n =
+                std::min({remote[j].length - j_off, l.length - i_off, limits.max_message - r.remote.length});
             // Contiguous with the last piece in the same region: grow it (a piece is one ibv_sge, < 2^32 bytes).
             bool extends = r.piece_count > 0 && pieces.back().lkey == l.lkey &&
                            pieces.back().address + pieces.back().length == address &&
@@ -184,7 +185,8 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
 
 TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,
                                 std::span<const RemoteBlock> remote, const TransferLimits& limits) {
-    return detail::or_throw([&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); });
+    return detail::or_throw(
+        [&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); });
 }
 
 TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,

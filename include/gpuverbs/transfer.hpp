@@ -71,12 +71,12 @@ class TransferPlan {
 public:
     /// One work request: a contiguous remote range and its local pieces.
     struct Request {
-        RemoteMemory remote;             ///< the exact remote range (address, length, rkey)
-        std::uint32_t first_piece = 0;   ///< into pieces()
+        RemoteMemory remote;           ///< the exact remote range (address, length, rkey)
+        std::uint32_t first_piece = 0; ///< into pieces()
         std::uint32_t piece_count = 0;
-        std::uint32_t first_local = 0;   ///< the local block where it starts (for messages)
-        std::uint32_t first_remote = 0;  ///< the remote block where it starts
-        std::uint32_t last_remote = 0;   ///< the remote block where it ends
+        std::uint32_t first_local = 0;  ///< the local block where it starts (for messages)
+        std::uint32_t first_remote = 0; ///< the remote block where it starts
+        std::uint32_t last_remote = 0;  ///< the remote block where it ends
     };
 
     /// Checks and plans; throws gpuverbs::Error (errc::invalid_argument) naming the block.

@@ -32,8 +32,8 @@ std::string refusal(TransferDirection d, const std::vector<LocalBuffer>& l, cons
 
 TEST_SUITE("transfer plans") {
     TEST_CASE("one block to one block is one request with one piece") {
-        auto plan = TransferPlan::make(TransferDirection::write, std::vector{local(0, 4096)},
-                                       std::vector{remote(8192, 4096)});
+        auto plan =
+            TransferPlan::make(TransferDirection::write, std::vector{local(0, 4096)}, std::vector{remote(8192, 4096)});
         REQUIRE(plan.requests().size() == 1);
         CHECK(plan.requests()[0].remote == RemoteMemory{peer.address + 8192, 4096, 77});
         CHECK(plan.pieces().size() == 1);
@@ -53,8 +53,8 @@ TEST_SUITE("transfer plans") {
     }
 
     TEST_CASE("scattered remote blocks each get a request; the local side is cut where they end") {
-        std::vector l{local(0, 100), local(500, 300)};              // 400 bytes, two places
-        std::vector r{remote(0, 250), remote(4096, 150)};           // 400 bytes, two places
+        std::vector l{local(0, 100), local(500, 300)};    // 400 bytes, two places
+        std::vector r{remote(0, 250), remote(4096, 150)}; // 400 bytes, two places
         auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{4});
         REQUIRE(plan.requests().size() == 2);
         CHECK(plan.requests()[0].remote.length == 250);
@@ -99,15 +99,16 @@ TEST_SUITE("transfer plans") {
               "TransferPlan: local block 1 has length 0: leave it out of the list");
         CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(0, 10), remote(20, 0)}) ==
               "TransferPlan: remote block 1 has length 0: leave it out of the list");
-        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(peer.length - 5, 10)},
-                      errc::remote_range_outside_region)
-                  .find("remote block 0 (10 bytes at offset 1048571) lies outside its remote region of 1048576 bytes") !=
-              std::string::npos);
+        CHECK(
+            refusal(TransferDirection::write, {local(0, 10)}, {remote(peer.length - 5, 10)},
+                    errc::remote_range_outside_region)
+                .find("remote block 0 (10 bytes at offset 1048571) lies outside its remote region of 1048576 bytes") !=
+            std::string::npos);
         LocalBuffer outside{base + (1u << 20) - 4, 8, 5, base, base + (1u << 20)};
         CHECK(refusal(TransferDirection::write, {outside}, {remote(0, 8)}, errc::local_range_outside_region)
                   .find("local block 0 (8 bytes at") != std::string::npos);
-        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(0, 12)}).find(
-                  "the local blocks hold 10 bytes and the remote blocks 12") != std::string::npos);
+        CHECK(refusal(TransferDirection::write, {local(0, 10)}, {remote(0, 12)})
+                  .find("the local blocks hold 10 bytes and the remote blocks 12") != std::string::npos);
         CHECK(refusal(TransferDirection::write, {}, {remote(0, 12)}) ==
               "TransferPlan: a transfer needs at least one local and one remote block");
     }
