@@ -5,7 +5,8 @@
 //   std::vector<gpuverbs::LocalBuffer> mine = {pool.slice(7 * B, B), pool.slice(2 * B, B)};
 //   std::vector<gpuverbs::RemoteBlock> theirs = {{peer_pool, 40 * B, B}, {peer_pool, 41 * B, B}};
 //   auto plan = gpuverbs::TransferPlan::make(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
-//   qp_async_transfer(qp, plan, [](boost::system::error_code ec, std::size_t bytes) { ... });
+//   gpuverbs::async_transfer(qp, plan, {.notify = request_id}, [](boost::system::error_code ec, std::size_t bytes) {});
+//   // the peer: a receive completes with immediate == request_id once every block has landed
 //
 // The two lists describe the same bytes in order, cut differently: any
 // lengths on either side. TransferPlan checks them (no zero-length block,
@@ -33,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -139,33 +141,65 @@ struct TransferState {
 };
 } // namespace detail
 
+/// How async_transfer finishes and reports.
+struct TransferOptions {
+    /// Writes only: after the last block, a zero-byte write with this
+    /// immediate (a transfer id) consumes one receive at the peer. RC delivers
+    /// in order, so when the peer's receive completes every block has landed.
+    std::optional<std::uint32_t> notify;
+    /// Receives plan.blocks_of() for the first request that failed.
+    std::string* failed_blocks = nullptr;
+};
+
 /// Posts every request of `plan` on `qp` (asynchronously: the QP's CQ must be
 /// bound to an executor; requests wait for free slots in order) and completes
 /// once: void(boost::system::error_code, std::size_t bytes). The error is the
-/// first request's that failed (a device status, operation_aborted when the
-/// QP was destroyed); `failed_blocks`, if given, receives plan.blocks_of()
-/// for it. `plan`, its memory and `failed_blocks` must live until completion.
+/// first request's that failed (a device status; operation_aborted when the
+/// QP was destroyed; errc::invalid_argument for a notification on a read).
+/// `plan`, its memory and `options.failed_blocks` must live until completion.
 template <class Token>
-auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token, std::string* failed_blocks = nullptr) {
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
-        [&qp, &plan, failed_blocks](auto handler) {
+        [&qp, &plan, options](auto handler) {
             using Handler = decltype(handler);
             auto state = std::make_shared<detail::TransferState<Handler>>(std::move(handler), qp.get_executor());
-            state->left = plan.requests().size();
-            for (std::size_t i = 0; i < plan.requests().size(); ++i) {
-                qp.async_post(plan.work_request(i),
-                              [state, i, &plan, failed_blocks](boost::system::error_code ec, std::size_t n) {
-                                  if (ec && !state->first_error) {
-                                      state->first_error = ec;
-                                      if (failed_blocks != nullptr) *failed_blocks = plan.blocks_of(i);
-                                  }
-                                  state->bytes += ec ? 0 : plan.requests()[i].remote.length;
-                                  (void)n;
-                                  if (--state->left == 0) state->finish();
-                              });
+            if (options.notify && plan.direction() == TransferDirection::read) {
+                state->first_error = detail::to_asio_error(make_error_code(errc::invalid_argument));
+                if (options.failed_blocks != nullptr) {
+                    *options.failed_blocks = "a read needs no notification: the reader knows when it is done";
+                }
+                return state->finish();
+            }
+            std::size_t count = plan.requests().size();
+            state->left = count + (options.notify ? 1 : 0);
+            auto done = [state, &plan, failed = options.failed_blocks](std::size_t i, boost::system::error_code ec) {
+                if (ec && !state->first_error) {
+                    state->first_error = ec;
+                    if (failed != nullptr) {
+                        *failed = i < plan.requests().size() ? plan.blocks_of(i) : "the notification after the last block";
+                    }
+                }
+                if (!ec && i < plan.requests().size()) state->bytes += plan.requests()[i].remote.length;
+                if (--state->left == 0) state->finish();
+            };
+            for (std::size_t i = 0; i < count; ++i) {
+                qp.async_post(plan.work_request(i), [done, i](boost::system::error_code ec, std::size_t) { done(i, ec); });
+            }
+            if (options.notify) {
+                const TransferPlan::Request& last = plan.requests().back();
+                LocalBuffer none = plan.pieces().front();
+                none.length = 0;
+                qp.async_post(WorkRequest::write_with_imm(none, last.remote, 0, *options.notify),
+                              [done, count](boost::system::error_code ec, std::size_t) { done(count, ec); });
             }
         },
         token);
+}
+
+/// … without a notification.
+template <class Token>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token) {
+    return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));
 }
 
 } // namespace gpuverbs

@@ -145,6 +145,61 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         }
     }
 
+    TEST_CASE("a notification after the last block: when the peer's receive completes, every block has landed") {
+        asio::io_context io;
+        Layout l = layout(1000, 3000, 5);
+        Pair p(io.get_executor(), l.bytes * 2 + 8000);
+        for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 5);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+            local.push_back(p.a.mr.slice(l.source[k], l.lengths[k]));
+            remote.push_back({p.b.mr.remote(), l.destination[k], l.lengths[k]});
+        }
+        std::optional<std::uint32_t> immediate;
+        std::size_t bad_at_notification = 1;
+        p.b.qp.async_receive(p.b.mr.slice(0, 0), [&](boost::system::error_code ec, Received r) {
+            REQUIRE_FALSE(ec);
+            immediate = r.immediate;
+            bad_at_notification = 0;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                for (std::size_t i = 0; i < l.lengths[k]; ++i) {
+                    bad_at_notification += p.b.memory[l.destination[k] + i] != pattern(l.source[k] + i, 5) ? 1 : 0;
+                }
+            }
+        });
+        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        int calls = 0;
+        boost::system::error_code result;
+        async_transfer(p.a.qp, plan, TransferOptions{.notify = 0xC0FFEEu, .failed_blocks = nullptr},
+                       [&](boost::system::error_code ec, std::size_t n) {
+                           ++calls;
+                           result = ec;
+                           CHECK(n == l.bytes);
+                       });
+        io.run_for(20s);
+        CHECK(calls == 1);
+        CHECK_FALSE(result);
+        CHECK(immediate == 0xC0FFEEu);
+        CHECK(bad_at_notification == 0);
+
+        // A read asks for no notification: refused, once, never inside the call.
+        TransferPlan read = TransferPlan::make(TransferDirection::read, local, remote, p.a.qp.capabilities());
+        std::string why;
+        calls = 0;
+        async_transfer(p.a.qp, read, TransferOptions{.notify = 1u, .failed_blocks = &why},
+                       [&](boost::system::error_code ec, std::size_t) {
+                           ++calls;
+                           result = ec;
+                       });
+        CHECK(calls == 0);
+        io.restart();
+        io.run_for(1s);
+        CHECK(calls == 1);
+        CHECK(result == detail::to_asio_error(make_error_code(errc::invalid_argument)));
+        CHECK(why == "a read needs no notification: the reader knows when it is done");
+    }
+
     TEST_CASE("a wrong remote key fails the transfer once, naming the block; the plan refuses a range outside") {
         asio::io_context io;
         Pair p(io.get_executor(), 1 << 16);
@@ -160,13 +215,11 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         std::string failed;
         boost::system::error_code result;
         int calls = 0;
-        async_transfer(
-            p.a.qp, plan,
-            [&](boost::system::error_code ec, std::size_t) {
-                ++calls;
-                result = ec;
-            },
-            &failed);
+        async_transfer(p.a.qp, plan, TransferOptions{.notify = std::nullopt, .failed_blocks = &failed},
+                       [&](boost::system::error_code ec, std::size_t) {
+                           ++calls;
+                           result = ec;
+                       });
         io.run_for(10s);
         CHECK(calls == 1);
         CHECK(result == detail::to_asio_error(make_wc_error(IBV_WC_REM_ACCESS_ERR)));
