@@ -85,6 +85,15 @@ struct RemoteMemory {
     friend bool operator==(const RemoteMemory&, const RemoteMemory&) = default;
 };
 
+/// A range of a peer's memory: `length` bytes at `offset` in `memory` (the
+/// remote side of a block-list transfer, transfer.hpp; wire.hpp serializes lists).
+struct RemoteBlock {
+    RemoteMemory memory;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+    friend bool operator==(const RemoteBlock&, const RemoteBlock&) = default;
+};
+
 class MemoryRegion;
 
 namespace detail {

@@ -41,14 +41,6 @@
 
 namespace gpuverbs {
 
-/// A range of a peer's memory: `length` bytes at `offset` in `memory`.
-struct RemoteBlock {
-    RemoteMemory memory;
-    std::uint64_t offset = 0;
-    std::uint64_t length = 0;
-    friend bool operator==(const RemoteBlock&, const RemoteBlock&) = default;
-};
-
 enum class TransferDirection : std::uint8_t {
     write, ///< local blocks → remote blocks (RDMA write)
     read,  ///< remote blocks → local blocks (RDMA read)

@@ -9,6 +9,8 @@
 //   MeshRecord               "GVMR" u16 version u16 regions | u32 rank | u32 world size |
 //                            u32 endpoints | u32 0 | endpoints × (u32 peer rank | u32 0 | Endpoint) |
 //                            regions × RemoteMemory
+//   Block list               "GVBL" u16 version u16 regions | u32 blocks | u32 0 | regions × RemoteMemory |
+//                            blocks × (u16 region index | u16 0 | u32 0 | u64 offset | u64 length)
 //
 // Parsing checks sizes, magic, version, reserved fields and value ranges, and
 // fails with errc::malformed_record or errc::unsupported_version saying what
@@ -62,6 +64,10 @@ inline constexpr std::size_t max_handshake_size =
     handshake_header_size + endpoint_size + max_regions * remote_memory_size;
 inline constexpr std::size_t mesh_header_size = 24;
 inline constexpr std::size_t mesh_entry_size = 8 + endpoint_size;
+inline constexpr std::size_t block_list_header_size = 16;
+inline constexpr std::size_t block_entry_size = 24;
+/// The most blocks one list carries (a KV-cache request is hundreds to thousands).
+inline constexpr std::uint32_t max_blocks = 1u << 20;
 /// The largest mesh a record describes (ranks 0 .. max_world_size - 1).
 inline constexpr std::uint32_t max_world_size = 65536;
 inline constexpr std::size_t max_mesh_record_size =
@@ -73,6 +79,9 @@ std::array<std::byte, remote_memory_size> serialize(const RemoteMemory& memory);
 std::vector<std::byte> serialize(const Handshake& handshake);
 /// Throws gpuverbs::Error (errc::invalid_argument) for a record parse_mesh_record would refuse.
 std::vector<std::byte> serialize(const MeshRecord& record);
+/// A block list: its distinct regions once, then 24 bytes per block. Throws
+/// gpuverbs::Error (errc::invalid_argument) for a list parse_block_list would refuse.
+std::vector<std::byte> serialize(std::span<const RemoteBlock> blocks);
 
 Endpoint parse_endpoint(std::span<const std::byte> bytes);
 Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec);
@@ -85,12 +94,20 @@ Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec)
 /// endpoint and region as their own parsers do.
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes);
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes, std::error_code& ec);
+/// Checks sizes, counts (1 to max_blocks blocks, at most max_regions
+/// regions), reserved fields, each region as parse_remote_memory does, and
+/// that every block has a length and lies inside its region.
+std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes);
+std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, std::error_code& ec);
 
 namespace detail {
 Endpoint parse_endpoint(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 Handshake parse_handshake(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
+std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
+/// Why `blocks` cannot be sent or accepted; empty when well-formed.
+std::string block_list_problem(std::span<const RemoteBlock> blocks);
 /// Why `record` cannot be sent or accepted; empty when it is well-formed.
 std::string mesh_record_problem(const MeshRecord& record);
 } // namespace detail

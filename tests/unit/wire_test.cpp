@@ -224,3 +224,63 @@ TEST_SUITE("mesh record") {
         CHECK(ec == errc::malformed_record);
     }
 }
+
+TEST_SUITE("block list") {
+    const RemoteMemory pool_a{0x1000, 1 << 20, 7};
+    const RemoteMemory pool_b{0x900000, 4096, 8};
+
+    TEST_CASE("round trip: each region once, 24 bytes per block") {
+        std::vector<RemoteBlock> blocks{{pool_a, 0, 100}, {pool_b, 4000, 96}, {pool_a, 70000, 1}};
+        std::vector<std::byte> bytes = wire::serialize(blocks);
+        CHECK(bytes.size() == wire::block_list_header_size + 2 * wire::remote_memory_size + 3 * wire::block_entry_size);
+        CHECK(wire::parse_block_list(bytes) == blocks);
+    }
+    TEST_CASE("what the sender refuses: no block, a zero length, a block outside its region") {
+        auto refused = [](std::vector<RemoteBlock> blocks) {
+            try {
+                (void)wire::serialize(blocks);
+            } catch (const Error& e) {
+                CHECK(e.code() == errc::invalid_argument);
+                return std::string(e.what());
+            }
+            return std::string("accepted");
+        };
+        CHECK(refused({}).find("1 to 1048576 blocks, not 0") != std::string::npos);
+        CHECK(refused({{pool_a, 0, 0}}).find("block 0 has length 0") != std::string::npos);
+        CHECK(refused({{pool_a, 0, 1}, {pool_b, 4000, 97}}).find("block 1 (97 bytes at offset 4000) lies outside") !=
+              std::string::npos);
+    }
+    TEST_CASE("what the receiver refuses, in words: truncated, wrong version, bad index, reserved, lies, counts") {
+        std::vector<std::byte> good = wire::serialize(std::vector<RemoteBlock>{{pool_a, 0, 100}, {pool_b, 0, 50}});
+        auto parse = [](std::vector<std::byte> bytes, std::error_code want) {
+            std::error_code ec;
+            (void)wire::parse_block_list(bytes, ec);
+            CHECK(ec == want);
+            try {
+                (void)wire::parse_block_list(bytes);
+            } catch (const Error& e) {
+                return std::string(e.what());
+            }
+            return std::string("accepted");
+        };
+        auto truncated = good;
+        truncated.pop_back();
+        CHECK(parse(truncated, errc::malformed_record).find("need exactly") != std::string::npos);
+        auto version = good;
+        version[5] = std::byte{9};
+        CHECK(parse(version, errc::unsupported_version) != "accepted");
+        std::size_t entries = wire::block_list_header_size + 2 * wire::remote_memory_size;
+        auto index = good;
+        index[entries + 1] = std::byte{2}; // block 0 names region 2 of 2
+        CHECK(parse(index, errc::malformed_record).find("block 0 names region 2 of 2") != std::string::npos);
+        auto reserved = good;
+        reserved[entries + wire::block_entry_size + 3] = std::byte{1};
+        CHECK(parse(reserved, errc::malformed_record).find("block 1 has a non-zero reserved field") != std::string::npos);
+        auto lie = good; // block 1's length: 50 -> 0x10000000000000032, far outside its 4096 bytes
+        lie[entries + wire::block_entry_size + 16] = std::byte{1};
+        CHECK(parse(lie, errc::malformed_record).find("block 1 (") != std::string::npos);
+        auto huge = good; // a block count of 0xffffffff, refused before allocating anything
+        for (int i = 8; i < 12; ++i) huge[i] = std::byte{0xff};
+        CHECK(parse(huge, errc::malformed_record).find("announces 4294967295 blocks") != std::string::npos);
+    }
+}
