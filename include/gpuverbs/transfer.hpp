@@ -168,14 +168,16 @@ auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptio
                 if (ec && !state->first_error) {
                     state->first_error = ec;
                     if (failed != nullptr) {
-                        *failed = i < plan.requests().size() ? plan.blocks_of(i) : "the notification after the last block";
+                        *failed =
+                            i < plan.requests().size() ? plan.blocks_of(i) : "the notification after the last block";
                     }
                 }
                 if (!ec && i < plan.requests().size()) state->bytes += plan.requests()[i].remote.length;
                 if (--state->left == 0) state->finish();
             };
             for (std::size_t i = 0; i < count; ++i) {
-                qp.async_post(plan.work_request(i), [done, i](boost::system::error_code ec, std::size_t) { done(i, ec); });
+                qp.async_post(plan.work_request(i),
+                              [done, i](boost::system::error_code ec, std::size_t) { done(i, ec); });
             }
             if (options.notify) {
                 const TransferPlan::Request& last = plan.requests().back();

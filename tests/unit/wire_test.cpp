@@ -275,7 +275,8 @@ TEST_SUITE("block list") {
         CHECK(parse(index, errc::malformed_record).find("block 0 names region 2 of 2") != std::string::npos);
         auto reserved = good;
         reserved[entries + wire::block_entry_size + 3] = std::byte{1};
-        CHECK(parse(reserved, errc::malformed_record).find("block 1 has a non-zero reserved field") != std::string::npos);
+        CHECK(parse(reserved, errc::malformed_record).find("block 1 has a non-zero reserved field") !=
+              std::string::npos);
         auto lie = good; // block 1's length: 50 -> 0x10000000000000032, far outside its 4096 bytes
         lie[entries + wire::block_entry_size + 16] = std::byte{1};
         CHECK(parse(lie, errc::malformed_record).find("block 1 (") != std::string::npos);
