@@ -135,7 +135,7 @@ std::vector<std::byte> frame_record(std::span<const std::byte> payload) {
 }
 
 void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> payload, Clock::time_point deadline,
-                 Status& status) {
+                 Status& status, const char* what) {
     std::vector<std::byte> frame = frame_record(payload);
     boost::system::error_code ec;
     socket.non_blocking(true, ec);
@@ -145,12 +145,12 @@ void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> paylo
         if (ec == asio::error::would_block || ec == asio::error::try_again) {
             ec.clear();
             if (!wait_ready(socket.native_handle(), POLLOUT, deadline)) {
-                fail_timeout(status, "send", "sending the handshake");
+                fail_timeout(status, "send", std::string("sending the ") + what);
                 return;
             }
         }
     }
-    if (ec) fail_io(ec, true, "handshake", done, frame.size(), status);
+    if (ec) fail_io(ec, true, what, done, frame.size(), status);
 }
 
 std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max_size, Clock::time_point deadline,
@@ -183,6 +183,21 @@ std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max
     return payload;
 }
 
+// The exchanges work non-blocking, for their deadline; the socket goes back
+// to the caller in the mode it came in (blocking asio reads afterwards would
+// otherwise fail with "would block").
+struct RestoreMode {
+    asio::ip::tcp::socket& socket;
+    bool non_blocking;
+    explicit RestoreMode(asio::ip::tcp::socket& s) : socket(s), non_blocking(s.non_blocking()) {}
+    RestoreMode(const RestoreMode&) = delete;
+    RestoreMode& operator=(const RestoreMode&) = delete;
+    ~RestoreMode() {
+        boost::system::error_code ignored;
+        socket.non_blocking(non_blocking, ignored);
+    }
+};
+
 Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
                         Status& status) {
     auto deadline = Clock::now() + timeout;
@@ -191,20 +206,7 @@ Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, st
                     "a handshake carries at most " + std::to_string(wire::max_regions) + " regions");
         return {};
     }
-    // The exchange works non-blocking, for its deadline; the socket goes back
-    // to the caller in the mode it came in (blocking asio reads after the
-    // handshake would otherwise fail with "would block").
-    struct RestoreMode {
-        asio::ip::tcp::socket& socket;
-        bool non_blocking;
-        RestoreMode(asio::ip::tcp::socket& s, bool mode) : socket(s), non_blocking(mode) {}
-        RestoreMode(const RestoreMode&) = delete;
-        RestoreMode& operator=(const RestoreMode&) = delete;
-        ~RestoreMode() {
-            boost::system::error_code ignored;
-            socket.non_blocking(non_blocking, ignored);
-        }
-    } restore(socket, socket.non_blocking());
+    RestoreMode restore(socket);
     std::vector<std::byte> payload = wire::serialize(ours);
     write_frame(socket, payload, deadline, status);
     if (!status.ok()) return {};
@@ -214,6 +216,22 @@ Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, st
 }
 
 } // namespace detail
+
+void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout) {
+    detail::Status status;
+    detail::RestoreMode restore(socket);
+    detail::write_frame(socket, record, Clock::now() + timeout, status, "record");
+    status.check();
+}
+
+std::vector<std::byte> receive_record(asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout) {
+    detail::Status status;
+    detail::RestoreMode restore(socket);
+    std::vector<std::byte> record = detail::read_frame(socket, max_size, Clock::now() + timeout, status);
+    status.check();
+    return record;
+}
 
 Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout) {
     return detail::or_throw([&](detail::Status& s) { return detail::exchange_impl(socket, ours, timeout, s); });

@@ -79,6 +79,14 @@ Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsha
 Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
                              std::chrono::milliseconds timeout, std::error_code& ec);
 
+/// Sends one framed record (any wire.hpp record after the handshake, e.g. a
+/// block list) and receives one of at most `max_size` bytes: the same frame,
+/// checks and words as the handshake's. Throw gpuverbs::Error.
+void send_record(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> record,
+                 std::chrono::milliseconds timeout = default_bootstrap_timeout);
+std::vector<std::byte> receive_record(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout = default_bootstrap_timeout);
+
 namespace detail {
 
 /// A record as it goes on the wire: 4-byte big-endian length, then the payload.
@@ -222,9 +230,9 @@ private:
     std::unique_ptr<State> state_;
 };
 
-/// Writes one framed record (4-byte big-endian length + payload).
+/// Writes one framed record (4-byte big-endian length + payload); `what` names it in errors.
 void write_frame(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> payload,
-                 std::chrono::steady_clock::time_point deadline, Status& status);
+                 std::chrono::steady_clock::time_point deadline, Status& status, const char* what = "handshake");
 /// exchange_handshake with the full explanation kept in `status`.
 Handshake exchange_impl(boost::asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
                         Status& status);
