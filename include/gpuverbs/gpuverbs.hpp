@@ -20,6 +20,7 @@
 #include "gpuverbs/queue_pair.hpp"
 #include "gpuverbs/queue_pair_types.hpp"
 #include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/registration_cache.hpp"
 #include "gpuverbs/rendezvous.hpp"
 #include "gpuverbs/rendezvous/pmix.hpp"
 #include "gpuverbs/rendezvous/redis.hpp"

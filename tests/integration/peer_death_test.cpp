@@ -7,6 +7,7 @@
 // behind.
 #include "child_process.hpp"
 #include "connected_pair.hpp"
+#include "process_resources.hpp"
 
 #include <doctest/doctest.h>
 
@@ -135,18 +136,6 @@ std::size_t heap_in_use() {
     return mallinfo2().uordblks;
 }
 
-/// Memory regions of this process registered on `device` (rdma resource show mr): -1 without the tool.
-int registered_regions() {
-    const std::string command = "rdma resource show mr pid " + std::to_string(::getpid()) + " 2>/dev/null | wc -l";
-    // NOLINTNEXTLINE(cert-env33-c,concurrency-mt-unsafe): a fixed command line, for a measurement
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return -1;
-    int lines = -1;
-    if (std::fscanf(pipe, "%d", &lines) != 1) lines = -1;
-    ::pclose(pipe);
-    return lines;
-}
-
 } // namespace
 
 TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present())) {
@@ -213,14 +202,14 @@ TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present())) {
         {
             // The region count is a real measurement: it sees a pair's two regions while they exist.
             test::ConnectedPair alive(1 << 12);
-            CHECK(registered_regions() >= 2);
+            CHECK(test::registered_regions() >= 2);
         }
         const std::size_t fds = open_descriptors();
-        const int mrs = registered_regions();
+        const int mrs = test::registered_regions();
         const std::size_t heap = heap_in_use();
         for (std::uint32_t i = 0; i < 100; ++i) cycle(100 + i);
         const std::size_t fds_after = open_descriptors();
-        const int mrs_after = registered_regions();
+        const int mrs_after = test::registered_regions();
         const std::size_t heap_after = heap_in_use();
         MESSAGE("descriptors " << fds << " -> " << fds_after << ", registered MRs " << mrs << " -> " << mrs_after
                                << ", heap in use " << heap << " -> " << heap_after << " bytes");

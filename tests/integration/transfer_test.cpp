@@ -1,6 +1,7 @@
 // Block-list transfers on rxe0 <-> rxe1: scattered blocks of mixed sizes
 // written and read in one operation, every byte checked; a wrong key named by
 // its block; a queue pair destroyed mid-transfer.
+#include "process_resources.hpp"
 #include "rig.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
@@ -260,5 +261,63 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         io.run_for(5s);
         CHECK(calls == 1);
         CHECK(result == asio::error::operation_aborted);
+    }
+}
+
+TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("hits hand back the same region; data moves through it; 10,000 mixed requests stay within the bounds") {
+        asio::io_context io;
+        Pair p(io.get_executor(), 32 << 20);
+        const int baseline = test::registered_regions();
+        RegistrationCache cache(p.a.pd, {.max_regions = 16, .max_bytes = 8 << 20});
+        std::span<std::byte> memory(p.a.memory);
+        const Access rw = Access::local_write | Access::remote_read;
+
+        auto first = cache.get(memory.subspan(4096, 65536), rw);
+        auto again = cache.get(memory.subspan(8192, 4096), Access::local_write);
+        CHECK(first == again); // covered, with less access: the same registration
+        CHECK(cache.stats().hits == 1);
+        CHECK(cache.stats().misses == 1);
+
+        // A write from memory registered through the cache.
+        for (std::size_t i = 0; i < 4096; ++i) p.a.memory[8192 + i] = std::byte(i % 253);
+        REQUIRE_FALSE(p.a.qp.post_write(again->slice(8192 - 4096, 4096), p.b.mr.remote(), 0));
+        Completion c;
+        while (p.a.cq.poll({&c, 1}) == 0) {
+        }
+        CHECK(c.ok());
+        CHECK(std::equal(p.b.memory.begin(), p.b.memory.begin() + 4096, p.a.memory.begin() + 8192));
+
+        // invalidate before the memory goes away: the next request registers again.
+        cache.invalidate(memory.data() + 4096, 65536);
+        CHECK(cache.stats().invalidations == 1);
+        auto fresh = cache.get(memory.subspan(8192, 4096), Access::local_write);
+        CHECK(fresh != again);
+        first.reset();
+        again.reset();
+        fresh.reset();
+
+        std::mt19937 random(11);
+        int most = 0;
+        for (int i = 0; i < 10000; ++i) {
+            std::size_t begin = (random() % 8192) * 4096;
+            std::size_t length = 1 + random() % (256 << 10);
+            if (begin + length > memory.size()) length = memory.size() - begin;
+            Access access = random() % 3 == 0 ? rw : Access::local_write;
+            auto mr = cache.get(memory.subspan(begin, length), access);
+            std::size_t offset = reinterpret_cast<std::uintptr_t>(memory.data() + begin) -
+                                 reinterpret_cast<std::uintptr_t>(mr->address());
+            auto covers = mr->slice(offset, length);
+            REQUIRE(covers.in_region());
+            REQUIRE(cache.stats().regions <= 16);
+            if (i % 1000 == 999) most = std::max(most, test::registered_regions() - baseline);
+        }
+        auto s = cache.stats();
+        MESSAGE("10,000 requests: " << s.hits << " hits, " << s.misses << " misses, " << s.evictions << " evictions, "
+                                    << s.merges << " merges; at most " << most << " regions registered at once; "
+                                    << s.bytes_pinned << " bytes pinned at the end");
+        CHECK(most <= 16);
+        CHECK(s.bytes_pinned <= (8u << 20) + (256u << 10)); // a single region may exceed the bound alone
+        CHECK(s.hits + s.misses == 10000 + 3);
     }
 }

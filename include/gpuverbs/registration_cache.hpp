@@ -1,0 +1,192 @@
+// A registration cache: registering memory is slow (pinning pages, and for
+// large regions milliseconds), and services register the same buffers again
+// and again. The cache hands back an existing MemoryRegion that covers the
+// range with at least the access asked for, and registers otherwise.
+//
+//   gpuverbs::RegistrationCache cache(pd, {.max_regions = 256, .max_bytes = 8ull << 30});
+//   auto mr = cache.get(buffer, Access::local_write | Access::remote_write);   // shared_ptr<const MemoryRegion>
+//   qp.post_write(mr->slice(...), ...);
+//   cache.invalidate(buffer.data(), buffer.size());   // BEFORE freeing host memory: see below
+//
+// Rules:
+//  - a hit needs one cached region covering the whole range with every access
+//    bit asked for; a range that overlaps cached regions without fitting in
+//    one is registered as the union of them all (with the union of their
+//    access), and those regions leave the cache (their holders keep them);
+//  - bounded in count and in bytes; the least recently used regions go first
+//    (a region still held by the caller stays valid: the shared_ptr owns it);
+//  - host memory: the cache cannot see free(). Call invalidate() for a range
+//    before freeing or unmapping it (a later allocation at the same address
+//    would otherwise get the old pages' registration). GPU memory is checked
+//    by its buffer id (issue 15 continues).
+#pragma once
+
+#include "gpuverbs/memory_region.hpp"
+#include "gpuverbs/protection_domain.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace gpuverbs {
+
+struct RegistrationCacheLimits {
+    /// Regions the cache keeps at most.
+    std::size_t max_regions = 1024;
+    /// Bytes its regions pin at most.
+    std::size_t max_bytes = std::size_t{4} << 30;
+};
+
+struct RegistrationCacheStats {
+    std::uint64_t hits = 0;
+    std::uint64_t misses = 0;        ///< registrations made
+    std::uint64_t evictions = 0;     ///< regions dropped for the limits
+    std::uint64_t merges = 0;        ///< regions dropped because a new one covers them
+    std::uint64_t invalidations = 0; ///< regions dropped by invalidate()
+    std::size_t regions = 0;         ///< regions cached now
+    std::size_t bytes_pinned = 0;    ///< bytes they cover
+};
+
+namespace detail {
+
+/// The cache's bookkeeping over any handle type, without a device: which
+/// cached range serves a request, what a miss registers and replaces, and
+/// which entries the limits evict. Unit-tested with plain values.
+template <class Handle>
+class RegistrationIndex {
+public:
+    explicit RegistrationIndex(RegistrationCacheLimits limits) : limits_(limits) {}
+
+    /// The handle covering [begin, end) with `access`, counted as a hit; else nothing.
+    std::optional<Handle> find(std::uint64_t begin, std::uint64_t end, Access access) {
+        auto it = entries_.upper_bound(begin);
+        if (it == entries_.begin()) return std::nullopt;
+        --it;
+        Entry& e = it->second;
+        if (end > e.end || (e.access & access) != access) return std::nullopt;
+        lru_.splice(lru_.begin(), lru_, e.lru);
+        ++stats_.hits;
+        return e.handle;
+    }
+
+    /// What a miss must register: the range and access, grown to cover every
+    /// cached entry it overlaps (those are replaced when it is inserted).
+    struct Miss {
+        std::uint64_t begin, end;
+        Access access;
+    };
+    [[nodiscard]] Miss plan_miss(std::uint64_t begin, std::uint64_t end, Access access) const {
+        Miss m{begin, end, access};
+        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end; ++it) {
+            m.begin = std::min(m.begin, it->first);
+            m.end = std::max(m.end, it->second.end);
+            m.access = m.access | it->second.access;
+        }
+        return m;
+    }
+
+    /// Adds a registration made for `m`, dropping what it covers, then evicts
+    /// the least recently used entries beyond the limits (never this one).
+    void insert(const Miss& m, Handle handle) {
+        ++stats_.misses;
+        for (auto it = first_overlapping(m.begin); it != entries_.end() && it->first < m.end;) {
+            it = erase(it);
+            ++stats_.merges;
+        }
+        lru_.push_front(m.begin);
+        entries_.emplace(m.begin, Entry{m.end, m.access, std::move(handle), lru_.begin()});
+        bytes_ += m.end - m.begin;
+        while ((entries_.size() > limits_.max_regions || bytes_ > limits_.max_bytes) && entries_.size() > 1) {
+            erase(entries_.find(lru_.back()));
+            ++stats_.evictions;
+        }
+    }
+
+    /// Drops every entry overlapping [begin, end).
+    void invalidate(std::uint64_t begin, std::uint64_t end) {
+        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end;) {
+            it = erase(it);
+            ++stats_.invalidations;
+        }
+    }
+
+    [[nodiscard]] RegistrationCacheStats stats() const {
+        RegistrationCacheStats s = stats_;
+        s.regions = entries_.size();
+        s.bytes_pinned = bytes_;
+        return s;
+    }
+
+private:
+    struct Entry {
+        std::uint64_t end;
+        Access access;
+        Handle handle;
+        std::list<std::uint64_t>::iterator lru;
+    };
+    using Map = std::map<std::uint64_t, Entry>;
+
+    // Entries never overlap each other, so the one before `begin` is the only
+    // earlier one that can reach into it.
+    typename Map::const_iterator first_overlapping(std::uint64_t begin) const {
+        auto it = entries_.upper_bound(begin);
+        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+        return it;
+    }
+    typename Map::iterator first_overlapping(std::uint64_t begin) {
+        auto it = entries_.upper_bound(begin);
+        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+        return it;
+    }
+    typename Map::iterator erase(typename Map::iterator it) {
+        bytes_ -= it->second.end - it->first;
+        lru_.erase(it->second.lru);
+        return entries_.erase(it);
+    }
+
+    RegistrationCacheLimits limits_;
+    Map entries_;
+    std::list<std::uint64_t> lru_; // most recent first
+    std::size_t bytes_ = 0;
+    RegistrationCacheStats stats_;
+};
+
+} // namespace detail
+
+class RegistrationCache {
+public:
+    /// Registers in `pd` (which must outlive the cache).
+    explicit RegistrationCache(const ProtectionDomain& pd, RegistrationCacheLimits limits = {})
+        : pd_(&pd), index_(limits) {}
+
+    /// A region covering `memory` with at least `access`: cached, or registered now.
+    /// Throws what MemoryRegion's constructor throws.
+    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access) {
+        auto begin = reinterpret_cast<std::uint64_t>(memory.data());
+        auto end = begin + memory.size();
+        if (auto hit = index_.find(begin, end, access)) return *hit;
+        auto miss = index_.plan_miss(begin, end, access);
+        auto mr = std::make_shared<const MemoryRegion>(*pd_, reinterpret_cast<void*>(miss.begin),
+                                                       static_cast<std::size_t>(miss.end - miss.begin), miss.access);
+        index_.insert(miss, mr);
+        return mr;
+    }
+    /// Forgets every region overlapping [address, address + length): call it
+    /// before freeing or unmapping host memory.
+    void invalidate(const void* address, std::size_t length) {
+        auto begin = reinterpret_cast<std::uint64_t>(address);
+        index_.invalidate(begin, begin + length);
+    }
+    [[nodiscard]] RegistrationCacheStats stats() const { return index_.stats(); }
+
+private:
+    const ProtectionDomain* pd_;
+    detail::RegistrationIndex<std::shared_ptr<const MemoryRegion>> index_;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,132 @@
+// The registration cache's bookkeeping without a device: hits, misses that
+// grow over what they overlap, least-recently-used eviction within both
+// limits, invalidation. Handles are plain numbers here; the rig test runs the
+// same index with real MemoryRegions.
+#include "gpuverbs/registration_cache.hpp"
+
+#include <doctest/doctest.h>
+
+#include <random>
+
+using namespace gpuverbs;
+
+namespace {
+constexpr Access rw = Access::local_write | Access::remote_write;
+using Index = detail::RegistrationIndex<int>;
+
+int fetch(Index& index, std::uint64_t begin, std::uint64_t end, Access access, int& next) {
+    if (auto hit = index.find(begin, end, access)) return *hit;
+    auto miss = index.plan_miss(begin, end, access);
+    index.insert(miss, next);
+    return next++;
+}
+} // namespace
+
+TEST_SUITE("registration cache") {
+    TEST_CASE("a covered range with the access asked for is a hit; more access or a wider range is a miss") {
+        Index index({});
+        int next = 1;
+        CHECK(fetch(index, 1000, 2000, rw, next) == 1);
+        CHECK(fetch(index, 1200, 1300, Access::local_write, next) == 1); // inside, less access
+        CHECK(fetch(index, 1000, 2000, rw, next) == 1);
+        CHECK(index.stats().hits == 2);
+        CHECK(index.stats().misses == 1);
+        // More access: a new registration over the same range, with both accesses; the old one leaves.
+        CHECK(fetch(index, 1000, 1500, rw | Access::remote_read, next) == 2);
+        CHECK(index.stats().merges == 1);
+        CHECK(fetch(index, 1900, 2000, Access::remote_read, next) == 2); // the union covers [1000, 2000)
+        CHECK(index.stats().regions == 1);
+        CHECK(index.stats().bytes_pinned == 1000);
+    }
+
+    TEST_CASE("a range overlapping several cached regions is registered as their union; neighbours stay apart") {
+        Index index({});
+        int next = 1;
+        fetch(index, 0, 100, rw, next);
+        fetch(index, 200, 300, rw, next);
+        fetch(index, 300, 400, rw, next); // touches [200, 300) but does not overlap it: separate
+        CHECK(index.stats().regions == 3);
+        CHECK(fetch(index, 50, 250, rw, next) == 4); // overlaps the first two
+        auto s = index.stats();
+        CHECK(s.regions == 2);
+        CHECK(s.merges == 2);
+        CHECK(s.bytes_pinned == 300 + 100);
+        CHECK(fetch(index, 0, 300, rw, next) == 4);
+        CHECK(fetch(index, 300, 400, rw, next) == 3);
+    }
+
+    TEST_CASE("least recently used regions are evicted to stay within the count and the bytes") {
+        Index index({.max_regions = 3, .max_bytes = 1000});
+        int next = 1;
+        fetch(index, 0, 100, rw, next);     // 1
+        fetch(index, 1000, 1100, rw, next); // 2
+        fetch(index, 2000, 2100, rw, next); // 3
+        fetch(index, 0, 100, rw, next);     // hit: 1 is now the most recent
+        fetch(index, 3000, 3100, rw, next); // 4: evicts 2
+        CHECK(index.stats().evictions == 1);
+        CHECK(index.find(1000, 1100, rw) == std::nullopt);
+        CHECK(index.find(0, 100, rw) == 1);
+        // 900 bytes: evicts 3, then 4 (1 was used by the find above) to pin <= 1000
+        fetch(index, 5000, 5900, rw, next);
+        auto s = index.stats();
+        CHECK(s.bytes_pinned == 1000);
+        CHECK(s.regions == 2);
+        CHECK(s.evictions == 3);
+        CHECK(index.find(0, 100, rw) == 1);
+        CHECK(index.find(3000, 3100, rw) == std::nullopt);
+        CHECK(index.find(5000, 5900, rw) == 5);
+    }
+
+    TEST_CASE("a region larger than the byte limit is still handed out, alone") {
+        Index index({.max_regions = 8, .max_bytes = 100});
+        int next = 1;
+        fetch(index, 0, 50, rw, next);
+        CHECK(fetch(index, 1000, 1500, rw, next) == 2);
+        CHECK(index.stats().regions == 1);
+    }
+
+    TEST_CASE("invalidate drops every region the range touches, and only those") {
+        Index index({});
+        int next = 1;
+        fetch(index, 0, 100, rw, next);
+        fetch(index, 200, 300, rw, next);
+        fetch(index, 400, 500, rw, next);
+        index.invalidate(50, 250);
+        auto s = index.stats();
+        CHECK(s.invalidations == 2);
+        CHECK(s.regions == 1);
+        CHECK(index.find(400, 500, rw) == 3);
+        CHECK(fetch(index, 0, 100, rw, next) == 4); // registered again
+    }
+
+    TEST_CASE("10,000 mixed requests never exceed the bounds, and every answer covers its request") {
+        Index index({.max_regions = 32, .max_bytes = 1 << 20});
+        std::mt19937 random(7);
+        std::map<int, std::pair<std::uint64_t, std::uint64_t>> ranges; // handle -> the range registered for it
+        int next = 1;
+        for (int i = 0; i < 10000; ++i) {
+            std::uint64_t begin = (random() % 4096) * 512;
+            std::uint64_t end = begin + 1 + random() % 65536;
+            Access access = random() % 2 ? rw : Access::local_write;
+            int handle = 0;
+            if (auto hit = index.find(begin, end, access)) {
+                handle = *hit;
+            } else {
+                auto miss = index.plan_miss(begin, end, access);
+                handle = next++;
+                ranges[handle] = {miss.begin, miss.end};
+                index.insert(miss, handle);
+            }
+            CHECK(ranges[handle].first <= begin);
+            CHECK(end <= ranges[handle].second);
+            auto s = index.stats();
+            REQUIRE(s.regions <= 32);
+            // A single region may exceed the byte bound only when it is the only one cached.
+            REQUIRE((s.bytes_pinned <= (1u << 20) || s.regions == 1));
+        }
+        auto s = index.stats();
+        CHECK(s.hits + s.misses == 10000);
+        MESSAGE("10,000 requests: " << s.hits << " hits, " << s.misses << " misses, " << s.evictions << " evictions, "
+                                    << s.merges << " merges");
+    }
+}
