@@ -77,6 +77,7 @@ int run(const Args& a) {
             arrived = r.immediate;
         });
         std::vector<gpuverbs::RemoteBlock> wanted;
+        wanted.reserve(decode_ids.size());
         for (std::size_t id : decode_ids) wanted.push_back({mr.remote(), id * a.block_size, a.block_size});
         gpuverbs::send_record(socket, gpuverbs::wire::serialize(wanted));
         io.run();
@@ -94,6 +95,7 @@ int run(const Args& a) {
 
     // 3p. Prefill: fill the request's blocks, read decode's list, move them all in one transfer.
     std::vector<gpuverbs::LocalBuffer> mine;
+    mine.reserve(prefill_ids.size());
     for (std::size_t k = 0; k < prefill_ids.size(); ++k) {
         std::byte* block = pool.data() + prefill_ids[k] * a.block_size;
         for (std::size_t i = 0; i < a.block_size; ++i) block[i] = pattern(k, i);

@@ -171,8 +171,10 @@ public:
         auto end = begin + memory.size();
         if (auto hit = index_.find(begin, end, access)) return *hit;
         auto miss = index_.plan_miss(begin, end, access);
-        auto mr = std::make_shared<const MemoryRegion>(*pd_, reinterpret_cast<void*>(miss.begin),
-                                                       static_cast<std::size_t>(miss.end - miss.begin), miss.access);
+        // The union starts at or before `memory`: reach it from the caller's pointer.
+        std::byte* start = memory.data() - static_cast<std::ptrdiff_t>(begin - miss.begin);
+        auto mr = std::make_shared<const MemoryRegion>(*pd_, start, static_cast<std::size_t>(miss.end - miss.begin),
+                                                       miss.access);
         index_.insert(miss, mr);
         return mr;
     }
