@@ -218,6 +218,10 @@ Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, st
 } // namespace detail
 
 void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout) {
+    if (record.size() > UINT32_MAX) {
+        throw Error(errc::invalid_argument, "send_record",
+                    "a record of " + std::to_string(record.size()) + " bytes does not fit a frame (at most 2^32 - 1)");
+    }
     detail::Status status;
     detail::RestoreMode restore(socket);
     detail::write_frame(socket, record, Clock::now() + timeout, status, "record");

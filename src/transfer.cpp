@@ -2,6 +2,8 @@
 // cut into work requests.
 #include "gpuverbs/transfer.hpp"
 
+#include "gpuverbs/detail/posting_path.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <tuple>
@@ -28,7 +30,8 @@ bool find_overlap(std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint
             status.fail(errc::invalid_argument, "TransferPlan",
                         std::string(side) + " blocks " + std::to_string(std::min(index_a, index_b)) + " and " +
                             std::to_string(std::max(index_a, index_b)) + " overlap (bytes " + hex(begin_b) + " to " +
-                            hex(std::min(end_a, end_b)) + " of key " + hex(key_a) +
+                            hex(std::min(end_a, end_b)) +
+                            (std::string(side) == "remote" ? " of rkey " + hex(key_a) : std::string()) +
                             "): both would be written, and which lands last is undefined");
             return true;
         }
@@ -65,7 +68,8 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         if (!local[i].in_region()) {
             status.fail(errc::local_range_outside_region, verb,
                         "local block " + std::to_string(i) + " (" + std::to_string(local[i].length) + " bytes at " +
-                            hex(local[i].address) + ") lies outside its memory region");
+                            hex(local[i].address) + ") lies outside its memory region (" + hex(local[i].region_begin) +
+                            " to " + hex(local[i].region_end) + ")");
             return {};
         }
         local_total += local[i].length;
@@ -83,6 +87,11 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
                         "remote block " + std::to_string(j) + " (" + std::to_string(b.length) + " bytes at offset " +
                             std::to_string(b.offset) + ") lies outside its remote region of " +
                             std::to_string(b.memory.length) + " bytes (rkey " + hex(b.memory.rkey) + ")");
+            return {};
+        }
+        if (b.length > UINT64_MAX - remote_total) {
+            status.fail(errc::invalid_argument, verb,
+                        "remote block " + std::to_string(j) + ": the remote blocks add up to more than 2^64 bytes");
             return {};
         }
         remote_total += b.length;
@@ -105,11 +114,15 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
     } else {
         ranges.reserve(local.size());
         for (std::size_t i = 0; i < local.size(); ++i) {
-            ranges.emplace_back(local[i].lkey, local[i].address, local[i].address + local[i].length, i);
+            // Keyed by address alone: two registrations of the same bytes are still the same bytes.
+            ranges.emplace_back(0, local[i].address, local[i].address + local[i].length, i);
         }
         if (find_overlap(ranges, "local", status)) return {};
     }
 
+    // What one request may carry: the QP's limit, and what the posting path lowers at most.
+    const std::uint32_t max_sge =
+        std::min<std::uint32_t>(limits.max_sge, static_cast<std::uint32_t>(detail::max_sge_per_request));
     // Walk both lists together. A request grows while the remote side stays
     // contiguous in one region (neighbouring blocks coalesce), the message
     // limit allows, and the local side fits in max_sge pieces (contiguous
@@ -137,7 +150,7 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
             bool extends = r.piece_count > 0 && pieces.back().lkey == l.lkey &&
                            pieces.back().address + pieces.back().length == address &&
                            pieces.back().length + n <= UINT32_MAX;
-            if (!extends && r.piece_count == limits.max_sge) break;
+            if (!extends && r.piece_count == max_sge) break;
             if (extends) {
                 pieces.back().length += static_cast<std::uint32_t>(n);
                 pieces.back().region_end = std::max(pieces.back().region_end, l.region_end);

@@ -204,6 +204,9 @@ std::string block_list_problem(std::span<const RemoteBlock> blocks) {
     for (std::size_t k = 0; k < blocks.size(); ++k) {
         const RemoteBlock& b = blocks[k];
         if (b.length == 0) return "block " + std::to_string(k) + " has length 0";
+        if (b.memory.address > UINT64_MAX - b.memory.length) {
+            return "block " + std::to_string(k) + "'s region wraps past the end of the address space";
+        }
         if (!b.memory.contains(b.offset, b.length)) {
             return "block " + std::to_string(k) + " (" + std::to_string(b.length) + " bytes at offset " +
                    std::to_string(b.offset) + ") lies outside its region of " + std::to_string(b.memory.length) +
@@ -243,7 +246,10 @@ std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, gpuv
     std::size_t at = block_list_header_size;
     for (std::uint16_t i = 0; i < region_count; ++i, at += remote_memory_size) {
         regions.push_back(parse_remote_memory(bytes.subspan(at, remote_memory_size), status));
-        if (!status.ok()) return {};
+        if (!status.ok()) {
+            status.detail = "block list region " + std::to_string(i) + ": " + status.detail;
+            return {};
+        }
     }
     std::vector<RemoteBlock> blocks;
     blocks.reserve(block_count);

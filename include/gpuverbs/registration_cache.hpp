@@ -158,6 +158,7 @@ private:
 
 } // namespace detail
 
+/// Not thread-safe: one cache per thread, or a lock around it.
 class RegistrationCache {
 public:
     /// Registers in `pd` (which must outlive the cache).
@@ -171,8 +172,8 @@ public:
         auto end = begin + memory.size();
         if (auto hit = index_.find(begin, end, access)) return *hit;
         auto miss = index_.plan_miss(begin, end, access);
-        // The union starts at or before `memory`: reach it from the caller's pointer.
-        std::byte* start = memory.data() - static_cast<std::ptrdiff_t>(begin - miss.begin);
+        // The union starts at or before `memory`, inside mapped memory the cache registered before.
+        auto* start = reinterpret_cast<std::byte*>(miss.begin); // NOLINT(performance-no-int-to-ptr)
         auto mr = std::make_shared<const MemoryRegion>(*pd_, start, static_cast<std::size_t>(miss.end - miss.begin),
                                                        miss.access);
         index_.insert(miss, mr);

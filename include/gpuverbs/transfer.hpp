@@ -30,10 +30,13 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -111,9 +114,9 @@ private:
 
 namespace detail {
 
-/// The state of one async_transfer: counts the requests' completions and
-/// completes the user's handler once, with the first error (its words kept
-/// in `first_error_words`) or the bytes moved.
+/// The state of one async_transfer: counts the requests' completions (which
+/// may run on several threads) and completes the user's handler once, with
+/// the first error or the bytes moved.
 template <class Handler>
 struct TransferState {
     using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
@@ -121,10 +124,22 @@ struct TransferState {
         : handler(std::move(h)), work(boost::asio::get_associated_executor(handler, fallback)) {}
     Handler handler;
     boost::asio::executor_work_guard<Executor> work;
+    std::mutex mutex;
     std::size_t left = 0;
     std::uint64_t bytes = 0;
     boost::system::error_code first_error;
 
+    /// Records one completion; true when it was the last.
+    bool complete_one(boost::system::error_code ec, std::uint64_t moved, std::string* failed,
+                      const std::function<std::string()>& which) {
+        std::lock_guard lock(mutex);
+        if (ec && !first_error) {
+            first_error = ec;
+            if (failed != nullptr) *failed = which();
+        }
+        if (!ec) bytes += moved;
+        return --left == 0;
+    }
     void finish() {
         auto executor = work.get_executor();
         work.reset();
@@ -147,44 +162,58 @@ struct TransferOptions {
 /// bound to an executor; requests wait for free slots in order) and completes
 /// once: void(boost::system::error_code, std::size_t bytes). The error is the
 /// first request's that failed (a device status; operation_aborted when the
-/// QP was destroyed; errc::invalid_argument for a notification on a read).
-/// `plan`, its memory and `options.failed_blocks` must live until completion.
+/// QP was destroyed; errc::invalid_argument for an empty plan or a
+/// notification on a read; errc::no_executor). The notification is posted
+/// only once every request has completed without error, so a peer never
+/// hears of a transfer that did not land. `qp`, `plan`, its memory and
+/// `options.failed_blocks` must live until completion.
 template <class Token>
 auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
         [&qp, &plan, options](auto handler) {
             using Handler = decltype(handler);
-            auto state = std::make_shared<detail::TransferState<Handler>>(std::move(handler), qp.get_executor());
-            if (options.notify && plan.direction() == TransferDirection::read) {
-                state->first_error = detail::to_asio_error(make_error_code(errc::invalid_argument));
-                if (options.failed_blocks != nullptr) {
-                    *options.failed_blocks = "a read needs no notification: the reader knows when it is done";
-                }
-                return state->finish();
-            }
-            std::size_t count = plan.requests().size();
-            state->left = count + (options.notify ? 1 : 0);
-            auto done = [state, &plan, failed = options.failed_blocks](std::size_t i, boost::system::error_code ec) {
-                if (ec && !state->first_error) {
-                    state->first_error = ec;
-                    if (failed != nullptr) {
-                        *failed =
-                            i < plan.requests().size() ? plan.blocks_of(i) : "the notification after the last block";
-                    }
-                }
-                if (!ec && i < plan.requests().size()) state->bytes += plan.requests()[i].remote.length;
-                if (--state->left == 0) state->finish();
+            // Without an executor (the CQ is not bound to one) the refusal still completes, on the system executor.
+            boost::asio::any_io_executor fallback = qp.get_executor();
+            if (!fallback) fallback = boost::asio::system_executor();
+            auto state = std::make_shared<detail::TransferState<Handler>>(std::move(handler), fallback);
+            auto refuse = [&](std::error_code code, const char* why) {
+                state->first_error = detail::to_asio_error(code);
+                if (options.failed_blocks != nullptr) *options.failed_blocks = why;
+                state->finish();
             };
-            for (std::size_t i = 0; i < count; ++i) {
-                qp.async_post(plan.work_request(i),
-                              [done, i](boost::system::error_code ec, std::size_t) { done(i, ec); });
+            if (!qp.get_executor()) return refuse(make_error_code(errc::no_executor), "the QP's CQ has no executor");
+            if (plan.requests().empty()) return refuse(make_error_code(errc::invalid_argument), "an empty plan");
+            if (options.notify && plan.direction() == TransferDirection::read) {
+                return refuse(make_error_code(errc::invalid_argument),
+                              "a read needs no notification: the reader knows when it is done");
             }
-            if (options.notify) {
-                const TransferPlan::Request& last = plan.requests().back();
-                LocalBuffer none = plan.pieces().front();
-                none.length = 0;
-                qp.async_post(WorkRequest::write_with_imm(none, last.remote, 0, *options.notify),
-                              [done, count](boost::system::error_code ec, std::size_t) { done(count, ec); });
+            const std::size_t count = plan.requests().size();
+            state->left = count;
+            std::string* failed = options.failed_blocks;
+            for (std::size_t i = 0; i < count; ++i) {
+                qp.async_post(plan.work_request(i), [state, i, &plan, &qp, failed, notify = options.notify](
+                                                        boost::system::error_code ec, std::size_t) {
+                    bool last = state->complete_one(ec, plan.requests()[i].remote.length, failed,
+                                                    [&] { return plan.blocks_of(i); });
+                    if (!last) return;
+                    if (state->first_error || !notify) return state->finish();
+                    // Every block has landed (each request completed): now the notification.
+                    {
+                        std::lock_guard lock(state->mutex);
+                        state->left = 1;
+                    }
+                    const TransferPlan::Request& end = plan.requests().back();
+                    LocalBuffer none = plan.pieces().front();
+                    none.length = 0;
+                    qp.async_post(WorkRequest::write_with_imm(none, end.remote, 0, *notify),
+                                  [state, failed](boost::system::error_code nec, std::size_t) {
+                                      if (state->complete_one(nec, 0, failed, [] {
+                                              return std::string("the notification after the last block");
+                                          })) {
+                                          state->finish();
+                                      }
+                                  });
+                });
             }
         },
         token);

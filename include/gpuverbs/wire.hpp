@@ -79,7 +79,8 @@ std::array<std::byte, remote_memory_size> serialize(const RemoteMemory& memory);
 std::vector<std::byte> serialize(const Handshake& handshake);
 /// Throws gpuverbs::Error (errc::invalid_argument) for a record parse_mesh_record would refuse.
 std::vector<std::byte> serialize(const MeshRecord& record);
-/// A block list: its distinct regions once, then 24 bytes per block. Throws
+/// A block list: its distinct regions once (blocks of one region carry the
+/// same RemoteMemory, e.g. mr.remote()), then 24 bytes per block. Throws
 /// gpuverbs::Error (errc::invalid_argument) for a list parse_block_list would refuse.
 std::vector<std::byte> serialize(std::span<const RemoteBlock> blocks);
 

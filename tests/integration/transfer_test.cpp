@@ -269,6 +269,7 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
         asio::io_context io;
         Pair p(io.get_executor(), 32 << 20);
         const int baseline = test::registered_regions();
+        REQUIRE_MESSAGE(baseline >= 0, "rdma (iproute2) is needed to count registrations");
         RegistrationCache cache(p.a.pd, {.max_regions = 16, .max_bytes = 8 << 20});
         std::span<std::byte> memory(p.a.memory);
         const Access rw = Access::local_write | Access::remote_read;
@@ -283,7 +284,8 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
         for (std::size_t i = 0; i < 4096; ++i) p.a.memory[8192 + i] = std::byte(i % 253);
         REQUIRE_FALSE(p.a.qp.post_write(again->slice(8192 - 4096, 4096), p.b.mr.remote(), 0));
         Completion c;
-        while (p.a.cq.poll({&c, 1}) == 0) {
+        for (auto until = std::chrono::steady_clock::now() + 10s; p.a.cq.poll({&c, 1}) == 0;) {
+            REQUIRE_MESSAGE(std::chrono::steady_clock::now() < until, "the write did not complete");
         }
         CHECK(c.ok());
         CHECK(std::equal(p.b.memory.begin(), p.b.memory.begin() + 4096, p.a.memory.begin() + 8192));
@@ -310,14 +312,14 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
             auto covers = mr->slice(offset, length);
             REQUIRE(covers.in_region());
             REQUIRE(cache.stats().regions <= 16);
-            if (i % 1000 == 999) most = std::max(most, test::registered_regions() - baseline);
+            if (i % 50 == 49) most = std::max(most, test::registered_regions() - baseline);
         }
         auto s = cache.stats();
         MESSAGE("10,000 requests: " << s.hits << " hits, " << s.misses << " misses, " << s.evictions << " evictions, "
                                     << s.merges << " merges; at most " << most << " regions registered at once; "
                                     << s.bytes_pinned << " bytes pinned at the end");
         CHECK(most <= 16);
-        CHECK(s.bytes_pinned <= (8u << 20) + (256u << 10)); // a single region may exceed the bound alone
+        CHECK((s.bytes_pinned <= (8u << 20) || s.regions == 1)); // a single region may exceed the bound alone
         CHECK(s.hits + s.misses == 10000 + 3);
     }
 }

@@ -125,6 +125,26 @@ TEST_SUITE("transfer plans") {
                   .find("local blocks 0 and 1 overlap") != std::string::npos);
     }
 
+    TEST_CASE("remote lengths that wrap past 2^64 cannot match a short local list") {
+        RemoteMemory huge_a{0, UINT64_MAX, 1};
+        RemoteMemory huge_b{0, UINT64_MAX, 2};
+        std::uint64_t half = std::uint64_t{1} << 63;
+        CHECK(
+            refusal(TransferDirection::write, {local(0, 100)}, {remote(0, half, huge_a), remote(0, half + 100, huge_b)})
+                .find("remote block 1: the remote blocks add up to more than 2^64 bytes") != std::string::npos);
+    }
+
+    TEST_CASE("blocks starting at the same byte overlap; a message cut on a block's end starts the next cleanly") {
+        CHECK(refusal(TransferDirection::write, {local(0, 10), local(100, 20)}, {remote(64, 10), remote(64, 20)})
+                  .find("remote blocks 0 and 1 overlap") != std::string::npos);
+        auto plan = TransferPlan::make(TransferDirection::write, std::vector{local(0, 8192)},
+                                       std::vector{remote(0, 4096), remote(4096, 4096)}, TransferLimits{1, 4096});
+        REQUIRE(plan.requests().size() == 2);
+        CHECK(plan.requests()[1].remote.address == peer.address + 4096);
+        CHECK(plan.requests()[1].first_remote == 1);
+        CHECK(plan.requests()[1].remote.length == 4096);
+    }
+
     TEST_CASE("10,000 blocks of mixed sizes: every byte planned once, in order") {
         // Lengths that are multiples of nothing in particular, contiguous locally;
         // remotely even blocks fill a low half and odd blocks a high half.
