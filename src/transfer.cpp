@@ -5,8 +5,10 @@
 #include "gpuverbs/detail/posting_path.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <tuple>
+#include <utility>
 
 namespace gpuverbs {
 
@@ -185,6 +187,8 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         out.push_back(r);
     }
     TransferPlan result;
+    result.sges_.reserve(pieces.size());
+    for (const LocalBuffer& piece : pieces) result.sges_.push_back(ibv_sge{piece.address, piece.length, piece.lkey});
     result.direction_ = direction;
     result.requests_ = std::move(out);
     result.pieces_ = std::move(pieces);
@@ -229,3 +233,320 @@ std::string TransferPlan::blocks_of(std::size_t i) const {
 }
 
 } // namespace gpuverbs
+
+// --- the engine: one stream per rail -----------------------------------------
+
+namespace gpuverbs::detail {
+
+namespace {
+std::string key_hex(std::uint32_t key) {
+    char text[16];
+    std::snprintf(text, sizeof text, "0x%x", key);
+    return text;
+}
+const KeyMap* find_key(std::span<const KeyMap> keys, std::uint32_t plan_key) noexcept {
+    for (const KeyMap& k : keys) {
+        if (k.plan_key == plan_key) return &k;
+    }
+    return nullptr;
+}
+} // namespace
+
+std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
+                                  std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys,
+                                  std::uint32_t chain, std::string& why) {
+    qp = &core;
+    owner = &core;
+    queue = &core.async_send;
+    streaming = true;
+    opcode = plan.direction() == TransferDirection::write ? Opcode::write : Opcode::read;
+    opcode_ = plan.direction() == TransferDirection::write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    plan_ = &plan;
+    first_ = next_ = first;
+    end_ = end;
+    chain_ = std::min({chain, max_transfer_chain, core.send.capacity()});
+    const auto requests = plan.requests();
+    const std::span<const ibv_sge> pieces = plan.native_pieces();
+    // Scatter/gather: the plan's own, or a copy with this rail's keys.
+    sges_ = pieces.data();
+    if (!local_keys.empty() && first < end) {
+        const std::uint32_t p0 = requests[first].first_piece;
+        const std::uint32_t p1 = requests[end - 1].first_piece + requests[end - 1].piece_count;
+        own_sges_.assign(pieces.begin() + p0, pieces.begin() + p1);
+        for (ibv_sge& sge : own_sges_) {
+            const KeyMap* k = find_key(local_keys, sge.lkey);
+            if (k == nullptr) {
+                why = "the rail has no key for the local region with lkey " + key_hex(sge.lkey) +
+                      " (TransferRail::local(region in the plan, the same memory on this rail))";
+                return errc::invalid_argument;
+            }
+            sge.lkey = k->rail_key;
+        }
+        sges_ = own_sges_.data() - p0; // indexed by the plan's piece numbers
+    }
+    if (!remote_keys.empty()) {
+        remote_keys_.assign(remote_keys.begin(), remote_keys.end());
+        for (std::uint32_t i = first; i < end; ++i) {
+            if (find_key(remote_keys, requests[i].remote.rkey) == nullptr) {
+                why = "the rail has no key for the remote region with rkey " + key_hex(requests[i].remote.rkey) +
+                      " (TransferRail::remote(region in the plan, the same memory on this rail))";
+                return errc::invalid_argument;
+            }
+        }
+    }
+    // At most one chain per request, and never more chains than the queue holds requests.
+    ring_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(core.send.capacity(), end - first + 1));
+    ring_ = std::make_unique<Chain[]>(ring_size_);
+    return {};
+}
+
+std::uint32_t RailStream::rkey_of(std::uint32_t plan_key) const noexcept {
+    if (remote_keys_.empty()) return plan_key;
+    const KeyMap* k = find_key(remote_keys_, plan_key);
+    return k != nullptr ? k->rail_key : plan_key; // every key was checked in setup
+}
+
+void RailStream::arm_notification(std::uint32_t immediate) noexcept {
+    notify_ = true;
+    bytes_ = 0; // its bytes were counted when the rail finished its blocks
+    immediate_ = immediate;
+    opcode = Opcode::write_with_imm;
+}
+
+void RailStream::reset_for_resubmit() noexcept {
+    state = OpState::fresh;
+    prev = next = nullptr;
+    failure.reset();
+}
+
+std::uint32_t RailStream::needs() const noexcept {
+    if (failed()) return 0;
+    if (notify_) return 1;
+    return std::min(chain_, end_ - next_);
+}
+
+void RailStream::post_some() noexcept {
+    WorkQueueState& q = qp->send;
+    const auto context = reinterpret_cast<std::uintptr_t>(static_cast<AsyncOpBase*>(this));
+    const std::uint32_t tag = qp->send_tag();
+    const auto requests = plan_->requests();
+    std::array<ibv_send_wr, max_transfer_chain> wrs;
+    for (;;) {
+        const std::uint32_t n = needs();
+        if (n == 0 || chains_in_flight_ == ring_size_ || !q.has_room_for(n)) return;
+        const std::uint64_t base = q.posted();
+        std::uint64_t bytes = 0;
+        if (notify_) {
+            // The notification: zero bytes to the last remote byte the plan names.
+            const TransferPlan::Request& last = requests.back();
+            ibv_send_wr& wr = wrs[0];
+            q.record(0, context, Opcode::write_with_imm);
+            wr.wr_id = WrId::encode(QueueKind::send, tag, q.slot(0));
+            wr.sg_list = nullptr;
+            wr.num_sge = 0;
+            wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.imm_data = htonl(immediate_);
+            wr.wr.rdma.remote_addr = last.remote.address + last.remote.length - 1;
+            wr.wr.rdma.rkey = rkey_of(last.remote.rkey);
+        } else {
+            for (std::uint32_t k = 0; k < n; ++k) {
+                const TransferPlan::Request& r = requests[next_ + k];
+                ibv_send_wr& wr = wrs[k];
+                q.record(k, context, opcode);
+                wr.wr_id = WrId::encode(QueueKind::send, tag, q.slot(k));
+                wr.next = &wrs[k + 1];
+                wr.sg_list = const_cast<ibv_sge*>(sges_ + r.first_piece); // verbs reads it only
+                wr.num_sge = static_cast<int>(r.piece_count);
+                wr.opcode = opcode_;
+                wr.send_flags = 0;
+                wr.wr.rdma.remote_addr = r.remote.address;
+                wr.wr.rdma.rkey = rkey_of(r.remote.rkey);
+                bytes += r.remote.length;
+            }
+        }
+        wrs[n - 1].next = nullptr;
+        wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
+        ibv_send_wr* bad = nullptr;
+        const int rc = ibv_post_send(qp->qp(), wrs.data(), &bad);
+        if (rc != 0) {
+            // The provider refused a request it was given room for. Those before
+            // it went out unsignaled: their completions are left without an owner.
+            const auto posted = static_cast<std::uint32_t>(bad - wrs.data());
+            q.commit(posted);
+            q.forget_last(posted);
+            post_error_ = std::error_code(rc, std::system_category());
+            failed_request_ = notify_ ? static_cast<std::uint32_t>(requests.size()) : next_ + posted;
+            return;
+        }
+        q.commit(n);
+        Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
+        c = Chain{base + 1, base + n, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, bytes};
+        ++chains_in_flight_;
+        if (notify_) {
+            notify_ = false;
+            next_ = end_; // nothing after it
+        } else {
+            next_ += n;
+        }
+    }
+}
+
+void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
+    // Completions come in order: this one belongs to the oldest chain in flight.
+    const Chain& c = ring_[ring_head_];
+    if (wc.status != IBV_WC_SUCCESS && wc_error_ == IBV_WC_SUCCESS && !post_error_) {
+        wc_error_ = wc.status;
+        failed_request_ = c.first_request + static_cast<std::uint32_t>(sequence - c.first_sequence);
+    }
+    if (sequence != c.last_sequence) return; // an unsignaled request that failed; its chain's end follows
+    if (wc.status == IBV_WC_SUCCESS) bytes_ += c.bytes;
+    ring_head_ = (ring_head_ + 1) % ring_size_;
+    --chains_in_flight_;
+}
+
+std::error_code RailStream::error() const noexcept {
+    if (post_error_) return post_error_;
+    if (wc_error_ != IBV_WC_SUCCESS) return make_wc_error(wc_error_);
+    return {};
+}
+
+std::vector<std::uint32_t> stripe(const TransferPlan& plan, std::size_t rails) {
+    // Boundaries: rail k runs [bounds[k], bounds[k + 1]).
+    const auto requests = plan.requests();
+    std::vector<std::uint32_t> bounds(rails + 1, static_cast<std::uint32_t>(requests.size()));
+    bounds[0] = 0;
+    const std::uint64_t total = plan.bytes();
+    std::uint64_t sum = 0;
+    std::size_t k = 1;
+    for (std::uint32_t i = 0; i < requests.size() && k < rails; ++i) {
+        sum += requests[i].remote.length;
+        // Past k shares of the total: the next rail starts after this request.
+        while (k < rails && static_cast<long double>(sum) * static_cast<long double>(rails) >=
+                                static_cast<long double>(total) * static_cast<long double>(k)) {
+            bounds[k++] = i + 1;
+        }
+    }
+    return bounds;
+}
+
+bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferPlan& plan,
+                            const TransferOptions& options, std::error_code& ec, std::string& why) {
+    plan_ = &plan;
+    notify_ = options.notify;
+    failed_blocks_ = options.failed_blocks;
+    rail_bytes_ = options.rail_bytes;
+    auto refuse = [&](std::error_code code, std::string text) {
+        ec = code;
+        why = std::move(text);
+        return false;
+    };
+    if (rails.empty()) return refuse(errc::invalid_argument, "a transfer needs at least one rail");
+    if (plan.requests().empty()) return refuse(errc::invalid_argument, "an empty plan");
+    if (options.notify && plan.direction() == TransferDirection::read) {
+        return refuse(errc::invalid_argument, "a read needs no notification: the reader knows when it is done");
+    }
+    if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
+        return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
+    }
+    if (!options.rail_bytes.empty() && options.rail_bytes.size() != rails.size()) {
+        return refuse(errc::invalid_argument, "rail_bytes has " + std::to_string(options.rail_bytes.size()) +
+                                                  " entries for " + std::to_string(rails.size()) + " rails");
+    }
+    for (std::size_t k = 0; k < rails.size(); ++k) {
+        if (rails[k].qp == nullptr || !*rails[k].qp) {
+            return refuse(errc::invalid_argument, "rail " + std::to_string(k) + " has no queue pair");
+        }
+        if (std::error_code refusal = async_refusal(&core_of(*rails[k].qp))) {
+            return refuse(refusal, "rail " + std::to_string(k) + ": " +
+                                       (refusal == errc::no_executor ? "the QP's CQ has no executor"
+                                                                     : "the QP cannot run asynchronous operations"));
+        }
+    }
+    for (std::uint64_t& b : rail_bytes_) b = 0;
+    const std::vector<std::uint32_t> bounds = stripe(plan, rails.size());
+    rail_count_ = rails.size();
+    rails_ = std::make_unique<RailStream[]>(rail_count_);
+    for (std::size_t k = 0; k < rail_count_; ++k) {
+        RailStream& r = rails_[k];
+        r.fn = &TransferJobBase::rail_done;
+        r.job = this;
+        r.index = k;
+        std::string text;
+        if (std::error_code e = r.setup(core_of(*rails[k].qp), plan, bounds[k], bounds[k + 1], rails[k].local_keys,
+                                        rails[k].remote_keys, options.doorbell_batch, text)) {
+            return refuse(e, "rail " + std::to_string(k) + ": " + text);
+        }
+        r.driver = core_of(*rails[k].qp).send_cq()->driver();
+    }
+    return true;
+}
+
+void TransferJobBase::start() noexcept {
+    {
+        std::lock_guard lock(mutex_);
+        for (std::size_t k = 0; k < rail_count_; ++k) {
+            if (rails_[k].first() < rails_[k].end()) ++running_;
+        }
+    }
+    // Counted first: a rail refused at once must not finish the job while others are still to start.
+    for (std::size_t k = 0; k < rail_count_; ++k) {
+        RailStream& r = rails_[k];
+        if (r.first() < r.end()) r.driver->submit(&r);
+    }
+}
+
+// Only std::bad_alloc (the words of an error, the handler's post) can escape;
+// an operation cannot complete without them, so termination is the answer.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void TransferJobBase::rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept {
+    auto* rail = static_cast<RailStream*>(op);
+    rail->job->finished_one(*rail, how, ec);
+}
+
+void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
+    const std::size_t k = rail.index;
+    bool finish = false;
+    bool destroy = false;
+    RailStream* notify = nullptr;
+    {
+        std::lock_guard lock(mutex_);
+        if (how == AsyncOpBase::How::destroy) destroyed_ = true;
+        std::error_code e = rail.error();
+        if (!e && rail.failure) e = *rail.failure;
+        if (!e) e = ec;
+        if (e && !error_) {
+            error_ = e;
+            if (failed_blocks_ != nullptr) {
+                const std::uint32_t failed = rail.failed_request();
+                std::string text = !rail.failed() ? std::string("the transfer was stopped (") + e.message() + ")"
+                                   : failed >= plan_->requests().size()
+                                       ? std::string("the notification after the last block")
+                                       : plan_->blocks_of(failed);
+                if (rail_count_ > 1) text += " on rail " + std::to_string(k);
+                *failed_blocks_ = std::move(text);
+            }
+        }
+        const std::uint64_t moved = rail.bytes();
+        bytes_ += moved;
+        if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
+        if (--running_ == 0) {
+            if (!destroyed_ && !error_ && notify_ && !notified_) {
+                notified_ = true;
+                running_ = 1;
+                notify = &rails_[0];
+            } else {
+                finish = true;
+                destroy = destroyed_;
+            }
+        }
+    }
+    if (notify != nullptr) {
+        notify->reset_for_resubmit();
+        notify->arm_notification(*notify_);
+        notify->driver->submit(notify);
+        return;
+    }
+    if (finish) finish_(this, destroy);
+}
+
+} // namespace gpuverbs::detail

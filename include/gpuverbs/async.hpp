@@ -82,14 +82,15 @@ using default_token_t = std::conditional_t<std::is_void_v<boost::asio::default_c
 
 /// What a CompletionQueue's asynchronous engine has done (for tuning and tests).
 struct AsyncStatistics {
-    std::uint64_t submitted = 0;   ///< operations started
-    std::uint64_t waited = 0;      ///< … that waited for room in their queue before being posted
-    std::uint64_t completed = 0;   ///< completions delivered to operations
-    std::uint64_t aborted = 0;     ///< operations ended with operation_aborted or a refused post
-    std::uint64_t cancelled = 0;   ///< waiting operations taken back by a cancellation
-    std::uint64_t polls = 0;       ///< ibv_poll_cq calls made by the engine
-    std::uint64_t empty_polls = 0; ///< … that found nothing
-    std::uint64_t wakeups = 0;     ///< completion-channel events waited for
+    std::uint64_t submitted = 0;        ///< operations started
+    std::uint64_t waited = 0;           ///< … that waited for room in their queue before being posted
+    std::uint64_t completed = 0;        ///< completions delivered to operations
+    std::uint64_t aborted = 0;          ///< operations ended with operation_aborted or a refused post
+    std::uint64_t cancelled = 0;        ///< waiting operations taken back by a cancellation
+    std::uint64_t polls = 0;            ///< ibv_poll_cq calls made by the engine
+    std::uint64_t empty_polls = 0;      ///< … that found nothing
+    std::uint64_t wakeups = 0;          ///< completion-channel events waited for
+    std::uint64_t work_completions = 0; ///< entries polled from the CQ (a transfer signals one per chain)
 };
 
 } // namespace gpuverbs

@@ -218,6 +218,19 @@ protected:
     ~DataPath() = default;
 
     std::shared_ptr<detail::QpCore> core_;
+
+private:
+    friend detail::QpCore& detail_core_of(const DataPath& path) noexcept;
 };
+
+/// The core behind a queue pair (for gpuverbs' own operations, e.g. transfers).
+inline detail::QpCore& detail_core_of(const DataPath& path) noexcept {
+    return *path.core_;
+}
+namespace detail {
+inline QpCore& core_of(const DataPath& path) noexcept {
+    return detail_core_of(path);
+}
+} // namespace detail
 
 } // namespace gpuverbs

@@ -5,7 +5,8 @@
 //   std::vector<gpuverbs::LocalBuffer> mine = {pool.slice(7 * B, B), pool.slice(2 * B, B)};
 //   std::vector<gpuverbs::RemoteBlock> theirs = {{peer_pool, 40 * B, B}, {peer_pool, 41 * B, B}};
 //   auto plan = gpuverbs::TransferPlan::make(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
-//   gpuverbs::async_transfer(qp, plan, {.notify = request_id}, [](boost::system::error_code ec, std::size_t bytes) {});
+//   gpuverbs::async_transfer(qp, plan, {.notify = request_id, .failed_blocks = &why}, [](auto ec, std::size_t bytes)
+//   {});
 //   // the peer: a receive completes with immediate == request_id once every block has landed
 //
 // The two lists describe the same bytes in order, cut differently: any
@@ -23,6 +24,7 @@
 #include "gpuverbs/work_request.hpp"
 
 #include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/transfer_stream.hpp"
 
 #include <boost/asio/append.hpp>
 #include <boost/asio/associated_executor.hpp>
@@ -92,6 +94,8 @@ public:
     [[nodiscard]] TransferDirection direction() const noexcept { return direction_; }
     [[nodiscard]] std::span<const Request> requests() const noexcept { return requests_; }
     [[nodiscard]] std::span<const LocalBuffer> pieces() const noexcept { return pieces_; }
+    /// The pieces as the device reads them (one ibv_sge each, the plan's keys).
+    [[nodiscard]] std::span<const ibv_sge> native_pieces() const noexcept { return sges_; }
     [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
     [[nodiscard]] std::size_t local_blocks() const noexcept { return local_blocks_; }
     [[nodiscard]] std::size_t remote_blocks() const noexcept { return remote_blocks_; }
@@ -107,119 +111,180 @@ private:
     TransferDirection direction_ = TransferDirection::write;
     std::vector<Request> requests_;
     std::vector<LocalBuffer> pieces_;
+    std::vector<ibv_sge> sges_;
     std::uint64_t bytes_ = 0;
     std::size_t local_blocks_ = 0;
     std::size_t remote_blocks_ = 0;
 };
 
-namespace detail {
+/// One rail of a transfer: a queue pair on one device, and — when that
+/// device is not the one the plan's keys come from — the keys of the same
+/// memory on this rail (registrations of the same addresses on each device).
+///
+///   TransferRail rail{&qp1};
+///   rail.local(pool_mr0, pool_mr1).remote(peer_pool0, peer_pool1);
+struct TransferRail {
+    QueuePair* qp = nullptr;
+    std::vector<detail::KeyMap> local_keys;  ///< plan lkey → this rail's lkey (empty: the same)
+    std::vector<detail::KeyMap> remote_keys; ///< plan rkey → this rail's rkey (empty: the same)
 
-/// The state of one async_transfer: counts the requests' completions (which
-/// may run on several threads) and completes the user's handler once, with
-/// the first error or the bytes moved.
-template <class Handler>
-struct TransferState {
-    using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
-    TransferState(Handler h, const boost::asio::any_io_executor& fallback)
-        : handler(std::move(h)), work(boost::asio::get_associated_executor(handler, fallback)) {}
-    Handler handler;
-    boost::asio::executor_work_guard<Executor> work;
-    std::mutex mutex;
-    std::size_t left = 0;
-    std::uint64_t bytes = 0;
-    boost::system::error_code first_error;
-
-    /// Records one completion; true when it was the last.
-    bool complete_one(boost::system::error_code ec, std::uint64_t moved, std::string* failed,
-                      const std::function<std::string()>& which) {
-        std::lock_guard lock(mutex);
-        if (ec && !first_error) {
-            first_error = ec;
-            if (failed != nullptr) *failed = which();
-        }
-        if (!ec) bytes += moved;
-        return --left == 0;
+    /// The local region the plan names, and the same memory registered on this rail's device.
+    TransferRail& local(const MemoryRegion& in_plan, const MemoryRegion& on_rail) {
+        local_keys.push_back({in_plan.lkey(), on_rail.lkey()});
+        return *this;
     }
-    void finish() {
-        auto executor = work.get_executor();
-        work.reset();
-        boost::asio::post(executor, boost::asio::append(std::move(handler), first_error, std::size_t(bytes)));
+    /// The remote region the plan names, and the same memory as the peer registered it on this rail.
+    TransferRail& remote(const RemoteMemory& in_plan, const RemoteMemory& on_rail) {
+        remote_keys.push_back({in_plan.rkey, on_rail.rkey});
+        return *this;
     }
 };
-} // namespace detail
 
-/// How async_transfer finishes and reports.
+/// How async_transfer posts, finishes and reports. (Every member has a
+/// default initializer: GCC 12's -Wextra warns about designated initializers
+/// that leave out a member without one.)
 struct TransferOptions {
+    /// Requests per doorbell (one ibv_post_send of a linked chain), 1 to 64;
+    /// only the last of each chain is signaled, so the CQ sees one completion
+    /// per chain. Chains are posted while the send queue has room for one.
+    std::uint32_t doorbell_batch = 32;
+    /// Receives the bytes each rail moved (one entry per rail; may be empty).
+    std::span<std::uint64_t> rail_bytes{};
     /// Writes only: after the last block, a zero-byte write with this
-    /// immediate (a transfer id) consumes one receive at the peer. RC delivers
-    /// in order, so when the peer's receive completes every block has landed.
-    std::optional<std::uint32_t> notify;
-    /// Receives plan.blocks_of() for the first request that failed.
+    /// immediate (a transfer id) consumes one receive at the peer. It is
+    /// posted (on the first rail) only once every request has completed
+    /// without error, so when the peer's receive completes every block has
+    /// landed, and a peer never hears of a transfer that did not land.
+    std::optional<std::uint32_t> notify{};
+    /// Receives plan.blocks_of() for the first request that failed (and the rail, with several).
     std::string* failed_blocks = nullptr;
 };
 
-/// Posts every request of `plan` on `qp` (asynchronously: the QP's CQ must be
-/// bound to an executor; requests wait for free slots in order) and completes
-/// once: void(boost::system::error_code, std::size_t bytes). The error is the
-/// first request's that failed (a device status; operation_aborted when the
-/// QP was destroyed; errc::invalid_argument for an empty plan or a
-/// notification on a read; errc::no_executor). The notification is posted
-/// only once every request has completed without error, so a peer never
-/// hears of a transfer that did not land. `qp`, `plan`, its memory and
-/// `options.failed_blocks` must live until completion.
+namespace detail {
+
+/// Splits requests [0, n) into `rails` contiguous ranges of about equal
+/// bytes: rail k ends at the first request boundary past k+1 shares of the total.
+std::vector<std::uint32_t> stripe(const TransferPlan& plan, std::size_t rails);
+
+/// What a transfer shares between its rails: counts them down, keeps the
+/// first error and the bytes, sends the notification after the last one, and
+/// completes the handler once (typed part: TransferJob).
+class TransferJobBase {
+public:
+    TransferJobBase(const TransferJobBase&) = delete;
+    TransferJobBase& operator=(const TransferJobBase&) = delete;
+
+    /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot run.
+    bool setup(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
+               std::error_code& ec, std::string& why);
+    /// Submits every rail that has requests (after setup succeeded).
+    void start() noexcept;
+
+protected:
+    using Finish = void (*)(TransferJobBase*, bool destroy);
+    explicit TransferJobBase(Finish finish) noexcept : finish_(finish) {}
+    ~TransferJobBase() = default;
+
+    std::error_code error_;
+    std::uint64_t bytes_ = 0;
+
+private:
+    static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
+    void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
+
+    Finish finish_;
+    std::mutex mutex_;
+    const TransferPlan* plan_ = nullptr;
+    std::unique_ptr<RailStream[]> rails_;
+    std::size_t rail_count_ = 0;
+    std::size_t running_ = 0;
+    bool destroyed_ = false;
+    bool notified_ = false;
+    std::optional<std::uint32_t> notify_;
+    std::string* failed_blocks_ = nullptr;
+    std::span<std::uint64_t> rail_bytes_;
+};
+
+template <class Handler>
+class TransferJob final : public TransferJobBase {
+public:
+    using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
+    TransferJob(Handler h, const boost::asio::any_io_executor& fallback)
+        : TransferJobBase(&TransferJob::finish),
+          handler_(std::move(h)),
+          work_(boost::asio::get_associated_executor(handler_, fallback)) {}
+
+    /// Completes the handler with `ec` without starting anything (posted, never inline).
+    void refuse(std::error_code ec) {
+        error_ = ec;
+        finish(this, false);
+    }
+
+private:
+    // Only std::bad_alloc from asio::post can escape: termination rather than a lost handler.
+    // NOLINTNEXTLINE(bugprone-exception-escape)
+    static void finish(TransferJobBase* base, bool destroy) noexcept {
+        auto* self = static_cast<TransferJob*>(base);
+        Handler handler(std::move(self->handler_));
+        boost::asio::executor_work_guard<Executor> work(std::move(self->work_));
+        const boost::system::error_code ec = to_asio_error(self->error_);
+        const auto bytes = static_cast<std::size_t>(self->bytes_);
+        delete self;
+        if (destroy) return;
+        auto executor = work.get_executor();
+        work.reset();
+        boost::asio::post(executor, boost::asio::append(std::move(handler), ec, bytes));
+    }
+
+    Handler handler_;
+    boost::asio::executor_work_guard<Executor> work_;
+};
+
+} // namespace detail
+
+/// Moves `plan` over one or several rails (asynchronously: every rail's CQ
+/// must be bound to an executor) and completes once:
+/// void(boost::system::error_code, std::size_t bytes). Requests are striped
+/// over the rails by bytes (contiguous ranges), each rail posted in chains of
+/// options.doorbell_batch with the last signaled, refilled from its own
+/// completions. The error is the first that happened (a device status;
+/// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
+/// for an empty plan, no rail, a notification on a read or a key a rail cannot
+/// translate; errc::no_executor). `rails`' queue pairs, `plan`, its memory and
+/// the options' outputs must live until completion.
 template <class Token>
-auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token) {
+auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
+                    Token&& token) {
+    boost::asio::any_io_executor first_executor;
+    if (!rails.empty() && rails.front().qp != nullptr) first_executor = rails.front().qp->get_executor();
+    // A copy: a deferred initiation runs after the caller's span is gone.
+    std::vector<TransferRail> own(rails.begin(), rails.end());
     return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
-        [&qp, &plan, options](auto handler) {
-            using Handler = decltype(handler);
-            // Without an executor (the CQ is not bound to one) the refusal still completes, on the system executor.
-            boost::asio::any_io_executor fallback = qp.get_executor();
+        [rails = std::move(own), &plan, options, first_executor](auto handler) {
+            using Job = detail::TransferJob<decltype(handler)>;
+            // Without an executor the refusal still completes, on the system executor.
+            boost::asio::any_io_executor fallback = first_executor;
             if (!fallback) fallback = boost::asio::system_executor();
-            auto state = std::make_shared<detail::TransferState<Handler>>(std::move(handler), fallback);
-            auto refuse = [&](std::error_code code, const char* why) {
-                state->first_error = detail::to_asio_error(code);
+            auto* job = new Job(std::move(handler), fallback);
+            std::error_code ec;
+            std::string why;
+            if (!job->setup(rails, plan, options, ec, why)) {
                 if (options.failed_blocks != nullptr) *options.failed_blocks = why;
-                state->finish();
-            };
-            if (!qp.get_executor()) return refuse(make_error_code(errc::no_executor), "the QP's CQ has no executor");
-            if (plan.requests().empty()) return refuse(make_error_code(errc::invalid_argument), "an empty plan");
-            if (options.notify && plan.direction() == TransferDirection::read) {
-                return refuse(make_error_code(errc::invalid_argument),
-                              "a read needs no notification: the reader knows when it is done");
+                return job->refuse(ec);
             }
-            const std::size_t count = plan.requests().size();
-            state->left = count;
-            std::string* failed = options.failed_blocks;
-            for (std::size_t i = 0; i < count; ++i) {
-                qp.async_post(plan.work_request(i), [state, i, &plan, &qp, failed, notify = options.notify](
-                                                        boost::system::error_code ec, std::size_t) {
-                    bool last = state->complete_one(ec, plan.requests()[i].remote.length, failed,
-                                                    [&] { return plan.blocks_of(i); });
-                    if (!last) return;
-                    if (state->first_error || !notify) return state->finish();
-                    // Every block has landed (each request completed): now the notification.
-                    {
-                        std::lock_guard lock(state->mutex);
-                        state->left = 1;
-                    }
-                    const TransferPlan::Request& end = plan.requests().back();
-                    LocalBuffer none = plan.pieces().front();
-                    none.length = 0;
-                    qp.async_post(WorkRequest::write_with_imm(none, end.remote, 0, *notify),
-                                  [state, failed](boost::system::error_code nec, std::size_t) {
-                                      if (state->complete_one(nec, 0, failed, [] {
-                                              return std::string("the notification after the last block");
-                                          })) {
-                                          state->finish();
-                                      }
-                                  });
-                });
-            }
+            job->start();
         },
         token);
 }
 
-/// … without a notification.
+/// … on one queue pair.
+template <class Token>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token) {
+    const TransferRail rail{&qp, {}, {}};
+    return async_transfer(std::span<const TransferRail>(&rail, 1), plan, options, std::forward<Token>(token));
+}
+
+/// … on one queue pair, without options.
 template <class Token>
 auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token) {
     return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));

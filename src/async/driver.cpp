@@ -6,6 +6,7 @@
 #include "gpuverbs/detail/async_op.hpp"
 #include "gpuverbs/detail/completion_path.hpp"
 #include "gpuverbs/detail/posting_path.hpp"
+#include "gpuverbs/detail/transfer_stream.hpp"
 
 #include <boost/asio/post.hpp>
 
@@ -20,6 +21,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 AsyncOpBase* op_of(AsyncOpLinks* links) noexcept {
     return static_cast<AsyncOpBase*>(links);
+}
+RailStream* stream_of(AsyncOpBase* op) noexcept {
+    return static_cast<RailStream*>(op);
 }
 } // namespace
 
@@ -39,10 +43,17 @@ AsyncDriver::~AsyncDriver() {
 }
 
 bool AsyncDriver::has_room(const AsyncOpBase* op) const noexcept {
+    if (op->streaming) return op->qp->send.has_room_for(static_cast<const RailStream*>(op)->needs());
     return op->receive ? op->qp->receive.has_room_for(1) : op->qp->send.has_room_for(1);
 }
 
 std::error_code AsyncDriver::post_now(AsyncOpBase* op) noexcept {
+    if (op->streaming) {
+        // Posts what fits; a stream that could post nothing and has nothing in flight failed.
+        RailStream* s = stream_of(op);
+        s->post_some();
+        return s->finished() ? (s->error() ? s->error() : std::error_code(errc::invalid_argument)) : no_error();
+    }
     // The slot's context is the operation: the completion leads back to it.
     const auto context = reinterpret_cast<std::uintptr_t>(op);
     if (op->receive) {
@@ -122,17 +133,39 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
             for (int i = 0; i < n; ++i) {
                 WorkQueueState* queue = queue_of(wc[i], cq_->registry());
                 if (queue == nullptr) continue; // a completion of a QP already destroyed (its operations were aborted)
+                const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc[i].wr_id));
                 auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
-                    static_cast<std::uintptr_t>(queue->complete(WrId::slot(wc[i].wr_id)).context));
-                if (op == nullptr || !fsm_.finished(op)) continue;
+                    static_cast<std::uintptr_t>(finished.context));
+                if (op == nullptr) continue;
+                if (op->streaming) {
+                    if (op->state == OpState::posted) advance(stream_of(op), wc[i], finished.sequence, done);
+                    continue;
+                }
+                if (!fsm_.finished(op)) continue;
                 op->record(wc[i]);
                 done.push_back(op);
             }
         }
         total += static_cast<std::size_t>(n);
+        work_completions_ += static_cast<std::uint64_t>(n);
         if (n < batch) break;
     }
     return total;
+}
+
+void AsyncDriver::advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
+    s->completed(wc, sequence);
+    // Refill from the room this completion freed; with nothing in flight and
+    // no room (other operations hold the queue), wait again like any operation.
+    if (!s->finished() && s->needs() > 0) {
+        if (s->qp->send.has_room_for(s->needs())) {
+            s->post_some();
+        } else if (!s->in_flight()) {
+            fsm_.wait_again(s);
+            return;
+        }
+    }
+    if (s->finished() && fsm_.finished(s)) done.push_back(s);
 }
 
 void AsyncDriver::post_ready(OpList& done) noexcept {
@@ -295,7 +328,8 @@ void AsyncDriver::destroy(OpList& ops) noexcept {
 AsyncStatistics AsyncDriver::statistics() noexcept {
     std::lock_guard lock(mutex_);
     const AsyncCounters& c = fsm_.counters();
-    return {c.submitted, c.waited, c.finished, c.aborted, c.cancelled, polls_, empty_polls_, wakeups_};
+    return {c.submitted, c.waited,     c.finished, c.aborted,        c.cancelled,
+            polls_,      empty_polls_, wakeups_,   work_completions_};
 }
 
 // --- operation memory -------------------------------------------------------

@@ -82,6 +82,13 @@ Layout layout(std::size_t count, std::size_t max_block, std::uint32_t seed) {
     return l;
 }
 
+TransferOptions options_of(std::optional<std::uint32_t> notify, std::string* failed_blocks) {
+    TransferOptions o;
+    o.notify = notify;
+    o.failed_blocks = failed_blocks;
+    return o;
+}
+
 std::byte pattern(std::size_t i, std::uint32_t seed) {
     return std::byte((i * 131 + seed) % 251);
 }
@@ -146,6 +153,122 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         }
     }
 
+    TEST_CASE("requests go out in chains of doorbell_batch, one signaled each; a queue smaller than a chain works") {
+        for (std::uint32_t batch : {1U, 7U, 32U, 64U}) {
+            asio::io_context io;
+            Layout l = layout(1000, 700, 11 + batch);
+            Pair p(io.get_executor(), l.bytes * 2 + 4000);
+            for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, batch);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                local.push_back(p.a.mr.slice(l.source[k], l.lengths[k]));
+                remote.push_back({p.b.mr.remote(), l.destination[k], l.lengths[k]});
+            }
+            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+            const std::uint64_t before = p.a.cq.async_statistics().work_completions;
+            int calls = 0;
+            boost::system::error_code result;
+            TransferOptions options;
+            options.doorbell_batch = batch;
+            async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
+                ++calls;
+                result = ec;
+            });
+            io.run_for(30s);
+            CHECK(calls == 1);
+            CHECK_FALSE(result);
+            const std::size_t requests = plan.requests().size();
+            const std::uint64_t signaled = p.a.cq.async_statistics().work_completions - before;
+            CHECK(signaled == (requests + batch - 1) / batch);
+            std::size_t bad = 0;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                for (std::size_t i = 0; i < l.lengths[k]; ++i) {
+                    bad += p.b.memory[l.destination[k] + i] != pattern(l.source[k] + i, batch) ? 1 : 0;
+                }
+            }
+            CHECK(bad == 0);
+            MESSAGE("doorbell_batch " << batch << ": " << requests << " requests, " << signaled << " completions");
+        }
+        // A send queue of 8 slots with chains of 32: chains are cut to what the queue holds.
+        asio::io_context io;
+        Device d0 = Device::open(test::rig_devices()->dev0), d1 = Device::open(test::rig_devices()->dev1);
+        ProtectionDomain pd0(d0), pd1(d1);
+        CompletionQueue cq0(d0, 64, io.get_executor()), cq1(d1, 64);
+        std::vector<std::byte> m0(1 << 16), m1(1 << 16);
+        MemoryRegion mr0(pd0, m0, Access::local_write), mr1(pd1, m1, Access::local_write | Access::remote_write);
+        QueuePairOptions small;
+        small.max_send_wr = 8;
+        PreparedQueuePair a(pd0, cq0, cq0, small), b(pd1, cq1, cq1);
+        Endpoint ea = a.endpoint(), eb = b.endpoint();
+        QueuePair qa = std::move(a).connect(eb), qb = std::move(b).connect(ea);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < 100; ++k) {
+            for (std::size_t i = 0; i < 100; ++i) m0[k * 100 + i] = std::byte(k + i);
+            local.push_back(mr0.slice(k * 100, 100));
+            remote.push_back({mr1.remote(), (99 - k) * 300, 100});
+        }
+        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, qa.capabilities());
+        int calls = 0;
+        boost::system::error_code result;
+        async_transfer(qa, plan, [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+        });
+        io.run_for(10s);
+        CHECK(calls == 1);
+        CHECK_FALSE(result);
+        std::size_t bad = 0;
+        for (std::size_t k = 0; k < 100; ++k) {
+            for (std::size_t i = 0; i < 100; ++i) bad += m1[(99 - k) * 300 + i] != std::byte(k + i) ? 1 : 0;
+        }
+        CHECK(bad == 0);
+    }
+
+    TEST_CASE("a transfer shares its send queue with other operations: both finish, every byte lands") {
+        asio::io_context io;
+        Layout l = layout(3000, 500, 21);
+        Pair p(io.get_executor(), l.bytes * 2 + 12000 + 300 * 64);
+        for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 21);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+            local.push_back(p.a.mr.slice(l.source[k], l.lengths[k]));
+            remote.push_back({p.b.mr.remote(), l.destination[k], l.lengths[k]});
+        }
+        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        int calls = 0;
+        boost::system::error_code result;
+        async_transfer(p.a.qp, plan, [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+        });
+        // 300 single writes into a separate area, submitted while the transfer holds the queue.
+        const std::size_t area = p.b.memory.size() - 300 * 64;
+        int writes = 0;
+        for (std::size_t k = 0; k < 300; ++k) {
+            for (std::size_t i = 0; i < 64; ++i) p.a.memory[area + k * 64 + i] = std::byte(k ^ i);
+            p.a.qp.async_write(p.a.mr.slice(area + k * 64, 64), p.b.mr.remote(), area + k * 64,
+                               [&](boost::system::error_code ec, std::size_t) {
+                                   CHECK_FALSE(ec);
+                                   ++writes;
+                               });
+        }
+        io.run_for(30s);
+        CHECK(calls == 1);
+        CHECK_FALSE(result);
+        CHECK(writes == 300);
+        std::size_t bad = 0;
+        for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+            for (std::size_t i = 0; i < l.lengths[k]; ++i) {
+                bad += p.b.memory[l.destination[k] + i] != pattern(l.source[k] + i, 21) ? 1 : 0;
+            }
+        }
+        for (std::size_t k = 0; k < 300 * 64; ++k) bad += p.b.memory[area + k] != p.a.memory[area + k] ? 1 : 0;
+        CHECK(bad == 0);
+    }
+
     TEST_CASE("a notification after the last block: when the peer's receive completes, every block has landed") {
         asio::io_context io;
         Layout l = layout(1000, 3000, 5);
@@ -172,12 +295,11 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
         int calls = 0;
         boost::system::error_code result;
-        async_transfer(p.a.qp, plan, TransferOptions{.notify = 0xC0FFEEu, .failed_blocks = nullptr},
-                       [&](boost::system::error_code ec, std::size_t n) {
-                           ++calls;
-                           result = ec;
-                           CHECK(n == l.bytes);
-                       });
+        async_transfer(p.a.qp, plan, options_of(0xC0FFEEu, nullptr), [&](boost::system::error_code ec, std::size_t n) {
+            ++calls;
+            result = ec;
+            CHECK(n == l.bytes);
+        });
         io.run_for(20s);
         CHECK(calls == 1);
         CHECK_FALSE(result);
@@ -188,11 +310,10 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         TransferPlan read = TransferPlan::make(TransferDirection::read, local, remote, p.a.qp.capabilities());
         std::string why;
         calls = 0;
-        async_transfer(p.a.qp, read, TransferOptions{.notify = 1u, .failed_blocks = &why},
-                       [&](boost::system::error_code ec, std::size_t) {
-                           ++calls;
-                           result = ec;
-                       });
+        async_transfer(p.a.qp, read, options_of(1u, &why), [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+        });
         CHECK(calls == 0);
         io.restart();
         io.run_for(1s);
@@ -216,11 +337,10 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         std::string failed;
         boost::system::error_code result;
         int calls = 0;
-        async_transfer(p.a.qp, plan, TransferOptions{.notify = std::nullopt, .failed_blocks = &failed},
-                       [&](boost::system::error_code ec, std::size_t) {
-                           ++calls;
-                           result = ec;
-                       });
+        async_transfer(p.a.qp, plan, options_of(std::nullopt, &failed), [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+        });
         io.run_for(10s);
         CHECK(calls == 1);
         CHECK(result == detail::to_asio_error(make_wc_error(IBV_WC_REM_ACCESS_ERR)));

@@ -58,6 +58,7 @@ private:
 };
 
 struct AsyncOpBase;
+class RailStream;
 
 class AsyncDriver : public std::enable_shared_from_this<AsyncDriver> {
     friend class AsyncDriverService;
@@ -97,6 +98,8 @@ private:
     std::error_code post_now(AsyncOpBase* op) noexcept;
     /// Posts waiting operations that have room now; failures go to `done`.
     void post_ready(OpList& done) noexcept;
+    /// A completion of a transfer's rail: record it, refill, finish it when it is done.
+    void advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
     /// Polls until the CQ is empty; completed operations go to `done`. Returns how many completions.
     std::size_t drain(OpList& done) noexcept;
     /// Arms the CQ, polls once more (a completion that came before arming raises no event), waits on the fd.
@@ -125,6 +128,7 @@ private:
     std::uint64_t polls_ = 0;
     std::uint64_t empty_polls_ = 0;
     std::uint64_t wakeups_ = 0;
+    std::uint64_t work_completions_ = 0;
 };
 
 /// Keeps track of every driver of an execution context so that, when the

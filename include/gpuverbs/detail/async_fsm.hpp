@@ -115,6 +115,16 @@ public:
         op->state = OpState::done;
         ++counters_.aborted;
     }
+    /// A posted operation that posts in parts (a transfer's rail) has nothing
+    /// in flight and more to post, but no room: it waits again, at the back.
+    void wait_again(AsyncOpLinks* op) noexcept {
+        live_.erase(op);
+        --live_count_;
+        op->state = OpState::waiting;
+        waiting_.push_back(op);
+        ++waiting_count_;
+        ++op->queue->waiting;
+    }
     /// `op`'s completion arrived. False when the machine no longer holds it
     /// (aborted or cancelled already): then the completion is ignored.
     bool finished(AsyncOpLinks* op) noexcept {

@@ -106,6 +106,8 @@ struct AsyncOpBase : AsyncOpLinks {
     QpCore* qp = nullptr;
     AsyncDriver* driver = nullptr;
     bool receive = false;
+    /// A transfer's rail (RailStream): posted in parts, finished by its last completion.
+    bool streaming = false;
     /// The handler's executor is the CQ's: it may run directly from the completion processing.
     bool direct_ok = false;
     Opcode opcode = Opcode::send;

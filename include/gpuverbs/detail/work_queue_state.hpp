@@ -47,6 +47,13 @@ public:
     }
     /// The first n recorded requests were accepted by the device.
     void commit(std::uint32_t n) noexcept { posted_ += n; }
+    /// Requests committed so far (the sequence number of the last one).
+    [[nodiscard]] std::uint64_t posted() const noexcept { return posted_; }
+    /// The last n committed requests lead nowhere: a completion of one finds
+    /// no context (a chain the provider took only in part, whose owner cannot wait for it).
+    void forget_last(std::uint32_t n) noexcept {
+        for (std::uint64_t k = posted_ - n; k < posted_; ++k) slots_[static_cast<std::uint32_t>(k) & mask_].context = 0;
+    }
     /// Empties the queue's bookkeeping (the QP went back to RESET).
     void reset() noexcept {
         posted_ = 0;
@@ -56,13 +63,14 @@ public:
     struct Finished {
         std::uint64_t context;
         Opcode opcode;
+        std::uint64_t sequence; ///< the request's place in the queue's history (1 for the first)
     };
     /// A completion for `slot`: everything up to and including it is finished.
     Finished complete(std::uint32_t slot) noexcept {
         const Slot& s = slots_[slot & mask_];
         // Completions of one queue arrive in order, so the sequence only grows.
         retired_.store(s.sequence, std::memory_order_release);
-        return {s.context, s.opcode};
+        return {s.context, s.opcode, s.sequence};
     }
 
 private:
