@@ -253,8 +253,8 @@ const KeyMap* find_key(std::span<const KeyMap> keys, std::uint32_t plan_key) noe
 } // namespace
 
 std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
-                                  std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys,
-                                  std::uint32_t chain, std::string& why) {
+                                  std::uint64_t bytes, std::span<const KeyMap> local_keys,
+                                  std::span<const KeyMap> remote_keys, std::uint32_t chain, std::string& why) {
     qp = &core;
     owner = &core;
     queue = &core.async_send;
@@ -262,8 +262,9 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     opcode = plan.direction() == TransferDirection::write ? Opcode::write : Opcode::read;
     opcode_ = plan.direction() == TransferDirection::write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     plan_ = &plan;
-    first_ = next_ = first;
+    first_ = next_ = done_until_ = first;
     end_ = end;
+    total_bytes_ = bytes;
     chain_ = std::min({chain, max_transfer_chain, core.send.capacity()});
     const auto requests = plan.requests();
     const std::span<const ibv_sge> pieces = plan.native_pieces();
@@ -272,17 +273,19 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     if (!local_keys.empty() && first < end) {
         const std::uint32_t p0 = requests[first].first_piece;
         const std::uint32_t p1 = requests[end - 1].first_piece + requests[end - 1].piece_count;
-        own_sges_.assign(pieces.begin() + p0, pieces.begin() + p1);
-        for (ibv_sge& sge : own_sges_) {
-            const KeyMap* k = find_key(local_keys, sge.lkey);
+        own_sges_.reset(new ibv_sge[p1 - p0]); // every entry is written below
+        const KeyMap* k = local_keys.data();
+        for (std::uint32_t p = p0; p < p1; ++p) {
+            const ibv_sge& from = pieces[p];
+            if (k == nullptr || k->plan_key != from.lkey) k = find_key(local_keys, from.lkey);
             if (k == nullptr) {
-                why = "the rail has no key for the local region with lkey " + key_hex(sge.lkey) +
+                why = "the rail has no key for the local region with lkey " + key_hex(from.lkey) +
                       " (TransferRail::local(region in the plan, the same memory on this rail))";
                 return errc::invalid_argument;
             }
-            sge.lkey = k->rail_key;
+            own_sges_[p - p0] = ibv_sge{from.addr, from.length, k->rail_key};
         }
-        sges_ = own_sges_.data() - p0; // indexed by the plan's piece numbers
+        sges_ = own_sges_.get() - p0; // indexed by the plan's piece numbers
     }
     if (!remote_keys.empty()) {
         remote_keys_.assign(remote_keys.begin(), remote_keys.end());
@@ -300,15 +303,14 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     return {};
 }
 
-std::uint32_t RailStream::rkey_of(std::uint32_t plan_key) const noexcept {
-    if (remote_keys_.empty()) return plan_key;
+std::uint32_t RailStream::rkey_slow(std::uint32_t plan_key) const noexcept {
     const KeyMap* k = find_key(remote_keys_, plan_key);
     return k != nullptr ? k->rail_key : plan_key; // every key was checked in setup
 }
 
 void RailStream::arm_notification(std::uint32_t immediate) noexcept {
     notify_ = true;
-    bytes_ = 0; // its bytes were counted when the rail finished its blocks
+    counted_ = bytes(); // its blocks' bytes were reported when the rail finished them
     immediate_ = immediate;
     opcode = Opcode::write_with_imm;
 }
@@ -317,12 +319,6 @@ void RailStream::reset_for_resubmit() noexcept {
     state = OpState::fresh;
     prev = next = nullptr;
     failure.reset();
-}
-
-std::uint32_t RailStream::needs() const noexcept {
-    if (failed()) return 0;
-    if (notify_) return 1;
-    return std::min(chain_, end_ - next_);
 }
 
 void RailStream::post_some() noexcept {
@@ -335,7 +331,6 @@ void RailStream::post_some() noexcept {
         const std::uint32_t n = needs();
         if (n == 0 || chains_in_flight_ == ring_size_ || !q.has_room_for(n)) return;
         const std::uint64_t base = q.posted();
-        std::uint64_t bytes = 0;
         if (notify_) {
             // The notification: zero bytes to the last remote byte the plan names.
             const TransferPlan::Request& last = requests.back();
@@ -349,19 +344,25 @@ void RailStream::post_some() noexcept {
             wr.wr.rdma.remote_addr = last.remote.address + last.remote.length - 1;
             wr.wr.rdma.rkey = rkey_of(last.remote.rkey);
         } else {
-            for (std::uint32_t k = 0; k < n; ++k) {
-                const TransferPlan::Request& r = requests[next_ + k];
+            // The hot loop: what a raw loop writes per request, plus the slot
+            // that leads a completion (or an error) back here.
+            q.record_run(n, context, opcode);
+            const std::uint64_t id = WrId::encode(QueueKind::send, tag, 0);
+            const std::uint32_t mask = q.mask();
+            const TransferPlan::Request* r = requests.data() + next_;
+            const bool translate = !remote_keys_.empty();
+            const ibv_wr_opcode op = opcode_;
+            ibv_sge* const sges = const_cast<ibv_sge*>(sges_); // verbs only reads a request's list
+            for (std::uint32_t k = 0; k < n; ++k, ++r) {
                 ibv_send_wr& wr = wrs[k];
-                q.record(k, context, opcode);
-                wr.wr_id = WrId::encode(QueueKind::send, tag, q.slot(k));
+                wr.wr_id = id | (static_cast<std::uint32_t>(base + k) & mask);
                 wr.next = &wrs[k + 1];
-                wr.sg_list = const_cast<ibv_sge*>(sges_ + r.first_piece); // verbs reads it only
-                wr.num_sge = static_cast<int>(r.piece_count);
-                wr.opcode = opcode_;
+                wr.sg_list = sges + r->first_piece;
+                wr.num_sge = static_cast<int>(r->piece_count);
+                wr.opcode = op;
                 wr.send_flags = 0;
-                wr.wr.rdma.remote_addr = r.remote.address;
-                wr.wr.rdma.rkey = rkey_of(r.remote.rkey);
-                bytes += r.remote.length;
+                wr.wr.rdma.remote_addr = r->remote.address;
+                wr.wr.rdma.rkey = translate ? rkey_of(r->remote.rkey) : r->remote.rkey;
             }
         }
         wrs[n - 1].next = nullptr;
@@ -380,7 +381,7 @@ void RailStream::post_some() noexcept {
         }
         q.commit(n);
         Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
-        c = Chain{base + 1, base + n, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, bytes};
+        c = Chain{base + 1, base + n, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, notify_ ? 0 : n};
         ++chains_in_flight_;
         if (notify_) {
             notify_ = false;
@@ -399,9 +400,20 @@ void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
         failed_request_ = c.first_request + static_cast<std::uint32_t>(sequence - c.first_sequence);
     }
     if (sequence != c.last_sequence) return; // an unsignaled request that failed; its chain's end follows
-    if (wc.status == IBV_WC_SUCCESS) bytes_ += c.bytes;
+    if (wc.status == IBV_WC_SUCCESS && !failed() && c.count > 0) done_until_ = c.first_request + c.count;
     ring_head_ = (ring_head_ + 1) % ring_size_;
     --chains_in_flight_;
+}
+
+std::uint64_t RailStream::bytes() const noexcept {
+    // The requests of every chain that completed before the first error (summed once, not per request).
+    std::uint64_t total = total_bytes_;
+    if (done_until_ != end_) {
+        total = 0;
+        const auto requests = plan_->requests();
+        for (std::uint32_t i = first_; i < done_until_; ++i) total += requests[i].remote.length;
+    }
+    return total - counted_;
 }
 
 std::error_code RailStream::error() const noexcept {
@@ -410,23 +422,41 @@ std::error_code RailStream::error() const noexcept {
     return {};
 }
 
-std::vector<std::uint32_t> stripe(const TransferPlan& plan, std::size_t rails) {
+Stripes stripe(const TransferPlan& plan, std::size_t rails) {
     // Boundaries: rail k runs [bounds[k], bounds[k + 1]).
     const auto requests = plan.requests();
-    std::vector<std::uint32_t> bounds(rails + 1, static_cast<std::uint32_t>(requests.size()));
-    bounds[0] = 0;
+    Stripes out;
+    out.bounds.assign(rails + 1, static_cast<std::uint32_t>(requests.size()));
+    out.bounds[0] = 0;
+    out.bytes.assign(rails, 0);
+    if (rails == 0) return out;
+    out.bytes[0] = plan.bytes();
+    if (rails == 1) return out;
+    // Rail k starts after the request that brings the running total to k shares.
     const std::uint64_t total = plan.bytes();
-    std::uint64_t sum = 0;
+    auto share = [&](std::size_t k) {
+        return total / rails * k + total % rails * k / rails; // no overflow for any total
+    };
     std::size_t k = 1;
-    for (std::uint32_t i = 0; i < requests.size() && k < rails; ++i) {
-        sum += requests[i].remote.length;
-        // Past k shares of the total: the next rail starts after this request.
-        while (k < rails && static_cast<long double>(sum) * static_cast<long double>(rails) >=
-                                static_cast<long double>(total) * static_cast<long double>(k)) {
-            bounds[k++] = i + 1;
+    std::uint64_t target = share(1);
+    std::uint64_t sum = 0;
+    std::uint64_t at_bound = 0;
+    const std::uint32_t n = static_cast<std::uint32_t>(requests.size());
+    const TransferPlan::Request* r = requests.data();
+    for (std::uint32_t i = 0; i < n && k < rails; ++i) {
+        sum += r[i].remote.length;
+        if (sum >= target) { // at most one boundary per request: no empty rail before a busy one
+            out.bounds[k] = i + 1;
+            out.bytes[k - 1] = sum - at_bound;
+            at_bound = sum;
+            target = share(++k);
         }
     }
-    return bounds;
+    for (; k <= rails; ++k) { // the rails after the last boundary: the rest, then nothing
+        out.bytes[k - 1] = total - at_bound;
+        at_bound = total;
+    }
+    return out;
 }
 
 bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferPlan& plan,
@@ -462,8 +492,16 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
                                                                      : "the QP cannot run asynchronous operations"));
         }
     }
+    for (std::size_t k = 1; k < rails.size(); ++k) {
+        if (core_of(*rails[k].qp).pd() != core_of(*rails[0].qp).pd() && rails[k].local_keys.empty()) {
+            return refuse(errc::invalid_argument,
+                          "rail " + std::to_string(k) +
+                              "'s queue pair is on another protection domain than rail 0's, whose keys the plan "
+                              "holds: give the same memory's keys on that rail (TransferRail::local and ::remote)");
+        }
+    }
     for (std::uint64_t& b : rail_bytes_) b = 0;
-    const std::vector<std::uint32_t> bounds = stripe(plan, rails.size());
+    const Stripes stripes = stripe(plan, rails.size());
     rail_count_ = rails.size();
     rails_ = std::make_unique<RailStream[]>(rail_count_);
     for (std::size_t k = 0; k < rail_count_; ++k) {
@@ -472,8 +510,9 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
         r.job = this;
         r.index = k;
         std::string text;
-        if (std::error_code e = r.setup(core_of(*rails[k].qp), plan, bounds[k], bounds[k + 1], rails[k].local_keys,
-                                        rails[k].remote_keys, options.doorbell_batch, text)) {
+        if (std::error_code e =
+                r.setup(core_of(*rails[k].qp), plan, stripes.bounds[k], stripes.bounds[k + 1], stripes.bytes[k],
+                        rails[k].local_keys, rails[k].remote_keys, options.doorbell_batch, text)) {
             return refuse(e, "rail " + std::to_string(k) + ": " + text);
         }
         r.driver = core_of(*rails[k].qp).send_cq()->driver();

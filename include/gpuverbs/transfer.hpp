@@ -162,9 +162,15 @@ struct TransferOptions {
 
 namespace detail {
 
-/// Splits requests [0, n) into `rails` contiguous ranges of about equal
-/// bytes: rail k ends at the first request boundary past k+1 shares of the total.
-std::vector<std::uint32_t> stripe(const TransferPlan& plan, std::size_t rails);
+/// A plan cut into contiguous ranges of requests, one per rail.
+struct Stripes {
+    std::vector<std::uint32_t> bounds; ///< rail k runs requests [bounds[k], bounds[k + 1])
+    std::vector<std::uint64_t> bytes;  ///< … and moves this many bytes
+};
+/// Splits the plan's requests into `rails` contiguous ranges of about equal
+/// bytes: rail k ends at the first request boundary at or past k+1 shares of
+/// the total (a request is never split: bound one with TransferLimits::max_message).
+Stripes stripe(const TransferPlan& plan, std::size_t rails);
 
 /// What a transfer shares between its rails: counts them down, keeps the
 /// first error and the bytes, sends the notification after the last one, and

@@ -9,6 +9,7 @@
 // every device open once any rdma_cm call has run, and a removal waits for
 // that.
 #include "connected_pair.hpp"
+#include "rig_faults.hpp"
 
 #include <doctest/doctest.h>
 
@@ -24,38 +25,14 @@
 #include <thread>
 
 using namespace gpuverbs;
+using gpuverbs::test::fault;
+using gpuverbs::test::faults_available;
 using gpuverbs::test::fill_pattern;
 using gpuverbs::test::has_pattern;
+using gpuverbs::test::Heal;
 using gpuverbs::test::poll_for;
 
 namespace {
-
-/// Runs `setup-rxe FAULT` (the rig's injector); its exit status.
-int fault(const std::string& what) {
-    const std::string command = gpuverbs::test::env_or("GPUVERBS_TEST_FAULTS") + " " + what;
-    // NOLINTNEXTLINE(cert-env33-c,concurrency-mt-unsafe): the rig's own script, fixed arguments
-    const int rc = std::system(command.c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-bool faults_available() {
-    return !gpuverbs::test::env_or("GPUVERBS_TEST_FAULTS").empty();
-}
-
-/// Heals a fault when the test ends, however it ends.
-class Heal {
-public:
-    explicit Heal(std::string what) : what_(std::move(what)) {}
-    Heal(const Heal&) = delete;
-    Heal& operator=(const Heal&) = delete;
-    ~Heal() {
-        if (!what_.empty()) (void)fault(what_);
-    }
-    int now() { return fault(std::exchange(what_, {})); }
-
-private:
-    std::string what_;
-};
 
 constexpr std::size_t chunk = 4096;
 constexpr std::size_t chunks = 256;

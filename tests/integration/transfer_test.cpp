@@ -3,6 +3,7 @@
 // its block; a queue pair destroyed mid-transfer.
 #include "process_resources.hpp"
 #include "rig.hpp"
+#include "rig_faults.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
 
@@ -381,6 +382,179 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         io.run_for(5s);
         CHECK(calls == 1);
         CHECK(result == asio::error::operation_aborted);
+    }
+}
+
+namespace {
+
+/// The rig's two-rail topology: rail 0 rxe0 -> rxe1, rail 1 rxe2 -> rxe3
+/// (setup-rxe rails-up); one pool on each side registered on both of its devices.
+struct Rails {
+    struct Wire {
+        Device d0, d1;
+        ProtectionDomain pd0, pd1;
+        CompletionQueue cq0, cq1;
+        MemoryRegion mr0, mr1;
+        QueuePair qp0, qp1;
+        Wire(const char* a, const char* b, const asio::any_io_executor& ex, std::span<std::byte> m0,
+             std::span<std::byte> m1)
+            : d0(Device::open(a)),
+              d1(Device::open(b)),
+              pd0(d0),
+              pd1(d1),
+              cq0(d0, 1024, ex),
+              cq1(d1, 1024, ex),
+              mr0(pd0, m0, Access::local_write | Access::remote_write),
+              mr1(pd1, m1, Access::local_write | Access::remote_write) {
+            QueuePairOptions o;
+            o.max_send_wr = 128;
+            ConnectOptions c;
+            c.timeout = 12; // ~16 ms per try, 4 tries: a dead rail is noticed well within a second
+            c.retry_count = 3;
+            PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
+            Endpoint ea = a0.endpoint(), eb = b1.endpoint();
+            qp0 = std::move(a0).connect(eb, c);
+            qp1 = std::move(b1).connect(ea, c);
+        }
+    };
+    std::vector<std::byte> m0, m1;
+    Wire rail0, rail1;
+    Rails(const asio::any_io_executor& ex, std::size_t bytes)
+        : m0(bytes), m1(bytes), rail0("rxe0", "rxe1", ex, m0, m1), rail1("rxe2", "rxe3", ex, m0, m1) {}
+    std::vector<TransferRail> spec() {
+        std::vector<TransferRail> s{TransferRail{&rail0.qp0, {}, {}}, TransferRail{&rail1.qp0, {}, {}}};
+        s[1].local(rail0.mr0, rail1.mr0).remote(rail0.mr1.remote(), rail1.mr1.remote());
+        return s;
+    }
+};
+
+} // namespace
+
+TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
+    TEST_CASE(
+        "one transfer striped over two rails: each rail's bytes reported, every byte verified; a rail "
+        "that goes down mid-transfer fails it once, naming the rail") {
+        if (!test::faults_available()) {
+            MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
+            return;
+        }
+        REQUIRE(test::fault("rails-up") == 0);
+        test::Heal down("rails-down");
+        {
+            asio::io_context io;
+            Layout l = layout(2000, 9000, 31);
+            Rails r(io.get_executor(), l.bytes * 2 + 8000);
+            for (std::size_t i = 0; i < l.bytes; ++i) r.m0[i] = pattern(i, 31);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                local.push_back(r.rail0.mr0.slice(l.source[k], l.lengths[k]));
+                remote.push_back({r.rail0.mr1.remote(), l.destination[k], l.lengths[k]});
+            }
+            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, TransferLimits{1});
+            std::optional<std::uint32_t> notified;
+            r.rail0.qp1.async_receive(r.rail0.mr1.slice(0, 0), [&](boost::system::error_code ec, Received got) {
+                CHECK_FALSE(ec);
+                notified = got.immediate;
+            });
+            std::vector<TransferRail> rails = r.spec();
+            std::array<std::uint64_t, 2> per_rail{};
+            TransferOptions options;
+            options.rail_bytes = per_rail;
+            options.notify = 42;
+            int calls = 0;
+            boost::system::error_code result;
+            std::size_t moved = 0;
+            async_transfer(std::span<const TransferRail>(rails), plan, options,
+                           [&](boost::system::error_code ec, std::size_t n) {
+                               ++calls;
+                               result = ec;
+                               moved = n;
+                           });
+            io.run_for(60s);
+            CHECK(calls == 1);
+            CHECK_MESSAGE(!result, result.message());
+            CHECK(moved == l.bytes);
+            CHECK(per_rail[0] + per_rail[1] == l.bytes);
+            // Halves of equal bytes, to within one block.
+            CHECK(per_rail[0] > l.bytes / 2 - 9000);
+            CHECK(per_rail[1] > l.bytes / 2 - 9000);
+            CHECK(notified == 42u);
+            std::size_t bad = 0;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                for (std::size_t i = 0; i < l.lengths[k]; ++i) {
+                    bad += r.m1[l.destination[k] + i] != pattern(l.source[k] + i, 31) ? 1 : 0;
+                }
+            }
+            CHECK(bad == 0);
+            MESSAGE("2 rails: " << plan.requests().size() << " requests, rail 0 " << per_rail[0] << " bytes, rail 1 "
+                                << per_rail[1] << " bytes");
+
+            // A rail without its own keys, on another device, is refused before anything is posted.
+            std::vector<TransferRail> unmapped{TransferRail{&r.rail0.qp0, {}, {}}, TransferRail{&r.rail1.qp0, {}, {}}};
+            std::string why;
+            TransferOptions refused;
+            refused.failed_blocks = &why;
+            calls = 0;
+            async_transfer(std::span<const TransferRail>(unmapped), plan, refused,
+                           [&](boost::system::error_code ec, std::size_t) {
+                               ++calls;
+                               result = ec;
+                           });
+            io.restart();
+            io.run_for(1s);
+            CHECK(calls == 1);
+            CHECK(result == detail::to_asio_error(make_error_code(errc::invalid_argument)));
+            CHECK_MESSAGE(why.find("rail 1's queue pair is on another protection domain") == 0, why);
+        }
+        {
+            // A large transfer; the second wire goes down while it runs.
+            asio::io_context io;
+            constexpr std::size_t blocks = 3000, block = 16384;
+            Rails r(io.get_executor(), 2 * blocks * block);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                local.push_back(r.rail0.mr0.slice(k * block, block));
+                remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+            }
+            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, TransferLimits{1});
+            std::vector<TransferRail> rails = r.spec();
+            std::array<std::uint64_t, 2> per_rail{};
+            std::string failed;
+            TransferOptions options;
+            options.rail_bytes = per_rail;
+            options.failed_blocks = &failed;
+            int calls = 0;
+            boost::system::error_code result;
+            async_transfer(std::span<const TransferRail>(rails), plan, options,
+                           [&](boost::system::error_code ec, std::size_t) {
+                               ++calls;
+                               result = ec;
+                           });
+            io.run_for(150ms);
+            const bool running = calls == 0;
+            test::Heal up("rail-up");
+            REQUIRE(test::fault("rail-down") == 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            while (calls == 0 && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(50ms);
+            const auto waited =
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+            CHECK(calls == 1);
+            if (running) {
+                CHECK(result);
+                CHECK_MESSAGE(failed.find("on rail 1") != std::string::npos, failed);
+                CHECK(per_rail[0] + per_rail[1] < blocks * block);
+                MESSAGE("rail 1 down: the transfer failed after " << waited.count() << " ms with '" << result.message()
+                                                                  << "' (" << failed << "); rail 0 moved "
+                                                                  << per_rail[0] << " bytes, rail 1 " << per_rail[1]);
+            } else {
+                MESSAGE("the transfer finished within 150 ms, before the rail went down: nothing to observe");
+            }
+            io.run_for(100ms);
+            CHECK(calls == 1);
+            CHECK(up.now() == 0);
+        }
     }
 }
 

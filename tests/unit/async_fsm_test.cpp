@@ -91,6 +91,25 @@ TEST_SUITE("the asynchronous state machine") {
         CHECK(fsm.counters().finished == 1);
     }
 
+    TEST_CASE("a transfer's rail with nothing in flight and no room waits again, behind the waiting ones") {
+        AsyncFsm fsm;
+        FakeQp qp = with_room(1);
+        FakeOp rail = op(qp, 1), b = op(qp, 2);
+        CHECK(submit(fsm, rail) == AsyncFsm::Submit::post);
+        CHECK(submit(fsm, b) == AsyncFsm::Submit::wait);
+        // The rail's chain completed; other operations hold the queue: it waits again.
+        fsm.wait_again(&rail);
+        CHECK(rail.state == OpState::waiting);
+        CHECK(fsm.outstanding() == 2);
+        CHECK(fsm.waiting_count() == 2);
+        CHECK(qp.send.waiting == 2);
+        qp.send_room = 2;
+        CHECK(post_ready(fsm) == std::vector<int>{2, 1}); // in the order they now wait
+        // Released with its queue pair while live: aborted once, like any operation.
+        CHECK(ids_of(fsm.release(&qp)) == std::vector<int>{2, 1});
+        CHECK(fsm.outstanding() == 0);
+    }
+
     TEST_CASE("under back-pressure operations wait and are posted in submission order as slots free") {
         AsyncFsm fsm;
         FakeQp qp = with_room(1);

@@ -169,4 +169,35 @@ TEST_SUITE("transfer plans") {
         }
         CHECK(sum == plan.bytes());
     }
+
+    TEST_CASE("striping over rails: contiguous ranges of about equal bytes, each rail's bytes summed") {
+        std::vector<LocalBuffer> l;
+        std::vector<RemoteBlock> r;
+        for (std::uint32_t k = 0; k < 10; ++k) { // 10 scattered blocks of 1000 bytes
+            l.push_back(local(k * 1000, 1000));
+            r.push_back(remote((9 - k) * 2000, 1000));
+        }
+        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        REQUIRE(plan.requests().size() == 10);
+        auto one = detail::stripe(plan, 1);
+        CHECK(one.bounds == std::vector<std::uint32_t>{0, 10});
+        CHECK(one.bytes == std::vector<std::uint64_t>{10000});
+        auto two = detail::stripe(plan, 2);
+        CHECK(two.bounds == std::vector<std::uint32_t>{0, 5, 10});
+        CHECK(two.bytes == std::vector<std::uint64_t>{5000, 5000});
+        auto three = detail::stripe(plan, 3); // shares at 3,333 and 6,666 bytes: requests end at 4,000 and 7,000
+        CHECK(three.bounds == std::vector<std::uint32_t>{0, 4, 7, 10});
+        CHECK(three.bytes == std::vector<std::uint64_t>{4000, 3000, 3000});
+        // More rails than requests: the last rails get nothing.
+        auto plan2 = TransferPlan::make(TransferDirection::write, std::vector{local(0, 10), local(100, 10)},
+                                        std::vector{remote(0, 10), remote(50, 10)}, TransferLimits{1});
+        auto four = detail::stripe(plan2, 4);
+        CHECK(four.bounds == std::vector<std::uint32_t>{0, 1, 2, 2, 2});
+        CHECK(four.bytes == std::vector<std::uint64_t>{10, 10, 0, 0});
+        // One large request is never split: bound it with max_message to stripe it.
+        auto big = TransferPlan::make(TransferDirection::write, std::vector{local(0, 1 << 19)},
+                                      std::vector{remote(0, 1 << 19)}, TransferLimits{1, 1 << 17});
+        CHECK(big.requests().size() == 4);
+        CHECK(detail::stripe(big, 2).bytes == std::vector<std::uint64_t>{1 << 18, 1 << 18});
+    }
 }

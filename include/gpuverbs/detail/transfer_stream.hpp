@@ -17,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -52,15 +53,19 @@ public:
     /// keys differ from the plan's, its own scatter/gather list). Errors name
     /// the key the rail cannot translate. Not yet submitted.
     std::error_code setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
-                          std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys, std::uint32_t chain,
-                          std::string& why);
+                          std::uint64_t bytes, std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys,
+                          std::uint32_t chain, std::string& why);
     /// Turns the rail into one signaled zero-byte write-with-immediate to the
     /// plan's last remote byte (the transfer's notification), to submit again.
     void arm_notification(std::uint32_t immediate) noexcept;
 
     // What the driver asks (under its lock).
     /// Slots the next chain needs; 0 when nothing is left to post.
-    [[nodiscard]] std::uint32_t needs() const noexcept;
+    [[nodiscard]] std::uint32_t needs() const noexcept {
+        if (failed()) return 0;
+        if (notify_) return 1;
+        return std::min(chain_, end_ - next_);
+    }
     /// Posts chains while the send queue has room for them.
     void post_some() noexcept;
     /// A completion of one of its requests (`sequence`: its place in the queue).
@@ -74,7 +79,8 @@ public:
     [[nodiscard]] std::error_code error() const noexcept;
     /// The plan's request that failed first (requests().size() for the notification).
     [[nodiscard]] std::uint32_t failed_request() const noexcept { return failed_request_; }
-    [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+    /// Bytes of its requests that completed (since the notification was armed, if it was).
+    [[nodiscard]] std::uint64_t bytes() const noexcept;
     [[nodiscard]] std::uint32_t first() const noexcept { return first_; }
     [[nodiscard]] std::uint32_t end() const noexcept { return end_; }
 
@@ -89,13 +95,19 @@ private:
         std::uint64_t first_sequence; ///< the sequence of its first request
         std::uint64_t last_sequence;  ///< … of its last (signaled) request
         std::uint32_t first_request;
-        std::uint64_t bytes;
+        std::uint32_t count; ///< requests of the plan in it (0 for the notification)
     };
-    [[nodiscard]] std::uint32_t rkey_of(std::uint32_t plan_key) const noexcept;
+    /// This rail's rkey for a plan's rkey (every key was checked in setup).
+    [[nodiscard]] std::uint32_t rkey_of(std::uint32_t plan_key) const noexcept {
+        if (remote_keys_.empty()) return plan_key;
+        if (remote_keys_.front().plan_key == plan_key) return remote_keys_.front().rail_key;
+        return rkey_slow(plan_key);
+    }
+    [[nodiscard]] std::uint32_t rkey_slow(std::uint32_t plan_key) const noexcept;
 
     const TransferPlan* plan_ = nullptr;
-    const ibv_sge* sges_ = nullptr; ///< the plan's pieces as this rail's device sees them
-    std::vector<ibv_sge> own_sges_; ///< … when its keys differ from the plan's
+    const ibv_sge* sges_ = nullptr;       ///< the plan's pieces as this rail's device sees them
+    std::unique_ptr<ibv_sge[]> own_sges_; ///< … when its keys differ from the plan's
     std::vector<KeyMap> remote_keys_;
     ibv_wr_opcode opcode_ = IBV_WR_RDMA_WRITE;
     std::uint32_t first_ = 0;
@@ -111,7 +123,9 @@ private:
     std::uint32_t ring_head_ = 0;
     std::uint32_t chains_in_flight_ = 0;
     // The outcome.
-    std::uint64_t bytes_ = 0;
+    std::uint32_t done_until_ = 0;  ///< every request before it completed without error
+    std::uint64_t total_bytes_ = 0; ///< of requests [first, end)
+    std::uint64_t counted_ = 0;     ///< bytes already reported (before the notification)
     ibv_wc_status wc_error_ = IBV_WC_SUCCESS;
     std::error_code post_error_;
     std::uint32_t failed_request_ = 0;

@@ -45,6 +45,12 @@ public:
     void record(std::uint32_t i, std::uint64_t context, Opcode opcode) noexcept {
         slots_[slot(i)] = Slot{context, posted_ + i + 1, opcode};
     }
+    /// Records the next n requests for one owner at once (a transfer's chain).
+    void record_run(std::uint32_t n, std::uint64_t context, Opcode opcode) noexcept {
+        for (std::uint32_t i = 0; i < n; ++i) slots_[(posted_ + i) & mask_] = Slot{context, posted_ + i + 1, opcode};
+    }
+    /// Slot numbers wrap with this mask (ring size - 1).
+    [[nodiscard]] std::uint32_t mask() const noexcept { return mask_; }
     /// The first n recorded requests were accepted by the device.
     void commit(std::uint32_t n) noexcept { posted_ += n; }
     /// Requests committed so far (the sequence number of the last one).
