@@ -163,6 +163,8 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
         out.allocation_size = length;
         out.allocation = vmm ? GpuAllocation::vmm : GpuAllocation::device;
         out.gpu_direct_rdma_capable = capable != 0;
+        unsigned long long id = 0; // NOLINT(google-runtime-int): the attribute's type
+        if (api.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) == CUDA_SUCCESS) out.buffer_id = id;
     });
     if (!status.ok()) out = GpuMemory{};
 #else

@@ -273,17 +273,22 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     if (!local_keys.empty() && first < end) {
         const std::uint32_t p0 = requests[first].first_piece;
         const std::uint32_t p1 = requests[end - 1].first_piece + requests[end - 1].piece_count;
-        own_sges_.reset(new ibv_sge[p1 - p0]); // every entry is written below
-        const KeyMap* k = local_keys.data();
-        for (std::uint32_t p = p0; p < p1; ++p) {
-            const ibv_sge& from = pieces[p];
-            if (k == nullptr || k->plan_key != from.lkey) k = find_key(local_keys, from.lkey);
+        own_sges_.reset(new ibv_sge[p1 - p0]);
+        std::copy(pieces.begin() + p0, pieces.begin() + p1, own_sges_.get());
+        // Then only the keys: most transfers name one region, so the first map entry usually matches.
+        const KeyMap first_key = local_keys.front();
+        for (ibv_sge* sge = own_sges_.get(); sge != own_sges_.get() + (p1 - p0); ++sge) {
+            if (sge->lkey == first_key.plan_key) {
+                sge->lkey = first_key.rail_key;
+                continue;
+            }
+            const KeyMap* k = find_key(local_keys, sge->lkey);
             if (k == nullptr) {
-                why = "the rail has no key for the local region with lkey " + key_hex(from.lkey) +
+                why = "the rail has no key for the local region with lkey " + key_hex(sge->lkey) +
                       " (TransferRail::local(region in the plan, the same memory on this rail))";
                 return errc::invalid_argument;
             }
-            own_sges_[p - p0] = ibv_sge{from.addr, from.length, k->rail_key};
+            sge->lkey = k->rail_key;
         }
         sges_ = own_sges_.get() - p0; // indexed by the plan's piece numbers
     }

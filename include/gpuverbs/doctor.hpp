@@ -81,6 +81,42 @@ struct DoctorOptions {
 /// Runs every check. Never throws for what it finds; each problem is a check.
 DoctorReport diagnose(const DoctorOptions& options = {});
 
+/// One RDMA device as seen from one GPU, and why it ranks where it does.
+struct NicCandidate {
+    std::string nic;             ///< RDMA device name
+    std::optional<PciPath> path; ///< empty when the device has no PCIe location (Soft-RoCE, siw)
+    std::string why;             ///< e.g. "mlx5_0: PIX, behind the same PCIe switch as the GPU"
+};
+
+/// The RDMA devices for a GPU's traffic, nearest first: same PCIe switch
+/// (PIX), then several bridges (PXB), the CPU's host bridge (PHB), another
+/// host bridge of the NUMA node (NODE), and across the CPU interconnect (SYS)
+/// only when nothing nearer exists; devices without a PCIe location last;
+/// equally near devices by name. The doctor's conclusions use the same order.
+struct NicChoice {
+    std::string gpu;                  ///< PCI BDF
+    std::vector<NicCandidate> ranked; ///< nearest first; empty when there is no RDMA device
+    std::string why;                  ///< the choice in one sentence, naming the farther ones
+    /// The nearest device ("" when there is none).
+    [[nodiscard]] std::string nearest() const { return ranked.empty() ? std::string() : ranked.front().nic; }
+    /// Up to `count` devices as rails: the nearest class first, and a farther
+    /// class only when the nearer ones are used up.
+    [[nodiscard]] std::vector<std::string> rails(std::size_t count) const;
+};
+
+/// Ranks the RDMA devices for the GPU at PCI address `gpu_bdf` ("0000:3b:00.0")
+/// from sysfs (options.sys_root). Throws gpuverbs::Error (errc::invalid_argument)
+/// when no such PCI device exists.
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options = {});
+
+namespace detail {
+/// The pure ranking behind choose_nic and the doctor: `paths` are one GPU's
+/// pairs; `used` (optional) counts GPUs already given each device, a tie-break
+/// between equally near ones (as NCCL spreads GPUs over rails).
+NicChoice rank_nics(const std::string& gpu, std::vector<GpuNicPath> paths,
+                    const std::vector<std::pair<std::string, int>>& used = {});
+} // namespace detail
+
 /// The report as text for a person: one line per check, advice indented under
 /// it, then the conclusions; ANSI colour when `colour`.
 std::string format_report(const DoctorReport& report, bool colour = false);

@@ -44,6 +44,9 @@ struct GpuMemory {
     std::size_t allocation_size = 0;                  ///< size of that allocation
     GpuAllocation allocation = GpuAllocation::device; ///< device (cuMemAlloc-like) or vmm
     bool gpu_direct_rdma_capable = false;             ///< CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
+    /// CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation for the process's
+    /// life, so a new allocation at a freed one's address has another id (0 when the driver cannot say).
+    std::uint64_t buffer_id = 0;
 
     /// Describes `size` bytes at device pointer `address`: finds the
     /// allocation with cuMemGetAddressRange and the GPU that holds it. Fails

@@ -17,10 +17,16 @@
 //    (a region still held by the caller stays valid: the shared_ptr owns it);
 //  - host memory: the cache cannot see free(). Call invalidate() for a range
 //    before freeing or unmapping it (a later allocation at the same address
-//    would otherwise get the old pages' registration). GPU memory is checked
-//    by its buffer id (issue 15 continues).
+//    would otherwise get the old pages' registration);
+//  - GPU memory (get(GpuMemory)) is checked on every lookup by the buffer id
+//    the CUDA driver gives each allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID):
+//    a region of a freed buffer whose address came back in a new allocation
+//    is dropped (stats().stale) and the new buffer registered; regions of two
+//    GPU allocations are never merged.
 #pragma once
 
+#include "gpuverbs/gpu_buffer.hpp"
+#include "gpuverbs/gpu_direct.hpp"
 #include "gpuverbs/memory_region.hpp"
 #include "gpuverbs/protection_domain.hpp"
 
@@ -48,6 +54,7 @@ struct RegistrationCacheStats {
     std::uint64_t evictions = 0;     ///< regions dropped for the limits
     std::uint64_t merges = 0;        ///< regions dropped because a new one covers them
     std::uint64_t invalidations = 0; ///< regions dropped by invalidate()
+    std::uint64_t stale = 0;         ///< regions dropped because their GPU buffer was freed and its address reused
     std::size_t regions = 0;         ///< regions cached now
     std::size_t bytes_pinned = 0;    ///< bytes they cover
 };
@@ -62,12 +69,20 @@ class RegistrationIndex {
 public:
     explicit RegistrationIndex(RegistrationCacheLimits limits) : limits_(limits) {}
 
-    /// The handle covering [begin, end) with `access`, counted as a hit; else nothing.
-    std::optional<Handle> find(std::uint64_t begin, std::uint64_t end, Access access) {
+    /// The handle covering [begin, end) with `access`, counted as a hit; else
+    /// nothing. `owner`: the GPU buffer id of the memory now (0 for host
+    /// memory); an entry made for another buffer at these addresses is stale
+    /// and dropped.
+    std::optional<Handle> find(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) {
         auto it = entries_.upper_bound(begin);
         if (it == entries_.begin()) return std::nullopt;
         --it;
         Entry& e = it->second;
+        if (e.owner != owner && e.end > begin) {
+            erase(it);
+            ++stats_.stale;
+            return std::nullopt;
+        }
         if (end > e.end || (e.access & access) != access) return std::nullopt;
         lru_.splice(lru_.begin(), lru_, e.lru);
         ++stats_.hits;
@@ -79,10 +94,15 @@ public:
     struct Miss {
         std::uint64_t begin, end;
         Access access;
+        std::uint64_t owner = 0; ///< GPU buffer id (0: host memory)
     };
-    [[nodiscard]] Miss plan_miss(std::uint64_t begin, std::uint64_t end, Access access) const {
-        Miss m{begin, end, access};
+    /// Only entries of the same owner are merged; GPU memory never merges
+    /// (two allocations cannot be one registration): entries of other owners
+    /// that overlap are stale and dropped by insert().
+    [[nodiscard]] Miss plan_miss(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) const {
+        Miss m{begin, end, access, owner};
         for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end; ++it) {
+            if (it->second.owner != owner) continue;
             m.begin = std::min(m.begin, it->first);
             m.end = std::max(m.end, it->second.end);
             m.access = m.access | it->second.access;
@@ -95,11 +115,11 @@ public:
     void insert(const Miss& m, Handle handle) {
         ++stats_.misses;
         for (auto it = first_overlapping(m.begin); it != entries_.end() && it->first < m.end;) {
+            ++(it->second.owner == m.owner ? stats_.merges : stats_.stale);
             it = erase(it);
-            ++stats_.merges;
         }
         lru_.push_front(m.begin);
-        entries_.emplace(m.begin, Entry{m.end, m.access, std::move(handle), lru_.begin()});
+        entries_.emplace(m.begin, Entry{m.end, m.access, std::move(handle), lru_.begin(), m.owner});
         bytes_ += m.end - m.begin;
         while ((entries_.size() > limits_.max_regions || bytes_ > limits_.max_bytes) && entries_.size() > 1) {
             erase(entries_.find(lru_.back()));
@@ -128,6 +148,7 @@ private:
         Access access;
         Handle handle;
         std::list<std::uint64_t>::iterator lru;
+        std::uint64_t owner = 0;
     };
     using Map = std::map<std::uint64_t, Entry>;
 
@@ -179,6 +200,14 @@ public:
         index_.insert(miss, mr);
         return mr;
     }
+    /// A region covering GPU memory with at least `access`, registered with
+    /// register_gpu_memory(method) on a miss. The allocation's buffer id is
+    /// asked of the driver on every call, so a buffer freed and replaced at
+    /// the same address is never served the old registration. Throws what
+    /// GpuMemory::from_address and register_gpu_memory throw.
+    std::shared_ptr<const MemoryRegion> get(const GpuMemory& memory, Access access,
+                                            GpuRegistration method = GpuRegistration::automatic);
+
     /// Forgets every region overlapping [address, address + length): call it
     /// before freeing or unmapping host memory.
     void invalidate(const void* address, std::size_t length) {

@@ -509,15 +509,12 @@ DoctorReport diagnose(const DoctorOptions& o) {
                 p.bridges = detail::bridges_on_path(*g.chain, *nics[i].chain);
             }
             mine.push_back(std::move(p));
-            if (!best) {
-                best = i;
-                continue;
-            }
-            // Nearer wins; between equally near NICs, the one fewer GPUs use (as NCCL spreads rails).
-            auto rank = [&](std::size_t j) {
-                return std::tuple(mine[j].path ? static_cast<int>(*mine[j].path) : 99, used[nics[j].name]);
-            };
-            if (rank(i) < rank(*best)) best = i;
+        }
+        // Nearer wins; between equally near NICs, the one fewer GPUs use (as NCCL spreads rails): choose_nic's order.
+        const NicChoice choice =
+            detail::rank_nics(g.bdf, mine, std::vector<std::pair<std::string, int>>(used.begin(), used.end()));
+        for (std::size_t i = 0; i < nics.size(); ++i) {
+            if (!choice.ranked.empty() && nics[i].name == choice.nearest()) best = i;
         }
         GpuConclusion c;
         c.gpu = g.bdf;

@@ -5,6 +5,7 @@
 // reasons on a machine with a GPU but no RDMA device.
 #include "gpuverbs/detail/gpu_registration.hpp"
 #include "gpuverbs/device.hpp"
+#include "gpuverbs/registration_cache.hpp"
 
 #include "gpu_available.hpp"
 
@@ -388,5 +389,43 @@ TEST_SUITE("gpuverbs-doctor on a real GPU" * doctest::skip(!gpuverbs::test::gpu_
         REQUIRE(r.conclusions.size() == gpus.size());
         CHECK(r.conclusions[0].nic.empty());
         CHECK_FALSE(r.conclusions[0].method.has_value());
+    }
+}
+
+TEST_SUITE("the registration cache on a real GPU" * doctest::skip(!gpuverbs::test::gpu_available())) {
+    TEST_CASE(
+        "a buffer freed and allocated again at the same address has a new buffer id: the stale entry is "
+        "dropped, never served") {
+        constexpr std::size_t size = 4 << 20;
+        std::uint64_t address = 0;
+        std::uint64_t first_id = 0;
+        {
+            GpuBuffer a(size, GpuBufferOptions{0, GpuAllocation::device});
+            const GpuMemory m = GpuMemory::from_pointer(a.pointer(), size);
+            address = m.address;
+            first_id = m.buffer_id;
+        }
+        CHECK(first_id != 0);
+        // The driver hands a freed range out again at once; try a few allocations until it does.
+        std::vector<GpuBuffer> held;
+        GpuMemory again;
+        for (int tries = 0; tries < 8 && again.address != address; ++tries) {
+            held.emplace_back(size, GpuBufferOptions{0, GpuAllocation::device});
+            again = GpuMemory::from_pointer(held.back().pointer(), size);
+        }
+        REQUIRE_MESSAGE(again.address == address, "the driver did not reuse the freed address in 8 allocations");
+        CHECK(again.buffer_id != 0);
+        CHECK(again.buffer_id != first_id);
+        MESSAGE("address 0x" << std::hex << address << " reused: buffer id " << std::dec << first_id << " -> "
+                             << again.buffer_id);
+        // The cache's index, fed the real ids: the old entry is stale, dropped, and the lookup misses.
+        detail::RegistrationIndex<int> index(RegistrationCacheLimits{});
+        index.insert(index.plan_miss(address, address + size, Access::local_write, first_id), 1);
+        CHECK(index.find(address, address + size, Access::local_write, first_id) == 1); // before the free: a hit
+        CHECK_FALSE(index.find(address, address + 4096, Access::local_write, again.buffer_id).has_value());
+        CHECK(index.stats().stale == 1);
+        CHECK(index.stats().regions == 0);
+        // An interior view of the new buffer has the same id (the allocation's, not the range's).
+        CHECK(GpuMemory::from_address(address + 12345, 100).buffer_id == again.buffer_id);
     }
 }

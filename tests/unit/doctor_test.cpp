@@ -3,6 +3,7 @@
 // this machine, where every check must say why.
 #include "gpuverbs/doctor.hpp"
 #include "gpuverbs/detail/pcie_topology.hpp"
+#include "gpuverbs/error.hpp"
 
 #include "sysfs_fixture.hpp"
 
@@ -330,5 +331,73 @@ TEST_SUITE("doctor pieces") {
         }
         std::string text = gpuverbs::format_report(r);
         CHECK(contains(text, "worst result: "));
+    }
+}
+
+TEST_SUITE("choosing the NIC nearest a GPU") {
+    TEST_CASE("an 8-GPU server: the two NICs on the GPU's switch first, then the same socket, the other socket last") {
+        SysfsFixture f(topology("hgx-8gpu-pix.topo"));
+        gpuverbs::DoctorOptions o;
+        o.sys_root = f.sys();
+        o.live = false;
+        const gpuverbs::NicChoice c = gpuverbs::choose_nic("0000:03:00.0", o);
+        REQUIRE(c.ranked.size() == 8);
+        CHECK(c.nearest() == "mlx5_0");
+        CHECK(c.ranked[0].path == PciPath::pix);
+        CHECK(c.ranked[1].nic == "mlx5_1");
+        CHECK(c.ranked[1].path == PciPath::pix);
+        CHECK(c.ranked.back().path == PciPath::sys); // never before a nearer one
+        for (std::size_t i = 1; i < c.ranked.size(); ++i) {
+            CHECK(static_cast<int>(*c.ranked[i - 1].path) <= static_cast<int>(*c.ranked[i].path));
+        }
+        CHECK(c.rails(2) == std::vector<std::string>{"mlx5_0", "mlx5_1"});
+        CHECK(c.rails(20).size() == 8);
+        CHECK(c.ranked[0].why == "mlx5_0: PIX, behind the same PCIe switch as the GPU");
+        CHECK_MESSAGE(c.why.find("mlx5_0 is nearest to GPU 0000:03:00.0: PIX, behind the same PCIe switch as the "
+                                 "GPU; as near: mlx5_1 PIX; farther: mlx5_2 NODE") == 0,
+                      c.why);
+        CHECK(contains(c.why, "mlx5_4 SYS"));
+        // The doctor's conclusion for that GPU is the same device.
+        DoctorReport r = diagnose_fixture(f);
+        for (const auto& conclusion : r.conclusions) {
+            if (conclusion.gpu == "0000:03:00.0") CHECK(conclusion.nic == "mlx5_0");
+        }
+    }
+
+    TEST_CASE("the only NIC is on the other socket: chosen, and the words say what it costs") {
+        SysfsFixture f(topology("two-socket-sys.topo"));
+        gpuverbs::DoctorOptions o;
+        o.sys_root = f.sys();
+        o.live = false;
+        const gpuverbs::NicChoice c = gpuverbs::choose_nic("0000:3b:00.0", o);
+        CHECK(c.nearest() == "mlx5_0");
+        CHECK(c.why == "mlx5_0 is nearest to GPU 0000:3b:00.0: SYS, across the CPU interconnect, on another NUMA node");
+        // A GPU that is not there is named.
+        try {
+            (void)gpuverbs::choose_nic("0000:99:00.0", o);
+            FAIL("no error for a missing GPU");
+        } catch (const gpuverbs::Error& e) {
+            CHECK(e.code() == gpuverbs::errc::invalid_argument);
+            CHECK(contains(e.what(), "no PCI device 0000:99:00.0 under"));
+        }
+    }
+
+    TEST_CASE("pure ranking: never across the CPU interconnect when a nearer device exists; software devices last") {
+        using gpuverbs::GpuNicPath;
+        std::vector<GpuNicPath> paths{{"g", "rxe0", std::nullopt, {}},
+                                      {"g", "far", PciPath::sys, {}},
+                                      {"g", "host", PciPath::phb, {}},
+                                      {"g", "node", PciPath::node, {}}};
+        gpuverbs::NicChoice c = gpuverbs::detail::rank_nics("g", paths);
+        std::vector<std::string> order;
+        for (const auto& n : c.ranked) order.push_back(n.nic);
+        CHECK(order == std::vector<std::string>{"host", "node", "far", "rxe0"});
+        CHECK(c.ranked.back().why ==
+              "rxe0: no PCIe location, a software device such as Soft-RoCE: its distance is unknown");
+        // Equally near: the one fewer GPUs use first (the doctor spreads GPUs over NICs), else by name.
+        std::vector<GpuNicPath> two{{"g", "b", PciPath::pix, {}}, {"g", "a", PciPath::pix, {}}};
+        CHECK(gpuverbs::detail::rank_nics("g", two).nearest() == "a");
+        CHECK(gpuverbs::detail::rank_nics("g", two, {{"a", 1}}).nearest() == "b");
+        CHECK(gpuverbs::detail::rank_nics("g", {}).why == "no RDMA device: GPU g has no NIC to use");
     }
 }

@@ -55,6 +55,29 @@ TEST_SUITE("registration cache") {
         CHECK(fetch(index, 300, 400, rw, next) == 3);
     }
 
+    TEST_CASE("GPU memory: an entry of a freed buffer at a reused address is stale; two buffers never merge") {
+        Index index({});
+        const Access rw = Access::local_write;
+        // Buffer 7 at [0x1000, 0x9000) cached.
+        index.insert(index.plan_miss(0x1000, 0x9000, rw, 7), 1);
+        CHECK(index.find(0x2000, 0x3000, rw, 7) == 1);
+        // Freed; buffer 8 now lives at the same addresses: no hit, the old entry is dropped.
+        CHECK_FALSE(index.find(0x2000, 0x3000, rw, 8).has_value());
+        CHECK(index.stats().stale == 1);
+        CHECK(index.stats().regions == 0);
+        // Buffer 8 is registered for [0x1000, 0x5000); buffer 9 next to it is never merged with it.
+        index.insert(index.plan_miss(0x1000, 0x5000, rw, 8), 2);
+        auto miss = index.plan_miss(0x4000, 0x6000, rw, 9);
+        CHECK(miss.begin == 0x4000); // not grown over buffer 8's entry
+        CHECK(miss.end == 0x6000);
+        index.insert(miss, 3); // buffer 8's overlapping entry is stale now (its range is buffer 9's)
+        CHECK(index.stats().stale == 2);
+        CHECK(index.stats().merges == 0);
+        CHECK(index.find(0x4000, 0x6000, rw, 9) == 3);
+        // Host memory (owner 0) and GPU memory never answer for each other.
+        CHECK_FALSE(index.find(0x4000, 0x5000, rw, 0).has_value());
+    }
+
     TEST_CASE("least recently used regions are evicted to stay within the count and the bytes") {
         Index index({.max_regions = 3, .max_bytes = 1000});
         int next = 1;
