@@ -26,6 +26,7 @@
 #include "gpuverbs/rendezvous/redis.hpp"
 #include "gpuverbs/send_batch.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
+#include "gpuverbs/staging.hpp"
 #include "gpuverbs/tcp_bootstrap.hpp"
 #include "gpuverbs/transfer.hpp"
 #include "gpuverbs/version.hpp"

@@ -55,7 +55,18 @@ namespace gpuverbs::detail::cuda {
     X(cuMemUnmap, 10020)                    \
     X(cuMemSetAccess, 10020)                \
     X(cuMemRetainAllocationHandle, 11000)   \
-    X(cuFlushGPUDirectRDMAWrites, 11030)
+    X(cuFlushGPUDirectRDMAWrites, 11030)    \
+    X(cuMemHostAlloc, 2020)                 \
+    X(cuMemFreeHost, 2000)                  \
+    X(cuStreamCreate, 2000)                 \
+    X(cuStreamDestroy, 4000)                \
+    X(cuStreamSynchronize, 2000)            \
+    X(cuEventCreate, 2000)                  \
+    X(cuEventDestroy, 4000)                 \
+    X(cuEventRecord, 2000)                  \
+    X(cuEventSynchronize, 2000)             \
+    X(cuMemcpyDtoHAsync, 3020)              \
+    X(cuMemcpyHtoDAsync, 3020)
 
 // Entry points newer than the oldest driver gpuverbs supports (CUDA 11.3):
 // null when the driver lacks them, and the feature that needs them says so.

@@ -6,6 +6,7 @@
 #include "gpuverbs/detail/gpu_registration.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/registration_cache.hpp"
+#include "gpuverbs/staging.hpp"
 
 #include "gpu_available.hpp"
 
@@ -427,5 +428,41 @@ TEST_SUITE("the registration cache on a real GPU" * doctest::skip(!gpuverbs::tes
         CHECK(index.stats().regions == 0);
         // An interior view of the new buffer has the same id (the allocation's, not the range's).
         CHECK(GpuMemory::from_address(address + 12345, 100).buffer_id == again.buffer_id);
+    }
+}
+
+TEST_SUITE("the staged path's copy pipeline on a real GPU" * doctest::skip(!gpuverbs::test::gpu_available())) {
+    TEST_CASE("GPU -> host and host -> GPU in chunks through pinned buffers: every byte, any length") {
+        for (std::size_t size :
+             {std::size_t{1}, std::size_t{4096}, std::size_t{(3 << 20) + 12345}, std::size_t{64} << 20}) {
+            CAPTURE(size);
+            GpuBuffer gpu(size);
+            const auto in = pattern(size, static_cast<unsigned>(size % 251));
+            copy_to_gpu(gpu, 0, in);
+            StagingOptions o;
+            o.chunk = 1 << 20;
+            o.depth = 3;
+            CopyPipeline pipeline(o);
+            CHECK(pipeline.buffers().cuda_pinned());
+            std::vector<std::byte> out(size);
+            std::size_t chunks = 0;
+            std::size_t expected_offset = 0;
+            pipeline.from_gpu(gpu.memory(), [&](std::span<const std::byte> chunk, std::size_t offset) {
+                CHECK(offset == expected_offset); // in order
+                expected_offset += chunk.size();
+                std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(offset));
+                ++chunks;
+            });
+            CHECK(chunks == (size + o.chunk - 1) / o.chunk);
+            CHECK(out == in);
+            // Back: a new pattern produced chunk by chunk, copied to the GPU, read back.
+            const auto back = pattern(size, 77);
+            pipeline.to_gpu(gpu.memory(), [&](std::span<std::byte> chunk, std::size_t offset) {
+                std::copy_n(back.begin() + static_cast<std::ptrdiff_t>(offset), chunk.size(), chunk.begin());
+            });
+            std::vector<std::byte> check(size);
+            copy_from_gpu(gpu, 0, check);
+            CHECK(check == back);
+        }
     }
 }

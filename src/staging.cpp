@@ -1,0 +1,347 @@
+// The staged path (staging.hpp): pinned host buffers, a chunked copy pipeline
+// on one CUDA stream, and a writer that overlaps copies with RDMA writes.
+#include "gpuverbs/staging.hpp"
+
+#include "gpuverbs/gpu_direct.hpp"
+
+#include "cuda/driver_api.hpp"
+#include "text.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace gpuverbs {
+
+using detail::Status;
+
+namespace {
+
+std::string mib(std::size_t bytes) {
+    if (bytes % (std::size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+    if (bytes % 1024 == 0) return std::to_string(bytes >> 10) + " KiB";
+    return std::to_string(bytes) + " bytes";
+}
+
+void check_options(const StagingOptions& o) {
+    if (o.chunk == 0 || o.depth == 0) {
+        throw Error(make_error_code(errc::invalid_argument), "StagingOptions",
+                    "chunk and depth must be > 0 (chunk " + std::to_string(o.chunk) + ", depth " +
+                        std::to_string(o.depth) + ")");
+    }
+}
+
+/// The pipeline's order, whatever copies: start copies into every buffer,
+/// then per chunk wait for its copy, hand it on, and start the copy that
+/// reuses its buffer.
+template <class Start, class Wait, class Consume>
+void run_pipeline(std::size_t total, std::size_t chunk, std::size_t depth, Start&& start, Wait&& wait,
+                  Consume&& consume) {
+    const std::size_t chunks = (total + chunk - 1) / chunk;
+    auto length = [&](std::size_t k) { return std::min(chunk, total - k * chunk); };
+    for (std::size_t k = 0; k < chunks && k < depth; ++k) start(k % depth, k * chunk, length(k));
+    for (std::size_t k = 0; k < chunks; ++k) {
+        wait(k % depth);
+        consume(k % depth, k * chunk, length(k));
+        if (k + depth < chunks) start(k % depth, (k + depth) * chunk, length(k + depth));
+    }
+}
+
+} // namespace
+
+// --- staging buffers ----------------------------------------------------------
+
+struct StagingBuffers::State {
+    std::byte* memory = nullptr;
+    std::size_t chunk = 0;
+    std::size_t count = 0;
+    bool cuda = false;
+    ~State() {
+        if (memory == nullptr) return;
+#ifdef GPUVERBS_WITH_CUDA
+        if (cuda) {
+            Status ignored;
+            if (const auto* cu = detail::cuda::driver_api(ignored)) (void)cu->cuMemFreeHost(memory);
+            return;
+        }
+#endif
+        std::free(memory); // NOLINT(cppcoreguidelines-no-malloc): from aligned_alloc
+    }
+};
+
+StagingBuffers::StagingBuffers(const StagingOptions& options) : state_(std::make_unique<State>()) {
+    check_options(options);
+    state_->chunk = options.chunk;
+    state_->count = options.depth;
+    const std::size_t bytes = options.chunk * options.depth;
+#ifdef GPUVERBS_WITH_CUDA
+    Status status;
+    if (const auto* cu = detail::cuda::driver_api(status)) {
+        detail::cuda::PrimaryContext context(*cu, options.gpu, status);
+        if (context) {
+            detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
+            void* p = nullptr;
+            // Portable: pinned for every context; the staging copies use the GPU's primary one.
+            if (scope.ok() && cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) {
+                state_->memory = static_cast<std::byte*>(p);
+                state_->cuda = true;
+                return;
+            }
+        }
+    }
+#endif
+    const std::size_t page = 4096;
+    state_->memory = static_cast<std::byte*>(std::aligned_alloc(page, (bytes + page - 1) / page * page));
+    if (state_->memory == nullptr) {
+        throw Error(make_error_code(errc::invalid_argument), "StagingBuffers",
+                    "cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
+    }
+}
+
+StagingBuffers::StagingBuffers(StagingBuffers&&) noexcept = default;
+StagingBuffers& StagingBuffers::operator=(StagingBuffers&&) noexcept = default;
+StagingBuffers::~StagingBuffers() = default;
+
+std::size_t StagingBuffers::count() const noexcept {
+    return state_->count;
+}
+std::size_t StagingBuffers::chunk() const noexcept {
+    return state_->chunk;
+}
+std::span<std::byte> StagingBuffers::slot(std::size_t i) const noexcept {
+    return {state_->memory + i * state_->chunk, state_->chunk};
+}
+std::span<std::byte> StagingBuffers::all() const noexcept {
+    return {state_->memory, state_->chunk * state_->count};
+}
+bool StagingBuffers::cuda_pinned() const noexcept {
+    return state_->cuda;
+}
+
+// --- the copy pipeline ----------------------------------------------------------
+
+struct CopyPipeline::State {
+    explicit State(const StagingOptions& o) : options(o), buffers(o) {}
+    StagingOptions options;
+    StagingBuffers buffers;
+#ifdef GPUVERBS_WITH_CUDA
+    const detail::cuda::DriverApi* cu = nullptr;
+    detail::cuda::PrimaryContext context;
+    CUstream stream = nullptr;
+    std::vector<CUevent> done; // one per buffer: its last copy finished
+    ~State() {
+        if (cu == nullptr || !context) return;
+        detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
+        for (CUevent e : done) (void)cu->cuEventDestroy(e);
+        if (stream != nullptr) (void)cu->cuStreamDestroy(stream);
+    }
+#endif
+};
+
+CopyPipeline::CopyPipeline(const StagingOptions& options) : state_(std::make_unique<State>(options)) {
+    detail::or_throw([&](Status& status) {
+#ifdef GPUVERBS_WITH_CUDA
+        State& s = *state_;
+        s.cu = detail::cuda::driver_api(status);
+        if (s.cu == nullptr) return 0;
+        s.context = detail::cuda::PrimaryContext(*s.cu, options.gpu, status);
+        if (!s.context) return 0;
+        detail::cuda::PrimaryContext::Scope scope(*s.cu, s.context.get());
+        if (detail::cuda::failed(s.cu->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+                                 "cannot create the staging stream", status)) {
+            return 0;
+        }
+        for (std::uint32_t i = 0; i < options.depth; ++i) {
+            CUevent e = nullptr;
+            if (detail::cuda::failed(s.cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+                                     "cannot create the staging events", status)) {
+                return 0;
+            }
+            s.done.push_back(e);
+        }
+        if (!s.buffers.cuda_pinned()) {
+            status.fail(errc::cuda_error, "cuMemHostAlloc",
+                        "cannot pin " + std::to_string(options.chunk * options.depth) + " bytes of staging memory");
+        }
+#else
+        (void)detail::cuda::driver_api(status); // says "built without CUDA"
+#endif
+        return 0;
+    });
+}
+
+CopyPipeline::CopyPipeline(CopyPipeline&&) noexcept = default;
+CopyPipeline& CopyPipeline::operator=(CopyPipeline&&) noexcept = default;
+CopyPipeline::~CopyPipeline() = default;
+
+StagingBuffers& CopyPipeline::buffers() noexcept {
+    return state_->buffers;
+}
+
+void CopyPipeline::from_gpu(const GpuMemory& src,
+                            const std::function<void(std::span<const std::byte>, std::size_t)>& consume) {
+#ifdef GPUVERBS_WITH_CUDA
+    State& s = *state_;
+    const auto* cu = s.cu;
+    detail::cuda::PrimaryContext::Scope scope(*cu, s.context.get());
+    Status status;
+    auto start = [&](std::size_t slot, std::size_t offset, std::size_t n) {
+        if (!status.ok()) return;
+        if (detail::cuda::failed(cu->cuMemcpyDtoHAsync(s.buffers.slot(slot).data(), src.address + offset, n, s.stream),
+                                 "cuMemcpyDtoHAsync",
+                                 "cannot copy " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                                     " of GPU memory " + detail::hex_address(src.address),
+                                 status)) {
+            return;
+        }
+        (void)detail::cuda::failed(cu->cuEventRecord(s.done[slot], s.stream), "cuEventRecord",
+                                   "cannot mark the staging copy", status);
+    };
+    auto wait = [&](std::size_t slot) {
+        if (!status.ok()) return;
+        (void)detail::cuda::failed(cu->cuEventSynchronize(s.done[slot]), "cuEventSynchronize",
+                                   "the staging copy failed", status);
+    };
+    run_pipeline(src.size, s.options.chunk, s.options.depth, start, wait,
+                 [&](std::size_t slot, std::size_t offset, std::size_t n) {
+                     if (status.ok()) consume(s.buffers.slot(slot).first(n), offset);
+                 });
+    (void)cu->cuStreamSynchronize(s.stream); // nothing of ours left running on an error
+    if (!status.ok())
+        detail::or_throw([&](Status& out) {
+            out = status;
+            return 0;
+        });
+#else
+    (void)src;
+    (void)consume;
+#endif
+}
+
+void CopyPipeline::to_gpu(const GpuMemory& dst, const std::function<void(std::span<std::byte>, std::size_t)>& produce) {
+#ifdef GPUVERBS_WITH_CUDA
+    State& s = *state_;
+    const auto* cu = s.cu;
+    detail::cuda::PrimaryContext::Scope scope(*cu, s.context.get());
+    Status status;
+    const std::size_t chunk = s.options.chunk;
+    const std::size_t depth = s.options.depth;
+    const std::size_t chunks = (dst.size + chunk - 1) / chunk;
+    for (std::size_t k = 0; k < chunks && status.ok(); ++k) {
+        const std::size_t slot = k % depth;
+        const std::size_t n = std::min(chunk, dst.size - k * chunk);
+        // The buffer's previous copy to the GPU must be done before it is refilled.
+        if (k >= depth && detail::cuda::failed(cu->cuEventSynchronize(s.done[slot]), "cuEventSynchronize",
+                                               "the staging copy failed", status)) {
+            break;
+        }
+        produce(s.buffers.slot(slot).first(n), k * chunk);
+        if (detail::cuda::failed(
+                cu->cuMemcpyHtoDAsync(dst.address + k * chunk, s.buffers.slot(slot).data(), n, s.stream),
+                "cuMemcpyHtoDAsync",
+                "cannot copy " + std::to_string(n) + " bytes to offset " + std::to_string(k * chunk) +
+                    " of GPU memory " + detail::hex_address(dst.address),
+                status)) {
+            break;
+        }
+        (void)detail::cuda::failed(cu->cuEventRecord(s.done[slot], s.stream), "cuEventRecord",
+                                   "cannot mark the staging copy", status);
+    }
+    (void)detail::cuda::failed(cu->cuStreamSynchronize(s.stream), "cuStreamSynchronize", "the staging copies failed",
+                               status);
+    if (!status.ok())
+        detail::or_throw([&](Status& out) {
+            out = status;
+            return 0;
+        });
+#else
+    (void)dst;
+    (void)produce;
+#endif
+}
+
+// --- the writer ----------------------------------------------------------------
+
+std::optional<std::string> StagedWriter::why_needed(const ProtectionDomain& pd, const GpuMemory& memory) {
+    std::error_code ec;
+    Diagnostics diagnostics;
+    std::vector<Rejection> rejected;
+    MemoryRegion mr =
+        register_gpu_memory(pd, memory, Access::local_write, GpuRegistration::automatic, ec, diagnostics, &rejected);
+    if (!ec) return std::nullopt;
+    std::string why = diagnostics.message();
+    return why.empty() ? ec.message() : why;
+}
+
+StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, std::string why_not_direct)
+    : options_(options) {
+    check_options(options);
+    try {
+        pipeline_ = std::make_unique<CopyPipeline>(options);
+    } catch (const Error&) {
+        host_ = std::make_unique<StagingBuffers>(options); // no CUDA here: host sources only
+    }
+    const StagingBuffers& buffers = pipeline_ ? pipeline_->buffers() : *host_;
+    mr_ = MemoryRegion(pd, buffers.all(), Access::local_write);
+    path_ = std::string("staged: ") + (pipeline_ ? "GPU -> " : "host -> ") + std::to_string(options.depth) + " " +
+            (buffers.cuda_pinned() ? "pinned " : "") + "host buffers of " + mib(options.chunk) +
+            " -> RDMA write (GPUDirect RDMA is not used: " + why_not_direct + ")";
+}
+
+void StagedWriter::write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<const std::byte> chunk,
+                               const RemoteMemory& dst, std::uint64_t offset, std::size_t index) {
+    const auto begin = static_cast<std::size_t>(chunk.data() - static_cast<const std::byte*>(mr_.address()));
+    const std::string what = "chunk " + std::to_string(index) + " (" + std::to_string(chunk.size()) +
+                             " bytes at offset " + std::to_string(offset) + ")";
+    if (std::error_code ec = qp.post_write(mr_.slice(begin, chunk.size()), dst, offset)) {
+        throw Error(ec, "StagedWriter::write", what);
+    }
+    std::array<Completion, 4> done{};
+    for (;;) {
+        const std::size_t n = cq.poll(done);
+        if (n == 0) continue;
+        if (!done[0].ok()) throw Error(done[0].status, "StagedWriter::write", what);
+        return;
+    }
+}
+
+std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, const GpuMemory& src, const RemoteMemory& dst,
+                                std::uint64_t offset) {
+    if (!pipeline_) {
+        throw Error(make_error_code(errc::invalid_argument), "StagedWriter::write",
+                    "GPU memory needs CUDA and a GPU here; this writer could only stage host memory");
+    }
+    if (!dst.contains(offset, src.size)) {
+        throw Error(make_error_code(errc::remote_range_outside_region), "StagedWriter::write",
+                    std::to_string(src.size) + " bytes at offset " + std::to_string(offset) +
+                        " do not fit the remote region of " + std::to_string(dst.length) + " bytes");
+    }
+    pipeline_->from_gpu(src, [&](std::span<const std::byte> chunk, std::size_t at) {
+        write_chunk(qp, cq, chunk, dst, offset + at, at / options_.chunk);
+    });
+    return src.size;
+}
+
+std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, std::span<const std::byte> src,
+                                const RemoteMemory& dst, std::uint64_t offset) {
+    if (!dst.contains(offset, src.size())) {
+        throw Error(make_error_code(errc::remote_range_outside_region), "StagedWriter::write",
+                    std::to_string(src.size()) + " bytes at offset " + std::to_string(offset) +
+                        " do not fit the remote region of " + std::to_string(dst.length) + " bytes");
+    }
+    const StagingBuffers& buffers = pipeline_ ? pipeline_->buffers() : *host_;
+    // Host memory: the copy is a memcpy at the start of each chunk, the order the same.
+    run_pipeline(
+        src.size(), options_.chunk, options_.depth,
+        [&](std::size_t slot, std::size_t at, std::size_t n) {
+            std::memcpy(buffers.slot(slot).data(), src.data() + at, n);
+        },
+        [](std::size_t) {},
+        [&](std::size_t slot, std::size_t at, std::size_t n) {
+            write_chunk(qp, cq, buffers.slot(slot).first(n), dst, offset + at, at / options_.chunk);
+        });
+    return src.size();
+}
+
+} // namespace gpuverbs
