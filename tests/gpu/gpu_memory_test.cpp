@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -393,6 +394,14 @@ TEST_SUITE("gpuverbs-doctor on a real GPU" * doctest::skip(!gpuverbs::test::gpu_
     }
 }
 
+namespace {
+std::string detail_hex(std::uint64_t v) {
+    char text[24];
+    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
+    return text;
+}
+} // namespace
+
 TEST_SUITE("the registration cache on a real GPU" * doctest::skip(!gpuverbs::test::gpu_available())) {
     TEST_CASE(
         "a buffer freed and allocated again at the same address has a new buffer id: the stale entry is "
@@ -417,8 +426,8 @@ TEST_SUITE("the registration cache on a real GPU" * doctest::skip(!gpuverbs::tes
         REQUIRE_MESSAGE(again.address == address, "the driver did not reuse the freed address in 8 allocations");
         CHECK(again.buffer_id != 0);
         CHECK(again.buffer_id != first_id);
-        MESSAGE("address 0x" << std::hex << address << " reused: buffer id " << std::dec << first_id << " -> "
-                             << again.buffer_id);
+        MESSAGE("address " << detail_hex(address) << " reused: buffer id " << std::to_string(first_id) << " -> "
+                           << std::to_string(again.buffer_id));
         // The cache's index, fed the real ids: the old entry is stale, dropped, and the lookup misses.
         detail::RegistrationIndex<int> index(RegistrationCacheLimits{});
         index.insert(index.plan_miss(address, address + size, Access::local_write, first_id), 1);
