@@ -274,7 +274,7 @@ std::optional<std::string> StagedWriter::why_needed(const ProtectionDomain& pd, 
     return why.empty() ? ec.message() : why;
 }
 
-StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, std::string why_not_direct)
+StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, const std::string& why_not_direct)
     : options_(options) {
     check_options(options);
     try {

@@ -107,7 +107,7 @@ public:
 
     /// `why_not_direct`: the reason the caller is staging (why_needed()'s words,
     /// or the caller's own); it is part of path().
-    StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, std::string why_not_direct);
+    StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, const std::string& why_not_direct);
 
     /// "staged: GPU -> 4 pinned host buffers of 4 MiB -> RDMA write (GPUDirect RDMA is not used: <why>)".
     [[nodiscard]] const std::string& path() const noexcept { return path_; }

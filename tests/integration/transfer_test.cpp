@@ -230,7 +230,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     TEST_CASE("a transfer shares its send queue with other operations: both finish, every byte lands") {
         asio::io_context io;
         Layout l = layout(3000, 500, 21);
-        Pair p(io.get_executor(), l.bytes * 2 + 12000 + 300 * 64);
+        Pair p(io.get_executor(), l.bytes * 2 + 12000 + std::size_t{300} * 64);
         for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 21);
         std::vector<LocalBuffer> local;
         std::vector<RemoteBlock> remote;
@@ -246,7 +246,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             result = ec;
         });
         // 300 single writes into a separate area, submitted while the transfer holds the queue.
-        const std::size_t area = p.b.memory.size() - 300 * 64;
+        const std::size_t area = p.b.memory.size() - std::size_t{300} * 64;
         int writes = 0;
         for (std::size_t k = 0; k < 300; ++k) {
             for (std::size_t i = 0; i < 64; ++i) p.a.memory[area + k * 64 + i] = std::byte(k ^ i);
@@ -266,7 +266,8 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
                 bad += p.b.memory[l.destination[k] + i] != pattern(l.source[k] + i, 21) ? 1 : 0;
             }
         }
-        for (std::size_t k = 0; k < 300 * 64; ++k) bad += p.b.memory[area + k] != p.a.memory[area + k] ? 1 : 0;
+        for (std::size_t k = 0; k < std::size_t{300} * 64; ++k)
+            bad += p.b.memory[area + k] != p.a.memory[area + k] ? 1 : 0;
         CHECK(bad == 0);
     }
 

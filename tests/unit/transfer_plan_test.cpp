@@ -174,8 +174,8 @@ TEST_SUITE("transfer plans") {
         std::vector<LocalBuffer> l;
         std::vector<RemoteBlock> r;
         for (std::uint32_t k = 0; k < 10; ++k) { // 10 scattered blocks of 1000 bytes
-            l.push_back(local(k * 1000, 1000));
-            r.push_back(remote((9 - k) * 2000, 1000));
+            l.push_back(local(std::uint64_t{k} * 1000, 1000));
+            r.push_back(remote(std::uint64_t{9 - k} * 2000, 1000));
         }
         auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
         REQUIRE(plan.requests().size() == 10);
