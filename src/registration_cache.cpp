@@ -11,10 +11,17 @@ std::shared_ptr<const MemoryRegion> RegistrationCache::get(const GpuMemory& memo
     const GpuMemory now = GpuMemory::from_address(memory.address, memory.size);
     const std::uint64_t begin = now.address;
     const std::uint64_t end = begin + now.size;
-    // A driver that cannot say (id 0) still keeps GPU and host entries apart.
-    const std::uint64_t owner = now.buffer_id != 0 ? now.buffer_id : ~std::uint64_t{0};
+    // A driver that cannot say (id 0): the allocation's base stands in (it
+    // cannot tell a reused address, documented) and keeps GPU and host entries apart.
+    const std::uint64_t owner = now.buffer_id != 0 ? now.buffer_id : now.allocation_base | (std::uint64_t{1} << 63);
     if (auto hit = index_.find(begin, end, access, owner)) return *hit;
-    const auto miss = index_.plan_miss(begin, end, access, owner);
+    auto miss = index_.plan_miss(begin, end, access, owner);
+    // Never a registration past the allocation (a merge with entries of an allocation that is gone).
+    if (miss.begin < now.allocation_base || miss.end > now.allocation_base + now.allocation_size) {
+        miss.begin = begin;
+        miss.end = end;
+        miss.access = access;
+    }
     // The union of this buffer's cached ranges lies inside its one allocation.
     GpuMemory whole = now;
     whole.address = miss.begin;

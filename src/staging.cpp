@@ -8,6 +8,7 @@
 #include "text.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -57,12 +58,21 @@ struct StagingBuffers::State {
     std::size_t chunk = 0;
     std::size_t count = 0;
     bool cuda = false;
+#ifdef GPUVERBS_WITH_CUDA
+    // Pinned memory belongs to a context: the GPU's primary one, retained for
+    // as long as the memory lives and current when it is freed.
+    const detail::cuda::DriverApi* cu = nullptr;
+    detail::cuda::PrimaryContext context;
+#endif
+    State() = default;
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
     ~State() {
         if (memory == nullptr) return;
 #ifdef GPUVERBS_WITH_CUDA
         if (cuda) {
-            Status ignored;
-            if (const auto* cu = detail::cuda::driver_api(ignored)) (void)cu->cuMemFreeHost(memory);
+            detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
+            (void)cu->cuMemFreeHost(memory);
             return;
         }
 #endif
@@ -80,12 +90,18 @@ StagingBuffers::StagingBuffers(const StagingOptions& options) : state_(std::make
     if (const auto* cu = detail::cuda::driver_api(status)) {
         detail::cuda::PrimaryContext context(*cu, options.gpu, status);
         if (context) {
-            detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
             void* p = nullptr;
-            // Portable: pinned for every context; the staging copies use the GPU's primary one.
-            if (scope.ok() && cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) {
+            bool pinned = false;
+            {
+                detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
+                // Portable: pinned for every context.
+                pinned = scope.ok() && cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+            }
+            if (pinned) {
                 state_->memory = static_cast<std::byte*>(p);
                 state_->cuda = true;
+                state_->cu = cu;
+                state_->context = std::move(context);
                 return;
             }
         }
@@ -203,10 +219,15 @@ void CopyPipeline::from_gpu(const GpuMemory& src,
         (void)detail::cuda::failed(cu->cuEventSynchronize(s.done[slot]), "cuEventSynchronize",
                                    "the staging copy failed", status);
     };
-    run_pipeline(src.size, s.options.chunk, s.options.depth, start, wait,
-                 [&](std::size_t slot, std::size_t offset, std::size_t n) {
-                     if (status.ok()) consume(s.buffers.slot(slot).first(n), offset);
-                 });
+    try {
+        run_pipeline(src.size, s.options.chunk, s.options.depth, start, wait,
+                     [&](std::size_t slot, std::size_t offset, std::size_t n) {
+                         if (status.ok()) consume(s.buffers.slot(slot).first(n), offset);
+                     });
+    } catch (...) {
+        (void)cu->cuStreamSynchronize(s.stream); // no copy of ours still writes a buffer the caller reuses
+        throw;
+    }
     (void)cu->cuStreamSynchronize(s.stream); // nothing of ours left running on an error
     if (!status.ok())
         detail::or_throw([&](Status& out) {
@@ -236,7 +257,12 @@ void CopyPipeline::to_gpu(const GpuMemory& dst, const std::function<void(std::sp
                                                "the staging copy failed", status)) {
             break;
         }
-        produce(s.buffers.slot(slot).first(n), k * chunk);
+        try {
+            produce(s.buffers.slot(slot).first(n), k * chunk);
+        } catch (...) {
+            (void)cu->cuStreamSynchronize(s.stream); // the copies already queued finish before the buffers are reused
+            throw;
+        }
         if (detail::cuda::failed(
                 cu->cuMemcpyHtoDAsync(dst.address + k * chunk, s.buffers.slot(slot).data(), n, s.stream),
                 "cuMemcpyHtoDAsync",
@@ -279,7 +305,8 @@ StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& opt
     check_options(options);
     try {
         pipeline_ = std::make_unique<CopyPipeline>(options);
-    } catch (const Error&) {
+    } catch (const Error& e) {
+        no_gpu_ = e.what();
         host_ = std::make_unique<StagingBuffers>(options); // no CUDA here: host sources only
     }
     const StagingBuffers& buffers = pipeline_ ? pipeline_->buffers() : *host_;
@@ -294,15 +321,38 @@ void StagedWriter::write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<con
     const auto begin = static_cast<std::size_t>(chunk.data() - static_cast<const std::byte*>(mr_.address()));
     const std::string what = "chunk " + std::to_string(index) + " (" + std::to_string(chunk.size()) +
                              " bytes at offset " + std::to_string(offset) + ")";
-    if (std::error_code ec = qp.post_write(mr_.slice(begin, chunk.size()), dst, offset)) {
+    // The chunk's own completion is recognised by its context; the CQ must be the writer's alone.
+    const std::uint64_t context = (std::uint64_t{0x5354414745} << 24) | (index & 0xffffff); // "STAGE"
+    SendOptions options;
+    options.context = context;
+    if (std::error_code ec =
+            qp.post(WorkRequest::write(mr_.slice(begin, chunk.size()), dst, offset).options(options))) {
         throw Error(ec, "StagedWriter::write", what);
     }
-    std::array<Completion, 4> done{};
+    std::array<Completion, 1> done{};
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    bool foreign = false;
     for (;;) {
-        const std::size_t n = cq.poll(done);
-        if (n == 0) continue;
-        if (!done[0].ok()) throw Error(done[0].status, "StagedWriter::write", what);
-        return;
+        if (cq.poll(done) == 1) {
+            // Another request's completion: an error, but only once the chunk's own
+            // has come too (until then the NIC may still read its buffer).
+            if (done[0].context != context) {
+                foreign = true;
+                continue;
+            }
+            if (!done[0].ok()) throw Error(done[0].status, "StagedWriter::write", what);
+            if (foreign) {
+                throw Error(make_error_code(errc::invalid_argument), "StagedWriter::write",
+                            what +
+                                ": a completion of another request came on the CQ; give the staged writer's "
+                                "queue pair a send CQ of its own");
+            }
+            return;
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+            throw Error(std::make_error_code(std::errc::timed_out), "StagedWriter::write",
+                        what + ": no completion within " + std::to_string(options_.timeout.count()) + " ms");
+        }
     }
 }
 
@@ -310,7 +360,7 @@ std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, const GpuMem
                                 std::uint64_t offset) {
     if (!pipeline_) {
         throw Error(make_error_code(errc::invalid_argument), "StagedWriter::write",
-                    "GPU memory needs CUDA and a GPU here; this writer could only stage host memory");
+                    "this writer stages host memory only: its copy pipeline could not be made (" + no_gpu_ + ")");
     }
     if (!dst.contains(offset, src.size)) {
         throw Error(make_error_code(errc::remote_range_outside_region), "StagedWriter::write",

@@ -99,8 +99,9 @@ struct NicChoice {
     std::string why;                  ///< the choice in one sentence, naming the farther ones
     /// The nearest device ("" when there is none).
     [[nodiscard]] std::string nearest() const { return ranked.empty() ? std::string() : ranked.front().nic; }
-    /// Up to `count` devices as rails: the nearest class first, and a farther
-    /// class only when the nearer ones are used up.
+    /// Up to `count` devices as rails: the nearest class first, a farther
+    /// class only when the nearer ones are used up, and software devices
+    /// (no PCIe location) only when there is no hardware one.
     [[nodiscard]] std::vector<std::string> rails(std::size_t count) const;
 };
 

@@ -23,6 +23,7 @@
 #include "gpuverbs/protection_domain.hpp"
 #include "gpuverbs/queue_pair.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,8 @@ struct StagingOptions {
     std::size_t chunk = std::size_t{4} << 20; ///< bytes per chunk: one copy, one RDMA write
     std::uint32_t depth = 4;                  ///< staging buffers: chunks in flight
     int gpu = 0;                              ///< the GPU whose memory is staged (CUDA pins the buffers for it)
+    /// How long StagedWriter waits for one chunk's write to complete.
+    std::chrono::milliseconds timeout = std::chrono::seconds(30);
 };
 
 /// `depth` host buffers of `chunk` bytes: pinned by CUDA (cuMemHostAlloc)
@@ -97,7 +100,8 @@ private:
 /// Writes GPU (or host) memory to a peer's registered memory through staging
 /// buffers registered in `pd`: the copy of chunk k+1 overlaps the RDMA write
 /// of chunk k. Blocking: each chunk's write completion is polled from `cq`
-/// (a CompletionQueue without an executor, the QP's send CQ).
+/// (a CompletionQueue without an executor, the QP's send CQ, used by nothing
+/// else: a foreign completion is an error, not silently taken).
 class StagedWriter {
 public:
     /// Why GPUDirect RDMA cannot be used for `memory` on `pd`'s device: the
@@ -129,6 +133,7 @@ private:
     StagingOptions options_;
     std::unique_ptr<CopyPipeline> pipeline_; ///< with CUDA
     std::unique_ptr<StagingBuffers> host_;   ///< without (host sources only)
+    std::string no_gpu_;                     ///< why there is no copy pipeline
     MemoryRegion mr_;
     std::string path_;
 };

@@ -257,7 +257,9 @@ private:
 /// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
 /// for an empty plan, no rail, a notification on a read or a key a rail cannot
 /// translate; errc::no_executor). `rails`' queue pairs, `plan`, its memory and
-/// the options' outputs must live until completion.
+/// the options' outputs must live until completion. When the execution
+/// context of one rail is destroyed with the transfer running, the handler
+/// is destroyed without being called (Asio's rule), whatever the other rails do.
 template <class Token>
 auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
                     Token&& token) {
@@ -271,14 +273,15 @@ auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& pla
             // Without an executor the refusal still completes, on the system executor.
             boost::asio::any_io_executor fallback = first_executor;
             if (!fallback) fallback = boost::asio::system_executor();
-            auto* job = new Job(std::move(handler), fallback);
+            // Owned here until it starts: a throwing setup (memory) frees it.
+            auto job = std::make_unique<Job>(std::move(handler), fallback);
             std::error_code ec;
             std::string why;
             if (!job->setup(rails, plan, options, ec, why)) {
                 if (options.failed_blocks != nullptr) *options.failed_blocks = why;
-                return job->refuse(ec);
+                return job.release()->refuse(ec);
             }
-            job->start();
+            job.release()->start();
         },
         token);
 }

@@ -72,8 +72,13 @@ NicChoice rank_nics(const std::string& gpu, std::vector<GpuNicPath> paths,
 } // namespace detail
 
 std::vector<std::string> NicChoice::rails(std::size_t count) const {
+    // Software devices (no PCIe location) only when there is no hardware one.
+    const bool hardware = !ranked.empty() && ranked.front().path.has_value();
     std::vector<std::string> out;
-    for (std::size_t i = 0; i < ranked.size() && out.size() < count; ++i) out.push_back(ranked[i].nic);
+    for (std::size_t i = 0; i < ranked.size() && out.size() < count; ++i) {
+        if (hardware && !ranked[i].path) break;
+        out.push_back(ranked[i].nic);
+    }
     return out;
 }
 

@@ -605,6 +605,18 @@ TEST_SUITE("the staged path" * doctest::skip(!test::rig_present())) {
             CHECK(e.code() == errc::invalid_argument);
             CHECK(std::string(e.what()).find("chunk and depth must be > 0") != std::string::npos);
         }
+        // A completion that is not the writer's (the CQ is shared) is an error, never taken for a chunk's.
+        SendOptions mine;
+        mine.context = 7;
+        std::vector<std::byte> small(64);
+        MemoryRegion small_mr(pd0, small, Access::local_write);
+        REQUIRE_FALSE(qa.post_write(small_mr.slice(0, 64), landing.remote(), 0, mine));
+        try {
+            (void)writer.write(qa, cq0, std::span(source).first(1000), landing.remote(), 0);
+            FAIL("a foreign completion was taken for the chunk's");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("a completion of another request came on the CQ") != std::string::npos);
+        }
         // A wrong remote key fails the write naming the chunk.
         RemoteMemory wrong = landing.remote();
         wrong.rkey ^= 0x5a5a00;

@@ -108,6 +108,7 @@ private:
     const TransferPlan* plan_ = nullptr;
     const ibv_sge* sges_ = nullptr;       ///< the plan's pieces as this rail's device sees them
     std::unique_ptr<ibv_sge[]> own_sges_; ///< … when its keys differ from the plan's
+    std::uint32_t sge_offset_ = 0;        ///< the plan's piece number of sges_[0]
     std::vector<KeyMap> remote_keys_;
     ibv_wr_opcode opcode_ = IBV_WR_RDMA_WRITE;
     std::uint32_t first_ = 0;

@@ -1,0 +1,233 @@
+// RailStream (detail/transfer_stream.hpp): one rail of a block-list transfer
+// as the async driver runs it — chains posted, completions attributed,
+// refills. Beside the driver: every build of the driver links it.
+#include "gpuverbs/detail/transfer_stream.hpp"
+
+#include "gpuverbs/transfer.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+
+namespace gpuverbs::detail {
+
+namespace {
+std::string key_hex(std::uint32_t key) {
+    char text[16];
+    std::snprintf(text, sizeof text, "0x%x", key);
+    return text;
+}
+const KeyMap* find_key(std::span<const KeyMap> keys, std::uint32_t plan_key) noexcept {
+    for (const KeyMap& k : keys) {
+        if (k.plan_key == plan_key) return &k;
+    }
+    return nullptr;
+}
+} // namespace
+
+std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
+                                  std::uint64_t bytes, std::span<const KeyMap> local_keys,
+                                  std::span<const KeyMap> remote_keys, std::uint32_t chain, std::string& why) {
+    qp = &core;
+    owner = &core;
+    queue = &core.async_send;
+    streaming = true;
+    opcode = plan.direction() == TransferDirection::write ? Opcode::write : Opcode::read;
+    opcode_ = plan.direction() == TransferDirection::write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    plan_ = &plan;
+    first_ = next_ = done_until_ = first;
+    end_ = end;
+    total_bytes_ = bytes;
+    chain_ = std::min({chain, max_transfer_chain, core.send.capacity()});
+    const auto requests = plan.requests();
+    const std::span<const ibv_sge> pieces = plan.native_pieces();
+    // Scatter/gather: the plan's own, or a copy with this rail's keys.
+    sges_ = pieces.data();
+    if (!local_keys.empty() && first < end) {
+        const std::uint32_t p0 = requests[first].first_piece;
+        const std::uint32_t p1 = requests[end - 1].first_piece + requests[end - 1].piece_count;
+        own_sges_.reset(new ibv_sge[p1 - p0]);
+        std::copy(pieces.begin() + p0, pieces.begin() + p1, own_sges_.get());
+        // Then only the keys: most transfers name one region, so the first map entry usually matches.
+        const KeyMap first_key = local_keys.front();
+        for (ibv_sge* sge = own_sges_.get(); sge != own_sges_.get() + (p1 - p0); ++sge) {
+            if (sge->lkey == first_key.plan_key) {
+                sge->lkey = first_key.rail_key;
+                continue;
+            }
+            const KeyMap* k = find_key(local_keys, sge->lkey);
+            if (k == nullptr) {
+                why = "the rail has no key for the local region with lkey " + key_hex(sge->lkey) +
+                      " (TransferRail::local(region in the plan, the same memory on this rail))";
+                return errc::invalid_argument;
+            }
+            sge->lkey = k->rail_key;
+        }
+        sges_ = own_sges_.get();
+        sge_offset_ = p0; // the plan's piece p is own_sges_[p - p0]
+    }
+    if (!remote_keys.empty()) {
+        remote_keys_.assign(remote_keys.begin(), remote_keys.end());
+        // The notification (on the first rail) goes to the plan's last remote byte.
+        if (first == 0 && !requests.empty() && find_key(remote_keys, requests.back().remote.rkey) == nullptr) {
+            why = "the rail has no key for the remote region with rkey " + key_hex(requests.back().remote.rkey) +
+                  " (where the notification goes)";
+            return errc::invalid_argument;
+        }
+        for (std::uint32_t i = first; i < end; ++i) {
+            if (find_key(remote_keys, requests[i].remote.rkey) == nullptr) {
+                why = "the rail has no key for the remote region with rkey " + key_hex(requests[i].remote.rkey) +
+                      " (TransferRail::remote(region in the plan, the same memory on this rail))";
+                return errc::invalid_argument;
+            }
+        }
+    }
+    // At most one chain per request, and never more chains than the queue holds requests.
+    ring_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(core.send.capacity(), end - first + 1));
+    ring_ = std::make_unique<Chain[]>(ring_size_);
+    return {};
+}
+
+std::uint32_t RailStream::rkey_slow(std::uint32_t plan_key) const noexcept {
+    const KeyMap* k = find_key(remote_keys_, plan_key);
+    return k != nullptr ? k->rail_key : plan_key; // every key was checked in setup
+}
+
+void RailStream::arm_notification(std::uint32_t immediate) noexcept {
+    notify_ = true;
+    counted_ = bytes(); // its blocks' bytes were reported when the rail finished them
+    immediate_ = immediate;
+    opcode = Opcode::write_with_imm;
+}
+
+void RailStream::reset_for_resubmit() noexcept {
+    state = OpState::fresh;
+    prev = next = nullptr;
+    failure.reset();
+}
+
+void RailStream::post_some() noexcept {
+    WorkQueueState& q = qp->send;
+    const auto context = reinterpret_cast<std::uintptr_t>(static_cast<AsyncOpBase*>(this));
+    const std::uint32_t tag = qp->send_tag();
+    const auto requests = plan_->requests();
+    std::array<ibv_send_wr, max_transfer_chain> wrs;
+    for (;;) {
+        const std::uint32_t n = needs();
+        if (n == 0 || chains_in_flight_ == ring_size_ || !q.has_room_for(n)) return;
+        const std::uint64_t base = q.posted();
+        if (notify_) {
+            // The notification: zero bytes to the last remote byte the plan names.
+            const TransferPlan::Request& last = requests.back();
+            ibv_send_wr& wr = wrs[0];
+            q.record(0, context, Opcode::write_with_imm);
+            wr.wr_id = WrId::encode(QueueKind::send, tag, q.slot(0));
+            wr.sg_list = nullptr;
+            wr.num_sge = 0;
+            wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.imm_data = htonl(immediate_);
+            wr.wr.rdma.remote_addr = last.remote.address + last.remote.length - 1;
+            wr.wr.rdma.rkey = rkey_of(last.remote.rkey);
+        } else {
+            // The hot loop: what a raw loop writes per request, plus the slot
+            // that leads a completion (or an error) back here.
+            q.record_run(n, context, opcode);
+            const std::uint64_t id = WrId::encode(QueueKind::send, tag, 0);
+            const std::uint32_t mask = q.mask();
+            const TransferPlan::Request* r = requests.data() + next_;
+            const bool translate = !remote_keys_.empty();
+            const ibv_wr_opcode op = opcode_;
+            ibv_sge* const sges = const_cast<ibv_sge*>(sges_); // verbs only reads a request's list
+            const std::uint32_t first_piece = sge_offset_;
+            for (std::uint32_t k = 0; k < n; ++k, ++r) {
+                ibv_send_wr& wr = wrs[k];
+                wr.wr_id = id | (static_cast<std::uint32_t>(base + k) & mask);
+                wr.next = &wrs[k + 1];
+                wr.sg_list = sges + (r->first_piece - first_piece);
+                wr.num_sge = static_cast<int>(r->piece_count);
+                wr.opcode = op;
+                wr.send_flags = 0;
+                wr.wr.rdma.remote_addr = r->remote.address;
+                wr.wr.rdma.rkey = translate ? rkey_of(r->remote.rkey) : r->remote.rkey;
+            }
+        }
+        wrs[n - 1].next = nullptr;
+        wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
+        ibv_send_wr* bad = nullptr;
+        const int rc = ibv_post_send(qp->qp(), wrs.data(), &bad);
+        if (rc != 0) {
+            // The provider refused a request it was given room for. Those
+            // before it went out unsignaled: close them with one signaled
+            // zero-byte write so that this rail knows when they are done (and
+            // stays alive until then); if even that is refused, their
+            // completions are left without an owner.
+            const auto posted = bad != nullptr ? static_cast<std::uint32_t>(bad - wrs.data()) : 0U;
+            q.commit(posted);
+            post_error_ = std::error_code(rc, std::system_category());
+            failed_request_ = notify_ ? static_cast<std::uint32_t>(requests.size()) : next_ + posted;
+            if (posted == 0) return;
+            ibv_send_wr close{};
+            q.record(0, context, Opcode::write);
+            close.wr_id = WrId::encode(QueueKind::send, tag, q.slot(0));
+            close.opcode = IBV_WR_RDMA_WRITE;
+            close.send_flags = IBV_SEND_SIGNALED;
+            close.wr.rdma.remote_addr = wrs[0].wr.rdma.remote_addr;
+            close.wr.rdma.rkey = wrs[0].wr.rdma.rkey;
+            ibv_send_wr* close_bad = nullptr;
+            if (!q.has_room_for(1) || ibv_post_send(qp->qp(), &close, &close_bad) != 0) {
+                q.forget_last(posted);
+                return;
+            }
+            q.commit(1);
+            ring_[(ring_head_ + chains_in_flight_) % ring_size_] = Chain{base + 1, base + posted + 1, next_, 0};
+            ++chains_in_flight_;
+            return;
+        }
+        q.commit(n);
+        Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
+        c = Chain{base + 1, base + n, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, notify_ ? 0 : n};
+        ++chains_in_flight_;
+        if (notify_) {
+            notify_ = false;
+            next_ = end_; // nothing after it
+        } else {
+            next_ += n;
+        }
+    }
+}
+
+void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
+    // Completions come in order: this one belongs to the oldest chain in flight.
+    const Chain& c = ring_[ring_head_];
+    if (wc.status != IBV_WC_SUCCESS && wc_error_ == IBV_WC_SUCCESS && !post_error_) {
+        wc_error_ = wc.status;
+        failed_request_ = c.first_request + static_cast<std::uint32_t>(sequence - c.first_sequence);
+    }
+    if (sequence != c.last_sequence) return; // an unsignaled request that failed; its chain's end follows
+    // Chains that completed before any completion error count (also those in flight when a later post failed).
+    if (wc.status == IBV_WC_SUCCESS && wc_error_ == IBV_WC_SUCCESS && c.count > 0)
+        done_until_ = c.first_request + c.count;
+    ring_head_ = (ring_head_ + 1) % ring_size_;
+    --chains_in_flight_;
+}
+
+std::uint64_t RailStream::bytes() const noexcept {
+    // The requests of every chain that completed before the first error (summed once, not per request).
+    std::uint64_t total = total_bytes_;
+    if (done_until_ != end_) {
+        total = 0;
+        const auto requests = plan_->requests();
+        for (std::uint32_t i = first_; i < done_until_; ++i) total += requests[i].remote.length;
+    }
+    return total - counted_;
+}
+
+std::error_code RailStream::error() const noexcept {
+    if (post_error_) return post_error_;
+    if (wc_error_ != IBV_WC_SUCCESS) return make_wc_error(wc_error_);
+    return {};
+}
+
+} // namespace gpuverbs::detail
