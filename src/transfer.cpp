@@ -4,6 +4,8 @@
 
 #include "gpuverbs/detail/posting_path.hpp"
 
+#include "text.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -13,12 +15,6 @@
 namespace gpuverbs {
 
 namespace {
-
-std::string hex(std::uint64_t v) {
-    char text[24];
-    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(v));
-    return text;
-}
 
 /// Two blocks that would put bytes in the same place: the destination side of
 /// the transfer (remote for writes, local for reads). Entries: (key, begin, end, index).
@@ -31,9 +27,9 @@ bool find_overlap(std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint
         if (key_a == key_b && begin_b < end_a) {
             status.fail(errc::invalid_argument, "TransferPlan",
                         std::string(side) + " blocks " + std::to_string(std::min(index_a, index_b)) + " and " +
-                            std::to_string(std::max(index_a, index_b)) + " overlap (bytes " + hex(begin_b) + " to " +
-                            hex(std::min(end_a, end_b)) +
-                            (std::string(side) == "remote" ? " of rkey " + hex(key_a) : std::string()) +
+                            std::to_string(std::max(index_a, index_b)) + " overlap (bytes " +
+                            detail::hex_address(begin_b) + " to " + detail::hex_address(std::min(end_a, end_b)) +
+                            (std::string(side) == "remote" ? " of rkey " + detail::hex_address(key_a) : std::string()) +
                             "): both would be written, and which lands last is undefined");
             return true;
         }
@@ -70,8 +66,9 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         if (!local[i].in_region()) {
             status.fail(errc::local_range_outside_region, verb,
                         "local block " + std::to_string(i) + " (" + std::to_string(local[i].length) + " bytes at " +
-                            hex(local[i].address) + ") lies outside its memory region (" + hex(local[i].region_begin) +
-                            " to " + hex(local[i].region_end) + ")");
+                            detail::hex_address(local[i].address) + ") lies outside its memory region (" +
+                            detail::hex_address(local[i].region_begin) + " to " +
+                            detail::hex_address(local[i].region_end) + ")");
             return {};
         }
         local_total += local[i].length;
@@ -88,7 +85,8 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
             status.fail(errc::remote_range_outside_region, verb,
                         "remote block " + std::to_string(j) + " (" + std::to_string(b.length) + " bytes at offset " +
                             std::to_string(b.offset) + ") lies outside its remote region of " +
-                            std::to_string(b.memory.length) + " bytes (rkey " + hex(b.memory.rkey) + ")");
+                            std::to_string(b.memory.length) + " bytes (rkey " + detail::hex_address(b.memory.rkey) +
+                            ")");
             return {};
         }
         if (b.length > UINT64_MAX - remote_total) {
@@ -338,29 +336,18 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
 }
 
 void TransferJobBase::start() noexcept {
-    // The rails to start, taken before the first submit: once the last one is
-    // submitted the job may already be gone (completed on another thread, or
-    // refused at once), so nothing of `this` is read after it.
-    std::array<RailStream*, 64> small{};
-    std::vector<RailStream*> many;
-    std::span<RailStream*> go;
+    // stripe() leaves empty rails only at the end, so the rails to start are
+    // a prefix. Taken before the first submit: once the last one is submitted
+    // the job may already be gone (finished on another thread, or refused at
+    // once), so nothing of `this` is read after it.
+    RailStream* const rails = rails_.get();
+    std::size_t n = 0;
     {
         std::lock_guard lock(mutex_);
-        std::size_t n = 0;
-        for (std::size_t k = 0; k < rail_count_; ++k) n += rails_[k].first() < rails_[k].end() ? 1 : 0;
-        if (n > small.size()) {
-            many.resize(n);
-            go = many;
-        } else {
-            go = std::span<RailStream*>(small.data(), n);
-        }
-        std::size_t i = 0;
-        for (std::size_t k = 0; k < rail_count_; ++k) {
-            if (rails_[k].first() < rails_[k].end()) go[i++] = &rails_[k];
-        }
+        while (n < rail_count_ && rails[n].first() < rails[n].end()) ++n;
         running_ = n; // counted first: a rail refused at once must not finish the job while others are still to start
     }
-    for (RailStream* r : go) r->driver->submit(r);
+    for (std::size_t k = 0; k < n; ++k) rails[k].driver->submit(&rails[k]);
 }
 
 // Only std::bad_alloc (the words of an error, the handler's post) can escape;

@@ -169,7 +169,8 @@ struct Stripes {
 };
 /// Splits the plan's requests into `rails` contiguous ranges of about equal
 /// bytes: rail k ends at the first request boundary at or past k+1 shares of
-/// the total (a request is never split: bound one with TransferLimits::max_message).
+/// the total (a request is never split: bound one with TransferLimits::max_message);
+/// at most one boundary per request, so empty rails come only at the end.
 Stripes stripe(const TransferPlan& plan, std::size_t rails);
 
 /// What a transfer shares between its rails: counts them down, keeps the

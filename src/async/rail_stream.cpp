@@ -5,6 +5,8 @@
 
 #include "gpuverbs/transfer.hpp"
 
+#include "text.hpp"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -14,11 +16,6 @@
 namespace gpuverbs::detail {
 
 namespace {
-std::string key_hex(std::uint32_t key) {
-    char text[16];
-    std::snprintf(text, sizeof text, "0x%x", key);
-    return text;
-}
 const KeyMap* find_key(std::span<const KeyMap> keys, std::uint32_t plan_key) noexcept {
     for (const KeyMap& k : keys) {
         if (k.plan_key == plan_key) return &k;
@@ -59,7 +56,7 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
             }
             const KeyMap* k = find_key(local_keys, sge->lkey);
             if (k == nullptr) {
-                why = "the rail has no key for the local region with lkey " + key_hex(sge->lkey) +
+                why = "the rail has no key for the local region with lkey " + hex_address(sge->lkey) +
                       " (TransferRail::local(region in the plan, the same memory on this rail))";
                 return errc::invalid_argument;
             }
@@ -72,13 +69,13 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
         remote_keys_.assign(remote_keys.begin(), remote_keys.end());
         // The notification (on the first rail) goes to the plan's last remote byte.
         if (first == 0 && !requests.empty() && find_key(remote_keys, requests.back().remote.rkey) == nullptr) {
-            why = "the rail has no key for the remote region with rkey " + key_hex(requests.back().remote.rkey) +
+            why = "the rail has no key for the remote region with rkey " + hex_address(requests.back().remote.rkey) +
                   " (where the notification goes)";
             return errc::invalid_argument;
         }
         for (std::uint32_t i = first; i < end; ++i) {
             if (find_key(remote_keys, requests[i].remote.rkey) == nullptr) {
-                why = "the rail has no key for the remote region with rkey " + key_hex(requests[i].remote.rkey) +
+                why = "the rail has no key for the remote region with rkey " + hex_address(requests[i].remote.rkey) +
                       " (TransferRail::remote(region in the plan, the same memory on this rail))";
                 return errc::invalid_argument;
             }

@@ -29,11 +29,17 @@ std::filesystem::path topology(const char* name) {
     return std::filesystem::path(GPUVERBS_TEST_DATA_DIR) / "topology" / name;
 }
 
-DoctorReport diagnose_fixture(const SysfsFixture& f, const char* kernel = "6.8.0-45-generic") {
+/// Reads only the fixture's trees.
+gpuverbs::DoctorOptions fixture_options(const SysfsFixture& f) {
     gpuverbs::DoctorOptions o;
     o.sys_root = f.sys();
     o.proc_root = f.proc();
     o.live = false;
+    return o;
+}
+
+DoctorReport diagnose_fixture(const SysfsFixture& f, const char* kernel = "6.8.0-45-generic") {
+    gpuverbs::DoctorOptions o = fixture_options(f);
     o.kernel_release = kernel;
     return gpuverbs::diagnose(o);
 }
@@ -337,9 +343,7 @@ TEST_SUITE("doctor pieces") {
 TEST_SUITE("choosing the NIC nearest a GPU") {
     TEST_CASE("an 8-GPU server: the two NICs on the GPU's switch first, then the same socket, the other socket last") {
         SysfsFixture f(topology("hgx-8gpu-pix.topo"));
-        gpuverbs::DoctorOptions o;
-        o.sys_root = f.sys();
-        o.live = false;
+        const gpuverbs::DoctorOptions o = fixture_options(f);
         const gpuverbs::NicChoice c = gpuverbs::choose_nic("0000:03:00.0", o);
         REQUIRE(c.ranked.size() == 8);
         CHECK(c.nearest() == "mlx5_0");
@@ -366,9 +370,7 @@ TEST_SUITE("choosing the NIC nearest a GPU") {
 
     TEST_CASE("the only NIC is on the other socket: chosen, and the words say what it costs") {
         SysfsFixture f(topology("two-socket-sys.topo"));
-        gpuverbs::DoctorOptions o;
-        o.sys_root = f.sys();
-        o.live = false;
+        const gpuverbs::DoctorOptions o = fixture_options(f);
         const gpuverbs::NicChoice c = gpuverbs::choose_nic("0000:3b:00.0", o);
         CHECK(c.nearest() == "mlx5_0");
         CHECK(c.why == "mlx5_0 is nearest to GPU 0000:3b:00.0: SYS, across the CPU interconnect, on another NUMA node");
