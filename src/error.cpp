@@ -54,6 +54,8 @@ public:
                 return "the rendezvous (launcher or store) cannot be reached or refused the request";
             case errc::rank_taken: return "another live member of the rendezvous already holds this rank";
             case errc::peer_missing: return "a peer did not publish its record before the deadline";
+            case errc::connection_rejected: return "the peer refused the connection";
+            case errc::not_connected: return "the connection is not established";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";
@@ -78,6 +80,8 @@ public:
             case errc::no_rdma_device:
             case errc::port_not_found: return std::errc::no_such_device;
             case errc::peer_missing: return std::errc::timed_out;
+            case errc::connection_rejected: return std::errc::connection_refused;
+            case errc::not_connected: return std::errc::not_connected;
             default: return {value, *this};
         }
     }

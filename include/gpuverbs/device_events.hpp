@@ -31,17 +31,13 @@
 #include "gpuverbs/completion_queue.hpp"
 #include "gpuverbs/datagram.hpp"
 #include "gpuverbs/detail/event_subjects.hpp"
+#include "gpuverbs/detail/event_wait.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/queue_pair.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/associated_cancellation_slot.hpp>
-#include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
-#include <boost/asio/execution/outstanding_work.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/prefer.hpp>
 #include <boost/system/error_code.hpp>
 
 #include <chrono>
@@ -120,39 +116,11 @@ class DeviceEventsState;
 DeviceEvent translate_event(const ibv_async_event& event, const std::string& device_name,
                             const EventSubjects& subjects) noexcept;
 
-/// A move-only, type-erased completion of one async_wait (what
-/// std::move_only_function will be): called at most once.
-class EventCallback {
-public:
-    EventCallback() noexcept = default;
-    template <class F>
-    explicit EventCallback(F f) : impl_(std::make_unique<Impl<F>>(std::move(f))) {}
-    explicit operator bool() const noexcept { return impl_ != nullptr; }
-    void operator()(boost::system::error_code ec, DeviceEvent event) {
-        auto impl = std::move(impl_);
-        impl->call(ec, std::move(event));
-    }
-
-private:
-    struct Base {
-        Base() = default;
-        Base(const Base&) = delete;
-        Base& operator=(const Base&) = delete;
-        virtual ~Base() = default;
-        virtual void call(boost::system::error_code ec, DeviceEvent event) = 0;
-    };
-    template <class F>
-    struct Impl final : Base {
-        explicit Impl(F fn) : f(std::move(fn)) {}
-        void call(boost::system::error_code ec, DeviceEvent event) override { f(ec, std::move(event)); }
-        F f;
-    };
-    std::unique_ptr<Base> impl_;
-};
+using DeviceEventCallback = EventCallback<DeviceEvent>;
 
 /// The executor async_wait's handlers default to (the DeviceEvents' own).
 boost::asio::any_io_executor events_executor(const std::shared_ptr<DeviceEventsState>& state) noexcept;
-void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, EventCallback callback);
+void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, DeviceEventCallback callback);
 /// What a cancellation slot's emission does (DeviceEvents::cancel()).
 void cancel_event_wait(const std::shared_ptr<DeviceEventsState>& state) noexcept;
 } // namespace detail
@@ -199,24 +167,12 @@ public:
     auto async_wait(Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(boost::system::error_code, DeviceEvent)>(
             [](auto&& handler, const std::shared_ptr<detail::DeviceEventsState>& state) {
-                // The handler runs on its associated executor, which is kept busy until then.
-                auto work =
-                    boost::asio::prefer(boost::asio::get_associated_executor(handler, detail::events_executor(state)),
-                                        boost::asio::execution::outstanding_work.tracked);
-                // Per-operation cancellation (a cancellation slot, awaitable operators) ends the wait.
-                auto slot = boost::asio::get_associated_cancellation_slot(handler);
-                if (slot.is_connected()) {
-                    slot.assign([weak = std::weak_ptr<detail::DeviceEventsState>(state)](
-                                    boost::asio::cancellation_type) { detail::cancel_event_wait(weak.lock()); });
-                }
-                detail::start_event_wait(
-                    state, detail::EventCallback([h = std::forward<decltype(handler)>(handler), work = std::move(work),
-                                                  slot](boost::system::error_code ec, DeviceEvent event) mutable {
-                        if (slot.is_connected()) slot.clear();
-                        boost::asio::post(work, [h = std::move(h), ec, e = std::move(event)]() mutable {
-                            std::move(h)(ec, std::move(e));
-                        });
-                    }));
+                detail::start_event_wait(state,
+                                         detail::bind_event_handler<DeviceEvent>(
+                                             std::forward<decltype(handler)>(handler), detail::events_executor(state),
+                                             [weak = std::weak_ptr<detail::DeviceEventsState>(state)] {
+                                                 detail::cancel_event_wait(weak.lock());
+                                             }));
             },
             token, state_);
     }

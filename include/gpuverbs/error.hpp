@@ -59,6 +59,9 @@ enum class errc {
     rendezvous_unavailable, ///< the launcher or store cannot be reached, or refused us (see the message)
     rank_taken,             ///< another live member already holds this rank in the rendezvous
     peer_missing,           ///< a peer did not publish what we need before the deadline
+    // rdma_cm (rdma_cm.hpp).
+    connection_rejected, ///< the peer refused the connection (CmConnection::rejection() has its reason and data)
+    not_connected,       ///< the connection is not (or no longer) established
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

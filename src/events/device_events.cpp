@@ -1,20 +1,14 @@
 #include "gpuverbs/device_events.hpp"
 
+#include "event_reader.hpp"
 #include "gpuverbs/detail/access.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
-#include <boost/asio/associated_executor.hpp>
-#include <boost/asio/dispatch.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
+#include <boost/asio/system_executor.hpp>
 
-#include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -197,33 +191,23 @@ DeviceEvent detail::translate_event(const ibv_async_event& event, const std::str
 namespace detail {
 
 namespace asio = boost::asio;
-using Handler = EventCallback;
 
-namespace {
-/// Completes `handler` with `ec`: the callback posts to the handler's own
-/// executor, so this is never inside the initiating call.
-void post_error(Handler handler, boost::system::error_code ec) {
-    handler(ec, DeviceEvent{});
-}
-} // namespace
-
-class DeviceEventsState : public std::enable_shared_from_this<DeviceEventsState> {
+/// A device's asynchronous events, read from its async_fd (the shared reader
+/// in event_reader.hpp does the waiting), plus the removal check in sysfs.
+class DeviceEventsState final : public EventReader<DeviceEvent> {
 public:
-    DeviceEventsState(std::shared_ptr<DeviceCore> device, const asio::any_io_executor* executor)
-        : device_(std::move(device)) {
+    explicit DeviceEventsState(std::shared_ptr<DeviceCore> device)
+        : EventReader(device->context()->async_fd, DeviceEvents::removal_check_interval, "device " + device->name()),
+          device_(std::move(device)) {
         const ibv_device* dev = device_->context()->device;
         // Watched only where it exists now and names this device (a container may not show it).
         if (dev != nullptr && dev->dev_path[0] != '\0' && node_names_device(dev->dev_path)) {
             verbs_node_ = dev->dev_path;
         }
-        if (executor != nullptr && *executor) {
-            executor_ = *executor;
-            strand_ = asio::make_strand(*executor);
-        }
     }
     DeviceEventsState(const DeviceEventsState&) = delete;
     DeviceEventsState& operator=(const DeviceEventsState&) = delete;
-    ~DeviceEventsState() {
+    ~DeviceEventsState() override {
         release();
         // The last reader gives ibverbs its descriptor back as it found it.
         if (nonblocking_ && device_->nonblocking_readers.fetch_sub(1) == 1) {
@@ -231,10 +215,8 @@ public:
         }
     }
 
-    [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return executor_; }
-
     /// Claims the context's events and sets up the descriptor.
-    void open(Status& status) {
+    void open(const asio::any_io_executor* executor, Status& status) {
         if (device_->events_taken.exchange(true)) {
             status.fail(errc::invalid_argument, "DeviceEvents",
                         "device " + device_->name() +
@@ -253,38 +235,20 @@ public:
         original_flags_ = flags & ~O_NONBLOCK;
         nonblocking_ = true;
         device_->nonblocking_readers.fetch_add(1);
-        if (!strand_) return;
-        // A duplicate, so that closing the Asio descriptor leaves ibverbs' own open.
-        const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (copy < 0) {
-            status.fail_errno(errno, "fcntl", "cannot duplicate " + device_->name() + "'s event descriptor");
-            return;
-        }
-        descriptor_.emplace(*strand_);
-        boost::system::error_code ec;
-        descriptor_->assign(copy, ec); // NOLINT(bugprone-unused-return-value): ec carries the result
-        if (ec) {
-            ::close(copy);
-            descriptor_.reset();
-            status.fail(std::error_code(ec.value(), std::system_category()), "epoll_ctl",
-                        "cannot watch " + device_->name() + "'s event descriptor: " + ec.message());
-            return;
-        }
-        timer_.emplace(*strand_);
+        if (executor != nullptr && *executor) watch(*executor, status);
     }
 
     /// Gives the events back (from ~DeviceEvents: a new reader may start at once).
     void release() noexcept {
         if (claimed_) {
-            closed_.store(true);
+            close();
             device_->events_taken.store(false);
             claimed_ = false;
         }
     }
 
-    /// The next event if one is pending.
-    std::optional<DeviceEvent> read(Status& status) {
-        if (closed_.load() || lost_) return std::nullopt;
+    std::optional<DeviceEvent> read(Status& status) override {
+        if (closed() || lost_) return std::nullopt;
         ibv_context* context = device_->context();
         ibv_async_event event{};
         errno = 0;
@@ -308,121 +272,8 @@ public:
         return std::nullopt;
     }
 
-    std::optional<DeviceEvent> wait_for(std::chrono::milliseconds timeout, Status& status) {
-        // Clamped: now() + milliseconds::max() would overflow.
-        timeout = std::min(timeout, std::chrono::milliseconds(std::chrono::hours(24 * 365)));
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        for (;;) {
-            std::optional<DeviceEvent> event = read(status);
-            if (event || !status.ok()) return event;
-            const auto left =
-                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-            if (left.count() <= 0) return std::nullopt;
-            pollfd p{device_->context()->async_fd, POLLIN, 0};
-            const auto slice = std::min(left, DeviceEvents::removal_check_interval);
-            if (lost_) {
-                // Nothing more will come; sleep out the wait without spinning on a dead descriptor.
-                (void)::poll(nullptr, 0, static_cast<int>(slice.count()));
-            } else if (::poll(&p, 1, static_cast<int>(slice.count())) < 0 && errno != EINTR) {
-                status.fail_errno(errno, "poll", "cannot wait for " + device_->name() + "'s events");
-                return std::nullopt;
-            }
-        }
-    }
-
-    // --- asynchronous waits: everything below runs on the strand -------------
-
-    void start(Handler handler) {
-        if (!strand_) {
-            post_error(std::move(handler), boost::system::error_code(make_error_code(errc::no_executor)));
-            return;
-        }
-        asio::dispatch(*strand_, [self = shared_from_this(), h = std::move(handler)]() mutable {
-            if (self->handler_) {
-                post_error(std::move(h), asio::error::already_started);
-                return;
-            }
-            self->handler_ = std::move(h);
-            self->cancelled_ = false;
-            // Never complete inside async_wait: the first look happens after a post.
-            asio::post(*self->strand_, [self] { self->step(); });
-        });
-    }
-
-    void cancel() noexcept {
-        if (!strand_) return;
-        try {
-            // Weak: a pending wait keeps the state alive by itself; an idle one must not be
-            // kept (with the device open) until the io_context runs again.
-            asio::dispatch(*strand_, [weak = weak_from_this()] {
-                auto self = weak.lock();
-                if (!self) return;
-                self->cancelled_ = true;
-                if (self->descriptor_) self->descriptor_->cancel();
-                if (self->timer_) self->timer_->cancel();
-            });
-        } catch (...) {
-            // No memory to queue the cancellation: the next step of the wait sees this and aborts.
-            closed_.store(true);
-        }
-    }
-
 private:
-    void finish(boost::system::error_code ec, DeviceEvent event = {}) {
-        Handler h = std::move(handler_);
-        handler_ = {};
-        // On the strand, after a wait: the callback dispatches to the handler's executor.
-        h(ec, std::move(event));
-    }
-
-    void step() {
-        if (!handler_) return;
-        if (cancelled_ || closed_.load()) {
-            finish(asio::error::operation_aborted);
-            return;
-        }
-        Status status;
-        std::optional<DeviceEvent> event = read(status);
-        if (!status.ok()) {
-            finish(boost::system::error_code(status.code));
-            return;
-        }
-        if (event) {
-            finish({}, std::move(*event));
-            return;
-        }
-        try {
-            arm();
-        } catch (...) { // no memory to wait: the wait ends, it does not hang
-            finish(asio::error::no_memory);
-        }
-    }
-
-    /// Waits for the descriptor, or the next removal check, whichever is first.
-    void arm() {
-        const unsigned round = ++round_;
-        timer_->expires_after(DeviceEvents::removal_check_interval);
-        timer_->async_wait([self = shared_from_this(), round](boost::system::error_code ec) {
-            if (self->round_ != round) return;
-            if (self->lost_) {
-                self->step(); // the only wait outstanding: fired or cancelled, step() decides
-                return;
-            }
-            if (ec) return;
-            self->descriptor_->cancel();
-        });
-        if (lost_) return; // only the timer: nothing more comes from a lost device
-        descriptor_->async_wait(asio::posix::descriptor_base::wait_read,
-                                [self = shared_from_this()](boost::system::error_code ec) {
-                                    self->timer_->cancel();
-                                    if (ec && ec != asio::error::operation_aborted) {
-                                        self->finish(ec);
-                                    } else {
-                                        // A tick, a readable descriptor, or a cancel (step() sees cancelled_).
-                                        self->step();
-                                    }
-                                });
-    }
+    [[nodiscard]] bool exhausted() const noexcept override { return lost_; }
 
     /// Whether the verbs node at `path` exists and belongs to this device (its
     /// number may be reused by a device registered after a removal).
@@ -436,17 +287,8 @@ private:
     std::string verbs_node_;
     int original_flags_ = 0;
     bool nonblocking_ = false;
-    asio::any_io_executor executor_;
-    std::optional<asio::strand<asio::any_io_executor>> strand_;
-    std::optional<asio::posix::stream_descriptor> descriptor_;
-    std::optional<asio::steady_timer> timer_;
     bool claimed_ = false;
-    std::atomic<bool> closed_{false};
     bool lost_ = false; ///< device_fatal or device_removed was reported
-    // Strand-only state of the one async_wait.
-    Handler handler_;
-    bool cancelled_ = false;
-    unsigned round_ = 0;
 };
 
 void cancel_event_wait(const std::shared_ptr<DeviceEventsState>& state) noexcept {
@@ -458,9 +300,9 @@ asio::any_io_executor events_executor(const std::shared_ptr<DeviceEventsState>& 
     return asio::system_executor();
 }
 
-void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, Handler handler) {
+void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, DeviceEventCallback handler) {
     if (!state) {
-        post_error(std::move(handler), boost::system::error_code(make_error_code(errc::invalid_argument)));
+        handler(boost::system::error_code(make_error_code(errc::invalid_argument)), DeviceEvent{});
         return;
     }
     state->start(std::move(handler));
@@ -474,8 +316,8 @@ DeviceEvents DeviceEvents::create_impl(const Device& device, const boost::asio::
         status.fail(errc::invalid_argument, "DeviceEvents", "the Device is empty");
         return {};
     }
-    auto state = std::make_shared<detail::DeviceEventsState>(detail::access::core(device), executor);
-    state->open(status);
+    auto state = std::make_shared<detail::DeviceEventsState>(detail::access::core(device));
+    state->open(executor, status);
     if (!status.ok()) return {};
     DeviceEvents events;
     events.state_ = std::move(state);
