@@ -72,16 +72,25 @@ struct CmOptions {
     std::uint8_t responder_resources = 16;
     /// RDMA reads and atomics we may have outstanding at the peer.
     std::uint8_t initiator_depth = 16;
-    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR (0-7).
+    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR
+    /// (0-7). The connection request carries the client's count and both queue
+    /// pairs use it; a server's value is not sent (the answer has no field).
     std::uint8_t retry_count = 7;
-    /// Receiver-not-ready retries before a send fails with IBV_WC_RNR_RETRY_EXC_ERR
-    /// (0-6; 7 retries forever). Finite by default: a peer that never posts its
-    /// receive fails our send after about 6 x its RNR timer instead of hanging.
+    /// Receiver-not-ready retries the *peer* makes when a send of its finds no
+    /// receive of ours posted, before its send fails with
+    /// IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries forever). The connection
+    /// manager carries it to the peer (InfiniBand CM: the request holds the
+    /// server's, the answer the client's); our own queue pair retries as the
+    /// peer asked — parameters().rnr_retry_count. Finite by default: a peer
+    /// that sends while we have no receive posted for longer than about
+    /// 7 x min_rnr_timer (~18 ms with the defaults) gets an error instead of
+    /// stalling silently. Post receives before accept/connect and ahead of the
+    /// peer's sends; docs/rdma-cm.md.
     std::uint8_t rnr_retry_count = 6;
     /// How long a peer waits before retrying a send we had no receive for, in
-    /// the InfiniBand encoding (12 = 0.64 ms, 0 = 655 ms; what rdma_cm alone
-    /// leaves). Set on our queue pair as soon as it is connected.
-    std::uint8_t min_rnr_timer = 12;
+    /// the InfiniBand encoding (16 = 2.56 ms, 12 = 0.64 ms, 0 = 655 ms: what
+    /// rdma_cm alone leaves). Set on our queue pair once it is connected.
+    std::uint8_t min_rnr_timer = 16;
     /// End-to-end flow control (the responder's credits); hardware may ignore it.
     bool flow_control = true;
 };
@@ -92,9 +101,9 @@ struct CmOptions {
 struct CmParameters {
     std::uint8_t responder_resources = 0; ///< reads/atomics the peer may have outstanding at us
     std::uint8_t initiator_depth = 0;     ///< reads/atomics we may have outstanding at the peer
-    std::uint8_t retry_count = 0;
-    std::uint8_t rnr_retry_count = 0;
-    std::uint8_t min_rnr_timer = 0; ///< ours (parameters() only)
+    std::uint8_t retry_count = 0;     ///< transport retries of our queue pair (the request's count)
+    std::uint8_t rnr_retry_count = 0; ///< RNR retries of our queue pair (what the peer asked of us)
+    std::uint8_t min_rnr_timer = 0;   ///< ours (parameters() only)
     bool flow_control = false;
     bool srq = false;          ///< the peer's receives come from a shared receive queue
     std::uint32_t qp_num = 0;  ///< the peer's queue pair number

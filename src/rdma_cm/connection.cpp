@@ -354,7 +354,8 @@ QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const Complet
     }
     if (create_qp_impl(pd, send_cq, recv_cq, nullptr, options, status) == nullptr) return {};
     // No receive can be posted before this short form connects, so a peer's
-    // first send may find none: retry it forever (quickly, with our RNR timer).
+    // first send may find none: ask the peer to retry it forever (quickly: our
+    // RNR timer is set once connected).
     CmOptions cm;
     cm.rnr_retry_count = 7;
     if (!step_impl(state_->incoming, cm, {}, timeout, status)) {
