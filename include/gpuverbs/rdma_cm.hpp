@@ -101,9 +101,9 @@ struct CmOptions {
 struct CmParameters {
     std::uint8_t responder_resources = 0; ///< reads/atomics the peer may have outstanding at us
     std::uint8_t initiator_depth = 0;     ///< reads/atomics we may have outstanding at the peer
-    std::uint8_t retry_count = 0;     ///< transport retries of our queue pair (the request's count)
-    std::uint8_t rnr_retry_count = 0; ///< RNR retries of our queue pair (what the peer asked of us)
-    std::uint8_t min_rnr_timer = 0;   ///< ours (parameters() only)
+    std::uint8_t retry_count = 0;         ///< transport retries of our queue pair (the request's count)
+    std::uint8_t rnr_retry_count = 0;     ///< RNR retries of our queue pair (what the peer asked of us)
+    std::uint8_t min_rnr_timer = 0;       ///< ours (parameters() only)
     bool flow_control = false;
     bool srq = false;          ///< the peer's receives come from a shared receive queue
     std::uint32_t qp_num = 0;  ///< the peer's queue pair number

@@ -84,7 +84,9 @@ bool detail::cm_check_request(std::string_view step, const CmOptions& options, s
     }
     const std::size_t limit = step == "connect" ? limits.connect : step == "accept" ? limits.accept : limits.reject;
     if (private_data > limit) {
-        const char* message = step == "connect" ? "a connection request" : step == "accept" ? "an accept" : "a rejection";
+        const char* message = step == "connect"  ? "a connection request"
+                              : step == "accept" ? "an accept"
+                                                 : "a rejection";
         return refuse("private data of " + std::to_string(private_data) + " bytes does not fit " + message +
                       ": this transport carries at most " + std::to_string(limit) + " bytes in one");
     }

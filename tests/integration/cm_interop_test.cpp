@@ -2,9 +2,9 @@
 // (rdmacm-utils: rdma_server, rdma_client, ucmatose), over IPv4 and IPv6,
 // with the receive posted before accept/connect and the rxe devices' RNR
 // counters read before and after each exchange.
-#include "gpuverbs/rdma_cm.hpp"
 #include "child_process.hpp"
 #include "connected_pair.hpp"
+#include "gpuverbs/rdma_cm.hpp"
 
 #include <doctest/doctest.h>
 
@@ -109,7 +109,8 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         REQUIRE(got[0].ok());
         // rdma_client sends its 16-byte message buffer, a zeroed static array.
         CHECK(got[0].byte_length == 16);
-        CHECK(std::all_of(side.memory.begin(), side.memory.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
+        CHECK(
+            std::all_of(side.memory.begin(), side.memory.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
         CHECK(side.memory[16] == std::byte{0x5a}); // nothing beyond it
         REQUIRE_FALSE(qp.post_send(side.mr.slice(4096, 16)));
         auto sent = poll_for(side.cq, 1);
@@ -131,8 +132,9 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
                 " RNR NAKs (receive posted before accept)");
     }
 
-    TEST_CASE("a receive posted after accept: the first message waits for RNR retries (the old behaviour, and the "
-              "short form)") {
+    TEST_CASE(
+        "a receive posted after accept: the first message waits for RNR retries (the old behaviour, and the "
+        "short form)") {
         // Not an assertion on timing: the numbers of the behaviour this replaces, for the record.
         const auto rig = *gpuverbs::test::rig_devices();
         for (const bool old_timer : {true, false}) {
@@ -213,8 +215,9 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         }
     }
 
-    TEST_CASE("ucmatose's client: four connections, ten messages each way, its connection parameters negotiated, "
-              "every disconnect an event") {
+    TEST_CASE(
+        "ucmatose's client: four connections, ten messages each way, its connection parameters negotiated, "
+        "every disconnect an event") {
         const auto rig = *gpuverbs::test::rig_devices();
         constexpr int connections = 4;
         constexpr int messages = 10;
@@ -281,8 +284,9 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
                 " connections");
     }
 
-    TEST_CASE("gpuverbs clients against ucmatose's server: three connections, the server's disconnects arrive as "
-              "events through Asio") {
+    TEST_CASE(
+        "gpuverbs clients against ucmatose's server: three connections, the server's disconnects arrive as "
+        "events through Asio") {
         const auto rig = *gpuverbs::test::rig_devices();
         constexpr int connections = 3;
         constexpr int messages = 10;
@@ -309,15 +313,14 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
             auto sent = poll_for(side.cq, messages);
             REQUIRE(sent.size() == messages);
             replied[static_cast<std::size_t>(i)] = Clock::now();
-            side.conn.async_wait_event(
-                boost::asio::bind_executor(io, [&, i](boost::system::error_code ec, CmEvent e) {
-                    CHECK_MESSAGE(!ec, ec.message());
-                    CHECK(e.type == CmEventType::disconnected);
-                    after_ms[static_cast<std::size_t>(i)] = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                                Clock::now() - replied[static_cast<std::size_t>(i)])
-                                                                .count();
-                    ++events;
-                }));
+            side.conn.async_wait_event(boost::asio::bind_executor(io, [&, i](boost::system::error_code ec, CmEvent e) {
+                CHECK_MESSAGE(!ec, ec.message());
+                CHECK(e.type == CmEventType::disconnected);
+                after_ms[static_cast<std::size_t>(i)] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            Clock::now() - replied[static_cast<std::size_t>(i)])
+                                                            .count();
+                ++events;
+            }));
         }
         io.run_for(10s);
         CHECK(events == connections);

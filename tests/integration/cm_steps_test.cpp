@@ -1,9 +1,9 @@
 // rdma_cm in steps on the rig: private data both ways and in a refusal, the
 // transport's limits, negotiated read depths, events after establishment,
 // IPv6 / "::" / port 0 / names, the Asio forms, and peers that misbehave.
+#include "connected_pair.hpp"
 #include "gpuverbs/async.hpp"
 #include "gpuverbs/rdma_cm.hpp"
-#include "connected_pair.hpp"
 
 #include <doctest/doctest.h>
 
@@ -99,8 +99,9 @@ struct RawClient {
 } // namespace
 
 TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
-    TEST_CASE("private data both ways at the transport's limits, and each limit refused one byte over before anything "
-              "is sent, leaving the connection usable") {
+    TEST_CASE(
+        "private data both ways at the transport's limits, and each limit refused one byte over before anything "
+        "is sent, leaving the connection usable") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
         const auto hello = bytes_of(56, 1);
@@ -140,8 +141,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(srv->conn.connected());
     }
 
-    TEST_CASE("a refusal with a reason: the client's connect fails with connection_rejected and reads the server's "
-              "words; an oversized refusal is refused first and the request stays") {
+    TEST_CASE(
+        "a refusal with a reason: the client's connect fails with connection_rejected and reads the server's "
+        "words; an oversized refusal is refused first and the request stays") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
         std::vector<std::byte> reason(148, std::byte{0});
@@ -177,8 +179,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK_FALSE(client.conn.connected());
     }
 
-    TEST_CASE("read depths: the minimum of what each side asked for and what the device allows, read back from the "
-              "queue pair; a client asking for more than the device allows is clamped, and reads use the depth") {
+    TEST_CASE(
+        "read depths: the minimum of what each side asked for and what the device allows, read back from the "
+        "queue pair; a client asking for more than the device allows is clamped, and reads use the depth") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
         CmOptions server_options;
@@ -223,8 +226,8 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         // 16 reads at once through a depth of 4: the device queues them, every byte arrives.
         gpuverbs::test::fill_pattern(std::span(srv->memory).first(16 * 1024), 9);
         for (std::uint64_t i = 0; i < 16; ++i) {
-            REQUIRE_FALSE(client.qp().post_read(client.mr.slice(i * 1024, 1024), srv->mr.remote(), i * 1024,
-                                                {.context = i}));
+            REQUIRE_FALSE(
+                client.qp().post_read(client.mr.slice(i * 1024, 1024), srv->mr.remote(), i * 1024, {.context = i}));
         }
         auto done = poll_for(client.cq, 16);
         REQUIRE(done.size() == 16);
@@ -232,14 +235,16 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(std::equal(client.memory.begin(), client.memory.begin() + 16 * 1024, srv->memory.begin()));
     }
 
-    TEST_CASE("disconnect from either side completes every outstanding operation once, and the other side reads "
-              "disconnected") {
+    TEST_CASE(
+        "disconnect from either side completes every outstanding operation once, and the other side reads "
+        "disconnected") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
         auto server = std::async(std::launch::async, [&] {
             auto side = std::make_unique<Side>(listener.accept(20s));
             side->conn.create_qp(side->pd, side->cq, side->cq);
-            for (std::uint64_t i = 0; i < 10; ++i) REQUIRE_FALSE(side->qp().post_receive(side->mr.slice(i * 64, 64), i));
+            for (std::uint64_t i = 0; i < 10; ++i)
+                REQUIRE_FALSE(side->qp().post_receive(side->mr.slice(i * 64, 64), i));
             side->conn.accept();
             return side;
         });
@@ -249,7 +254,8 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         client.conn.connect();
         auto srv = server.get();
         // Three of ten messages, then the client leaves mid-exchange.
-        for (std::uint64_t i = 0; i < 3; ++i) REQUIRE_FALSE(client.qp().post_send(client.mr.slice(4096, 32), {.context = i}));
+        for (std::uint64_t i = 0; i < 3; ++i)
+            REQUIRE_FALSE(client.qp().post_send(client.mr.slice(4096, 32), {.context = i}));
         REQUIRE(poll_for(client.cq, 3).size() == 3);
         const auto left = Clock::now();
         client.conn.disconnect();
@@ -288,8 +294,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(own->type == CmEventType::disconnected);
     }
 
-    TEST_CASE("a listener on \"::\" with port 0 takes IPv4 and IPv6 clients, and a client reaches it by IPv6 "
-              "address and by host name") {
+    TEST_CASE(
+        "a listener on \"::\" with port 0 takes IPv4 and IPv6 clients, and a client reaches it by IPv6 "
+        "address and by host name") {
         const auto rig = *gpuverbs::test::rig_devices();
         const std::string ip6_0 = gpuverbs::test::env_or("GPUVERBS_TEST_IP6_0");
         const std::string ip6_1 = gpuverbs::test::env_or("GPUVERBS_TEST_IP6_1");
@@ -354,7 +361,8 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         boost::asio::co_spawn(
             io,
             [&]() -> boost::asio::awaitable<void> {
-                Side client(co_await async_cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0, boost::asio::use_awaitable));
+                Side client(
+                    co_await async_cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0, boost::asio::use_awaitable));
                 client.conn.create_qp(client.pd, client.cq, client.cq);
                 co_await client.conn.async_connect({}, hello, 20s, boost::asio::use_awaitable);
                 CHECK(client.conn.connected());
@@ -369,8 +377,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(client_done);
     }
 
-    TEST_CASE("an event wait: a plain callback is refused for want of an executor, one before establishment with "
-              "not_connected, and a cancelled one ends with operation_aborted") {
+    TEST_CASE(
+        "an event wait: a plain callback is refused for want of an executor, one before establishment with "
+        "not_connected, and a cancelled one ends with operation_aborted") {
         const auto rig = *gpuverbs::test::rig_devices();
         boost::asio::io_context io;
         CmListener listener(rig.ip1, 0);
@@ -406,8 +415,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(client.conn.connected()); // cancelling a wait leaves the connection alone
     }
 
-    TEST_CASE("bad peers: one that connects and never completes the handshake, one that connects and sends nothing; "
-              "each a clear outcome and the listener keeps serving") {
+    TEST_CASE(
+        "bad peers: one that connects and never completes the handshake, one that connects and sends nothing; "
+        "each a clear outcome and the listener keeps serving") {
         const auto rig = *gpuverbs::test::rig_devices();
         CmListener listener(rig.ip1, 0);
         {
