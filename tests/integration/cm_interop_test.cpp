@@ -245,6 +245,7 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
             CHECK(side->conn.parameters().initiator_depth == 1);     // min(16, device, its responder resources 1)
             // Our RNR retries are what the peer asked of us: ucmatose asks none.
             CHECK(side->conn.parameters().rnr_retry_count == 0);
+            CHECK(side->conn.parameters().retry_count == 5); // the request's count, on both queue pairs
             sides.push_back(std::move(side));
         }
         // ucmatose's server role: send first, then take the replies, then disconnect.
