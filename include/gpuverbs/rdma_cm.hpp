@@ -328,7 +328,9 @@ public:
     /// completes with errc::no_executor). One wait at a time. Signature:
     /// void(boost::system::error_code, gpuverbs::CmEvent); operation_aborted
     /// after cancel_event_wait(), a cancellation slot's emission or the
-    /// connection's destruction.
+    /// connection's destruction. From the first wait on, the connection's
+    /// reader is an I/O object of that executor's context: destroy the
+    /// connection before its io_context, as any Asio socket.
     template <class Token = default_token_t<boost::asio::any_io_executor>>
     auto async_wait_event(Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(boost::system::error_code, CmEvent)>(

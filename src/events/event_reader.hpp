@@ -67,7 +67,7 @@ public:
                         "cannot watch the event descriptor of " + what_ + ": " + ec.message());
             return;
         }
-        timer_.emplace(*strand_);
+        if (tick_.count() > 0) timer_.emplace(*strand_);
     }
 
     /// No more events: reads find nothing, a pending or later wait ends with operation_aborted.
@@ -181,7 +181,7 @@ private:
     void arm() {
         const unsigned round = ++round_;
         const bool only_ticks = exhausted();
-        if (tick_.count() > 0 || only_ticks) {
+        if (timer_ && (tick_.count() > 0 || only_ticks)) {
             timer_->expires_after(tick_.count() > 0 ? tick_ : std::chrono::milliseconds(1000));
             timer_->async_wait([self = this->shared_from_this(), round, only_ticks](boost::system::error_code ec) {
                 if (self->round_ != round) return;
@@ -193,10 +193,10 @@ private:
                 self->descriptor_->cancel();
             });
         }
-        if (only_ticks) return;
+        if (only_ticks && timer_) return;
         descriptor_->async_wait(boost::asio::posix::descriptor_base::wait_read,
                                 [self = this->shared_from_this()](boost::system::error_code ec) {
-                                    self->timer_->cancel();
+                                    if (self->timer_) self->timer_->cancel();
                                     if (ec && ec != boost::asio::error::operation_aborted) {
                                         self->finish(ec);
                                     } else {

@@ -54,6 +54,20 @@ inline constexpr int cm_consumer_reject = 28;
 /// The reject reason in words ("consumer defined", "invalid service ID", …).
 std::string cm_reject_reason(int reason);
 
+/// What the QpCore of a connection's queue pair keeps instead of the bare id:
+/// when the queue pair goes, its QP is destroyed then — while its CQs are
+/// still alive — whoever else still holds the id (the CmConnection, its
+/// event reader).
+struct CmQpOwner {
+    std::shared_ptr<CmIdCore> id;
+    explicit CmQpOwner(std::shared_ptr<CmIdCore> core) noexcept : id(std::move(core)) {}
+    CmQpOwner(const CmQpOwner&) = delete;
+    CmQpOwner& operator=(const CmQpOwner&) = delete;
+    ~CmQpOwner() {
+        if (id && id->id()->qp != nullptr) rdma_destroy_qp(id->id());
+    }
+};
+
 /// The typed form of an rdma_cm event after establishment (pure).
 CmEvent translate_cm_event(int native_type, int status) noexcept;
 

@@ -135,11 +135,12 @@ QueuePair* CmConnection::create_qp_impl(const ProtectionDomain& pd, const Comple
         }
     } guard{id, false};
     // librdmacm makes the QP (and moves it to INIT, so receives can be posted)
-    // and keeps it on the cm id: the QpCore keeps the id alive and lets it destroy the QP.
+    // and keeps it on the cm id: the QpCore keeps the id alive and, when it
+    // goes, destroys the QP before it lets go of the CQs.
     auto core = detail::create_owned_qp(
         {&pd, &send_cq, &recv_cq, srq}, options, "rdma_create_qp",
-        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; }, s.id,
-        status);
+        [id](ibv_pd* p, ibv_qp_init_attr& init) { return rdma_create_qp(id, p, &init) == 0 ? id->qp : nullptr; },
+        std::make_shared<detail::CmQpOwner>(s.id), status);
     if (!core) return nullptr;
     QueuePair q;
     q.core_ = std::move(core);
@@ -359,8 +360,7 @@ QueuePair CmConnection::establish_impl(const ProtectionDomain& pd, const Complet
     CmOptions cm;
     cm.rnr_retry_count = 7;
     if (!step_impl(state_->incoming, cm, {}, timeout, status)) {
-        state_->qp = QueuePair(); // destroyed now, while its CQs are certainly alive
-        if (state_->id->id()->qp != nullptr) rdma_destroy_qp(state_->id->id());
+        state_->qp = QueuePair(); // its QP destroyed now, while its CQs are certainly alive
         return {};
     }
     QueuePair q = std::move(state_->qp);

@@ -3,6 +3,7 @@
 // with the receive posted before accept/connect and the rxe devices' RNR
 // counters read before and after each exchange.
 #include "child_process.hpp"
+#include "cm_end.hpp"
 #include "connected_pair.hpp"
 #include "gpuverbs/rdma_cm.hpp"
 
@@ -54,17 +55,7 @@ std::uint16_t tool_port(std::uint16_t offset) {
     return static_cast<std::uint16_t>(20000 + (::getpid() % 2000) * 10 + offset);
 }
 
-/// One side: PD, CQ and 64 KiB of registered memory on the connection's device.
-struct Side {
-    CmConnection conn;
-    ProtectionDomain pd;
-    CompletionQueue cq;
-    std::vector<std::byte> memory = std::vector<std::byte>(1 << 16);
-    MemoryRegion mr;
-
-    explicit Side(CmConnection c)
-        : conn(std::move(c)), pd(conn.device()), cq(conn.device(), 256), mr(pd, memory, access_all) {}
-};
+using Side = gpuverbs::test::CmEnd;
 
 /// Connects to a tool's server that may not listen yet: resolves, creates the
 /// QP, posts `receives` receives of `size` bytes, connects; retries while refused.
@@ -297,6 +288,8 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         ChildProcess server({"/usr/bin/ucmatose", "-b", rig.ip1, "-p", std::to_string(port), "-c",
                              std::to_string(connections), "-C", std::to_string(messages), "-S", std::to_string(size)},
                             ChildProcess::Output{log_file("ucmatose_server")});
+        // Declared first, destroyed last: the connections' event waits live on it (Asio's rule for I/O objects).
+        boost::asio::io_context io;
         std::vector<std::unique_ptr<Side>> sides;
         for (int i = 0; i < connections; ++i) sides.push_back(connect_to_tool(rig.ip1, port, rig.ip0, messages, size));
         for (auto& side : sides) {
@@ -304,7 +297,6 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
             REQUIRE(got.size() == messages);
             for (const auto& c : got) CHECK((c.ok() && c.byte_length == size));
         }
-        boost::asio::io_context io;
         std::vector<Clock::time_point> replied(connections);
         std::vector<long long> after_ms(connections, -1);
         int events = 0;

@@ -1,6 +1,7 @@
 // rdma_cm in steps on the rig: private data both ways and in a refusal, the
 // transport's limits, negotiated read depths, events after establishment,
 // IPv6 / "::" / port 0 / names, the Asio forms, and peers that misbehave.
+#include "cm_end.hpp"
 #include "connected_pair.hpp"
 #include "gpuverbs/async.hpp"
 #include "gpuverbs/rdma_cm.hpp"
@@ -27,17 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct Side {
-    CmConnection conn;
-    ProtectionDomain pd;
-    CompletionQueue cq;
-    std::vector<std::byte> memory = std::vector<std::byte>(1 << 16);
-    MemoryRegion mr;
-
-    explicit Side(CmConnection c)
-        : conn(std::move(c)), pd(conn.device()), cq(conn.device(), 256), mr(pd, memory, access_all) {}
-    QueuePair& qp() { return conn.qp(); }
-};
+using Side = gpuverbs::test::CmEnd;
 
 std::vector<std::byte> bytes_of(std::size_t n, std::uint32_t seed) {
     std::vector<std::byte> v(n);
