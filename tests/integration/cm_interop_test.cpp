@@ -178,7 +178,9 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         if (!ip6_1.empty()) families.emplace_back(ip6_1, ip6_0);
         REQUIRE_MESSAGE(families.size() == 2, "the rig gives its devices IPv6 addresses (GPUVERBS_TEST_IP6_*)");
         std::uint16_t offset = 0;
-        for (const auto& [server_ip, client_ip] : families) {
+        for (const auto& family : families) {
+            const std::string& server_ip = family.first;
+            const std::string& client_ip = family.second;
             CAPTURE(server_ip);
             const std::uint16_t port = tool_port(offset++);
             const auto naks_before = rnr_naks();
@@ -246,7 +248,7 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
             }
         }
         for (auto& side : sides) {
-            auto done = poll_for(side->cq, 2 * messages);
+            auto done = poll_for(side->cq, std::size_t{2} * messages);
             REQUIRE(done.size() == 2 * messages);
             int replies = 0;
             for (const auto& c : done) {
@@ -291,6 +293,7 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         // Declared first, destroyed last: the connections' event waits live on it (Asio's rule for I/O objects).
         boost::asio::io_context io;
         std::vector<std::unique_ptr<Side>> sides;
+        sides.reserve(connections);
         for (int i = 0; i < connections; ++i) sides.push_back(connect_to_tool(rig.ip1, port, rig.ip0, messages, size));
         for (auto& side : sides) {
             auto got = poll_for(side->cq, messages);

@@ -215,7 +215,7 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(c.qp_num == srv->qp().qp_num());
         CHECK(s.qp_num == client.qp().qp_num());
         // 16 reads at once through a depth of 4: the device queues them, every byte arrives.
-        gpuverbs::test::fill_pattern(std::span(srv->memory).first(16 * 1024), 9);
+        gpuverbs::test::fill_pattern(std::span(srv->memory).first(std::size_t{16} * 1024), 9);
         for (std::uint64_t i = 0; i < 16; ++i) {
             REQUIRE_FALSE(
                 client.qp().post_read(client.mr.slice(i * 1024, 1024), srv->mr.remote(), i * 1024, {.context = i}));
@@ -223,7 +223,8 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         auto done = poll_for(client.cq, 16);
         REQUIRE(done.size() == 16);
         for (const auto& d : done) CHECK(d.ok());
-        CHECK(std::equal(client.memory.begin(), client.memory.begin() + 16 * 1024, srv->memory.begin()));
+        CHECK(
+            std::equal(client.memory.begin(), client.memory.begin() + std::ptrdiff_t{16} * 1024, srv->memory.begin()));
     }
 
     TEST_CASE(
@@ -297,7 +298,9 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(listener.address() == "::");
         const std::vector<std::pair<std::string, std::string>> clients{
             {rig.ip1, rig.ip0}, {ip6_1, ip6_0}, {"softroce-peer", rig.ip0}};
-        for (const auto& [to, from] : clients) {
+        for (const auto& client_and_source : clients) {
+            const std::string& to = client_and_source.first;
+            const std::string& from = client_and_source.second;
             CAPTURE(to);
             auto server = std::async(std::launch::async, [&] {
                 auto side = std::make_unique<Side>(listener.accept(20s));
