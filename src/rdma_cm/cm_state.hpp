@@ -64,7 +64,9 @@ struct CmQpOwner {
     CmQpOwner(const CmQpOwner&) = delete;
     CmQpOwner& operator=(const CmQpOwner&) = delete;
     ~CmQpOwner() {
-        if (id && id->id()->qp != nullptr) rdma_destroy_qp(id->id());
+        if (!id) return;
+        id->disconnect(); // the peer hears of it first, as when the id itself goes
+        if (id->id()->qp != nullptr) rdma_destroy_qp(id->id());
     }
 };
 
