@@ -13,7 +13,7 @@ public:
     std::string message(int value) const override { return detail::cuda::describe(value); }
 };
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 using detail::cuda::failed;
 
@@ -80,7 +80,7 @@ const std::error_category& cuda_category() noexcept {
 }
 
 bool built_with_cuda() noexcept {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     return true;
 #else
     return false;

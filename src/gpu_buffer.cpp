@@ -31,7 +31,7 @@ bool check_inside(const GpuMemory& gpu, std::size_t offset, std::size_t n, const
     return false;
 }
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 using detail::cuda::DriverApi;
 using detail::cuda::failed;
@@ -99,7 +99,7 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
                     "GPU memory of 0 bytes at " + detail::hex_address(address) + " is empty");
         return out;
     }
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     const DriverApi* cu = detail::cuda::driver_api(status);
     if (cu == nullptr) return out;
     auto ptr = static_cast<CUdeviceptr>(address);
@@ -176,7 +176,7 @@ GpuMemory describe_impl(std::uint64_t address, std::size_t size, Status& status)
 
 void copy_to_impl(const GpuMemory& gpu, std::size_t offset, std::span<const std::byte> host, Status& status) {
     if (!check_inside(gpu, offset, host.size(), "cuMemcpyHtoD", status) || host.empty()) return;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     with_context(gpu.gpu, "cuMemcpyHtoD", status, [&](const DriverApi& cu) {
         (void)failed(cu.cuMemcpyHtoD(gpu.address + offset, host.data(), host.size()), "cuMemcpyHtoD",
                      "cannot copy " + std::to_string(host.size()) + " bytes to GPU memory at " +
@@ -190,7 +190,7 @@ void copy_to_impl(const GpuMemory& gpu, std::size_t offset, std::span<const std:
 
 void copy_from_impl(const GpuMemory& gpu, std::size_t offset, std::span<std::byte> host, Status& status) {
     if (!check_inside(gpu, offset, host.size(), "cuMemcpyDtoH", status) || host.empty()) return;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     with_context(gpu.gpu, "cuMemcpyDtoH", status, [&](const DriverApi& cu) {
         (void)failed(cu.cuMemcpyDtoH(host.data(), gpu.address + offset, host.size()), "cuMemcpyDtoH",
                      "cannot copy " + std::to_string(host.size()) + " bytes from GPU memory at " +
@@ -247,7 +247,7 @@ void copy_from_gpu(const GpuMemory& gpu, std::size_t offset, std::span<std::byte
 void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value) {
     Status status;
     if (check_inside(gpu, offset, size, "cuMemsetD8", status) && size != 0) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
         with_context(gpu.gpu, "cuMemsetD8", status, [&](const DriverApi& cu) {
             (void)failed(cu.cuMemsetD8(gpu.address + offset, static_cast<unsigned char>(value), size), "cuMemsetD8",
                          "cannot fill " + describe_range(gpu.address + offset, size), status);
@@ -264,7 +264,7 @@ void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::b
 std::string gpu_pci_bus_id(int gpu) {
     return detail::or_throw([&](Status& status) {
         std::string out;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
         const DriverApi* cu = detail::cuda::driver_api(status);
         if (cu == nullptr || !check_ordinal(*cu, gpu, "cuDeviceGetPCIBusId", status)) return out;
         CUdevice device = 0;
@@ -295,7 +295,7 @@ struct Allocation {
     std::uint64_t vmm_handle = 0;
 };
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 std::string gpu_name(int ordinal) {
     return "GPU " + std::to_string(ordinal);
@@ -379,7 +379,7 @@ GpuBuffer GpuBuffer::create_impl(std::size_t size, GpuBufferOptions options, Sta
         status.fail(errc::invalid_argument, "GpuBuffer", "a GpuBuffer needs at least one byte");
         return out;
     }
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     const DriverApi* cu = detail::cuda::driver_api(status);
     if (cu == nullptr || !check_ordinal(*cu, options.gpu, "GpuBuffer", status)) return out;
     PrimaryContext context(*cu, options.gpu, status);
@@ -457,7 +457,7 @@ GpuBuffer::~GpuBuffer() {
 
 void GpuBuffer::release() noexcept {
     if (address_ == 0) return;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     // Errors are ignored: at process exit the driver may already be gone, and
     // the memory goes with the process.
     Status status;

@@ -58,7 +58,7 @@ struct StagingBuffers::State {
     std::size_t chunk = 0;
     std::size_t count = 0;
     bool cuda = false;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     // Pinned memory belongs to a context: the GPU's primary one, retained for
     // as long as the memory lives and current when it is freed.
     const detail::cuda::DriverApi* cu = nullptr;
@@ -69,7 +69,7 @@ struct StagingBuffers::State {
     State& operator=(const State&) = delete;
     ~State() {
         if (memory == nullptr) return;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
         if (cuda) {
             detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
             (void)cu->cuMemFreeHost(memory);
@@ -85,7 +85,7 @@ StagingBuffers::StagingBuffers(const StagingOptions& options) : state_(std::make
     state_->chunk = options.chunk;
     state_->count = options.depth;
     const std::size_t bytes = options.chunk * options.depth;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     Status status;
     if (const auto* cu = detail::cuda::driver_api(status)) {
         detail::cuda::PrimaryContext context(*cu, options.gpu, status);
@@ -141,7 +141,7 @@ struct CopyPipeline::State {
     explicit State(const StagingOptions& o) : options(o), buffers(o) {}
     StagingOptions options;
     StagingBuffers buffers;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     const detail::cuda::DriverApi* cu = nullptr;
     detail::cuda::PrimaryContext context;
     CUstream stream = nullptr;
@@ -157,7 +157,7 @@ struct CopyPipeline::State {
 
 CopyPipeline::CopyPipeline(const StagingOptions& options) : state_(std::make_unique<State>(options)) {
     detail::or_throw([&](Status& status) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
         State& s = *state_;
         s.cu = detail::cuda::driver_api(status);
         if (s.cu == nullptr) return 0;
@@ -197,7 +197,7 @@ StagingBuffers& CopyPipeline::buffers() noexcept {
 
 void CopyPipeline::from_gpu(const GpuMemory& src,
                             const std::function<void(std::span<const std::byte>, std::size_t)>& consume) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     State& s = *state_;
     const auto* cu = s.cu;
     detail::cuda::PrimaryContext::Scope scope(*cu, s.context.get());
@@ -241,7 +241,7 @@ void CopyPipeline::from_gpu(const GpuMemory& src,
 }
 
 void CopyPipeline::to_gpu(const GpuMemory& dst, const std::function<void(std::span<std::byte>, std::size_t)>& produce) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     State& s = *state_;
     const auto* cu = s.cu;
     detail::cuda::PrimaryContext::Scope scope(*cu, s.context.get());

@@ -18,7 +18,10 @@
 //   registered until the operation completes (the NIC reads or writes it
 //   until then). A scatter/gather list itself is copied when the operation is
 //   initiated. The QueuePair and CompletionQueue may be destroyed at any
-//   time: outstanding operations then complete with operation_aborted.
+//   time: outstanding operations then complete with operation_aborted, and so
+//   does an operation made before and launched after the QueuePair was
+//   destroyed (asio::deferred): the initiation holds the queue pair weakly,
+//   never keeping it alive and never reaching it once destroyed.
 // Executor: the handler runs on its associated executor, or the
 //   CompletionQueue's executor when it has none; never inside the initiating
 //   function. When it is the CQ's executor, it runs directly from the

@@ -141,7 +141,7 @@ public:
         boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
     auto async_post(const WorkRequest& request, Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
-            detail::InitiateSend<detail::ResultKind::bytes>{{core_.get()}}, token, request);
+            detail::InitiateSend<detail::ResultKind::bytes>{{core_, get_executor()}}, token, request);
     }
     /// RDMA write. void(boost::system::error_code, std::size_t bytes).
     template <
@@ -182,7 +182,7 @@ public:
     auto async_fetch_add(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset, std::uint64_t add,
                          Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
-            detail::InitiateSend<detail::ResultKind::old_value>{{core_.get()}}, token,
+            detail::InitiateSend<detail::ResultKind::old_value>{{core_, get_executor()}}, token,
             WorkRequest::fetch_add(result, target, offset, add));
     }
     /// Compare-and-swap; hands back the old value. void(boost::system::error_code, std::uint64_t).
@@ -191,7 +191,7 @@ public:
     auto async_compare_swap(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset,
                             std::uint64_t compare, std::uint64_t swap, Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
-            detail::InitiateSend<detail::ResultKind::old_value>{{core_.get()}}, token,
+            detail::InitiateSend<detail::ResultKind::old_value>{{core_, get_executor()}}, token,
             WorkRequest::compare_swap(result, target, offset, compare, swap));
     }
     /// Receive (a send or a write with immediate from the peer), with the
@@ -200,14 +200,14 @@ public:
         boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
     auto async_receive(const LocalBuffer& dst, Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
-            detail::InitiateReceive{{core_.get()}}, token, dst);
+            detail::InitiateReceive{{core_, get_executor()}}, token, dst);
     }
     /// … scattering into several local buffers (the list is copied when the operation is initiated).
     template <
         boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
     auto async_receive(std::span<const LocalBuffer> dst, Token&& token = Token()) {
         return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
-            detail::InitiateReceive{{core_.get()}}, token, dst);
+            detail::InitiateReceive{{core_, get_executor()}}, token, dst);
     }
 
 protected:

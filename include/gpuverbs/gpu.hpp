@@ -32,8 +32,8 @@ int cuda_driver_version();
 int cuda_driver_version(std::error_code& ec);
 
 /// The GPUs the driver sees. Fails with errc::built_without_cuda,
-/// errc::no_gpu_driver (with the loader's reason), errc::no_gpu or
-/// errc::cuda_error.
+/// errc::no_gpu_driver (with the loader's reason), errc::no_gpu or a CUresult
+/// in cuda_category().
 std::vector<GpuInfo> list_gpus();
 std::vector<GpuInfo> list_gpus(std::error_code& ec);
 

@@ -56,12 +56,22 @@ struct ConnectOptions {
     std::optional<Mtu> path_mtu;
     /// Local ACK timeout, 4.096 µs × 2^timeout (14 ≈ 67 ms).
     std::uint8_t timeout = 14;
-    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR (max 7).
-    std::uint8_t retry_count = 7;
-    /// Receiver-not-ready retries (7 = retry forever).
-    std::uint8_t rnr_retry = 7;
-    /// How long the peer waits before retrying a send we had no receive for (12 ≈ 0.64 ms).
-    std::uint8_t min_rnr_timer = 12;
+    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR
+    /// (0-7). Finite by default on every provider: 6 retries of the 67 ms
+    /// timeout fail a request to a peer that is gone in about half a second.
+    /// 7 means seven retries on hardware but "retry forever" on Soft-RoCE
+    /// (rxe never counts 7 down), so a dead peer would hang there.
+    std::uint8_t retry_count = 6;
+    /// Receiver-not-ready retries our sends make when the peer has no receive
+    /// posted, before failing with IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries
+    /// forever, as raw verbs examples usually set). Finite by default, as
+    /// CmOptions' is: about 7 × the peer's min_rnr_timer (~18 ms with the
+    /// defaults) of a peer not receiving is an error, not a silent stall.
+    /// Post receives before the peer may send (docs/concepts.md).
+    std::uint8_t rnr_retry = 6;
+    /// How long the peer waits before retrying a send we had no receive for,
+    /// in the InfiniBand encoding (16 = 2.56 ms; the same default as CmOptions).
+    std::uint8_t min_rnr_timer = 16;
     /// RDMA reads/atomics outstanding as initiator; default: the device's limit (at most 16).
     std::optional<std::uint8_t> max_rd_atomic;
     /// … as target; default: the device's limit (at most 16).

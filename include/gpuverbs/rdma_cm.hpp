@@ -29,6 +29,7 @@
 #pragma once
 
 #include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/config.hpp"
 #include "gpuverbs/device.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/protection_domain.hpp"
@@ -75,7 +76,9 @@ struct CmOptions {
     /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR
     /// (0-7). The connection request carries the client's count and both queue
     /// pairs use it; a server's value is not sent (the answer has no field).
-    std::uint8_t retry_count = 7;
+    /// Finite by default (6, as ConnectOptions): 7 is "retry forever" on
+    /// Soft-RoCE, so a write to a peer that is gone would never complete there.
+    std::uint8_t retry_count = 6;
     /// Receiver-not-ready retries the *peer* makes when a send of its finds no
     /// receive of ours posted, before its send fails with
     /// IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries forever). The connection
@@ -104,10 +107,10 @@ struct CmParameters {
     std::uint8_t retry_count = 0;         ///< transport retries of our queue pair (the request's count)
     std::uint8_t rnr_retry_count = 0;     ///< RNR retries of our queue pair (what the peer asked of us)
     std::uint8_t min_rnr_timer = 0;       ///< ours (parameters() only)
-    bool flow_control = false;
-    bool srq = false;          ///< the peer's receives come from a shared receive queue
-    std::uint32_t qp_num = 0;  ///< the peer's queue pair number
-    std::uint8_t path_mtu = 0; ///< IBV_MTU_* (parameters() only)
+    bool flow_control = false;            ///< end-to-end flow control (ours in parameters(), the peer's in requested())
+    bool srq = false;                     ///< the peer's receives come from a shared receive queue
+    std::uint32_t qp_num = 0;             ///< the peer's queue pair number
+    std::uint8_t path_mtu = 0;            ///< IBV_MTU_* (parameters() only)
 };
 
 /// Why a connection was refused, as the connecting side sees it.
@@ -133,6 +136,7 @@ enum class CmEventType : std::uint8_t {
     timewait_exit,  ///< the queue pair left time-wait: its number may be reused (RDMA_CM_EVENT_TIMEWAIT_EXIT)
     other,          ///< another rdma_cm event (native_type says which)
 };
+/// "disconnected", "device_removal", … (the enumerator's name).
 std::string_view to_string(CmEventType type) noexcept;
 
 /// One event of an established connection.
@@ -281,9 +285,10 @@ public:
     void connect(const CmOptions& options, std::span<const std::byte> private_data, std::chrono::milliseconds timeout,
                  std::error_code& ec, Diagnostics& diagnostics);
 
-    /// accept() and connect(), asynchronously (on the rdma_cm threads): the
-    /// connection, `private_data` and the queue pair's parts must outlive the
-    /// operation. Signature: void(boost::system::error_code).
+    /// accept() and connect(), asynchronously (on the rdma_cm threads):
+    /// `private_data` and the queue pair's parts must outlive the operation;
+    /// the connection may be moved meanwhile (the step holds its state).
+    /// Signature: void(boost::system::error_code).
     template <class Token = default_token_t<boost::asio::any_io_executor>>
     auto async_accept(const CmOptions& options, std::span<const std::byte> private_data,
                       std::chrono::milliseconds timeout, Token&& token = Token()) {
@@ -388,17 +393,21 @@ private:
     friend class CmListener;
     friend CmConnection detail::cm_resolve_impl(const std::string&, std::uint16_t, std::chrono::milliseconds,
                                                 const std::string&, detail::Status&);
+    /// The step runs on a second handle to the same state, taken now: the
+    /// connection may be moved, or even destroyed, while it runs.
     template <class Token>
     auto async_step(bool server, const CmOptions& options, std::span<const std::byte> private_data,
                     std::chrono::milliseconds timeout, Token&& token) {
         return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
-            [this, server, options, private_data, timeout](auto&& handler) {
+            [state = state_, server, options, private_data, timeout](auto&& handler) {
                 detail::run_cm_step<void>(std::forward<decltype(handler)>(handler),
-                                          [this, server, options, private_data, timeout](std::error_code& ec) {
+                                          [state, server, options, private_data, timeout](std::error_code& ec) {
+                                              CmConnection same;
+                                              same.state_ = state;
                                               if (server) {
-                                                  accept(options, private_data, timeout, ec);
+                                                  same.accept(options, private_data, timeout, ec);
                                               } else {
-                                                  connect(options, private_data, timeout, ec);
+                                                  same.connect(options, private_data, timeout, ec);
                                               }
                                           });
             },

@@ -71,7 +71,9 @@ private:
 
 /// The copy half of the staged path: GPU memory to and from host memory in
 /// chunks through StagingBuffers, on one CUDA stream, `depth` chunks in flight.
-/// Needs CUDA and the GPU (errc::built_without_cuda, no_gpu, cuda_error otherwise).
+/// Needs CUDA and the GPU (otherwise errc::built_without_cuda, no_gpu_driver,
+/// no_gpu, a CUresult in cuda_category() such as a wrong GPU number, or
+/// errc::cuda_error when the staging buffers cannot be pinned).
 class CopyPipeline {
 public:
     explicit CopyPipeline(const StagingOptions& options);

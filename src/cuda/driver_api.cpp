@@ -12,7 +12,7 @@ struct Loaded {
     Status status;
 };
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 std::string version_text(int v) {
     return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
@@ -127,7 +127,7 @@ const DriverApi* driver_api(Status& status) {
     return &l.api;
 }
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 bool failed(CUresult r, const char* verb, const std::string& what, Status& status) {
     if (r == CUDA_SUCCESS) return false;
@@ -157,7 +157,7 @@ PrimaryContext::~PrimaryContext() {
 #endif
 
 std::string describe(int result) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     const Loaded& l = loaded();
     if (l.status.ok()) {
         const char* name = nullptr;

@@ -7,7 +7,9 @@
 // hand us a function whose signature differs from the one we call.
 #pragma once
 
-#ifdef GPUVERBS_WITH_CUDA
+#include "gpuverbs/config.hpp"
+
+#if GPUVERBS_HAVE_CUDA
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #endif
@@ -19,7 +21,7 @@
 
 namespace gpuverbs::detail::cuda {
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 // X(name, abi_version): every driver entry point gpuverbs calls.
 #define GPUVERBS_CUDA_DRIVER_FUNCTIONS(X)   \
@@ -96,7 +98,7 @@ const DriverApi* driver_api(Status& status);
 /// "CUDA_ERROR_X (description)" for a CUresult, using the driver when loaded.
 std::string describe(int result);
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 /// Fails `status` with `verb`, `what` and the driver's words for `r`
 /// (category cuda_category()); true if `r` is an error.

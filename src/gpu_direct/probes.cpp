@@ -40,7 +40,7 @@ Check cached(Map& map, const Key& key, Probe&& probe) {
     return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
 
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
 
 using detail::cuda::DriverApi;
 
@@ -136,7 +136,7 @@ Check probe_nic_dmabuf(const ProtectionDomain& pd) {
 }
 
 Check probe_gpu_direct_rdma(int gpu) {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     GpuHandle h = open_gpu(gpu);
     if (h.cu == nullptr) return h.problem;
     if (attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED) == 0) {
@@ -153,7 +153,7 @@ Check probe_gpu_direct_rdma(int gpu) {
 
 Check probe_gpu_dmabuf(int gpu) {
     return cached(gpu_dmabuf_cache, gpu, [&] {
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
         GpuHandle h = open_gpu(gpu);
         if (h.cu == nullptr) return h.problem;
         if (h.cu->driver_version < 11070 || h.cu->cuMemGetHandleForAddressRange == nullptr) {
@@ -204,7 +204,7 @@ namespace {
 
 GpuDirectAttributes attributes_impl(int gpu, Status& status) {
     GpuDirectAttributes a;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     GpuHandle h = open_gpu(gpu);
     if (h.cu == nullptr) {
         Status driver;
@@ -256,7 +256,7 @@ void flush_gpu_direct_rdma_writes(int gpu) {
                         "FLUSH_WRITES_OPTIONS lacks the host bit): have a GPU kernel read a flag written last, or "
                         "issue a loopback RDMA read before launching work that reads the data");
     }
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     if (status.ok() && host_flush) {
         const detail::cuda::DriverApi* cu = detail::cuda::driver_api(status);
         detail::cuda::PrimaryContext context(*cu, gpu, status);

@@ -24,7 +24,7 @@ std::string describe(const GpuMemory& m) {
 
 detail::DmabufExport export_dmabuf(const GpuMemory& memory, Status& status) {
     detail::DmabufExport out;
-#ifdef GPUVERBS_WITH_CUDA
+#if GPUVERBS_HAVE_CUDA
     const detail::cuda::DriverApi* cu = detail::cuda::driver_api(status);
     if (cu == nullptr) return out;
     if (cu->cuMemGetHandleForAddressRange == nullptr) {

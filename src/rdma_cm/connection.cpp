@@ -52,6 +52,28 @@ std::string describe_rejection(const CmRejection& r) {
     return out;
 }
 
+/// What the connection runs with, as the established queue pair says (what
+/// was asked where it cannot say); the attributes for the QueuePair's endpoints.
+ibv_qp_attr read_back(ibv_qp* qp, const CmParameters& asked, const CmParameters& peer, CmParameters& agreed) {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    const int mask = IBV_QP_DEST_QPN | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN |
+                     IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                     IBV_QP_MIN_RNR_TIMER;
+    agreed = asked;
+    if (ibv_query_qp(qp, &attr, mask, &init) == 0) {
+        agreed.initiator_depth = attr.max_rd_atomic;
+        agreed.responder_resources = attr.max_dest_rd_atomic;
+        agreed.retry_count = attr.retry_cnt;
+        agreed.rnr_retry_count = attr.rnr_retry;
+        agreed.min_rnr_timer = attr.min_rnr_timer;
+        agreed.path_mtu = static_cast<std::uint8_t>(attr.path_mtu);
+        agreed.qp_num = attr.dest_qp_num;
+    }
+    agreed.srq = peer.srq;
+    return attr;
+}
+
 } // namespace
 
 CmConnection::~CmConnection() = default;
@@ -266,24 +288,7 @@ bool CmConnection::step_impl(bool server, const CmOptions& options, std::span<co
     change.min_rnr_timer = options.min_rnr_timer;
     (void)ibv_modify_qp(id->qp, &change, IBV_QP_MIN_RNR_TIMER);
 
-    // What the connection runs with, as the queue pair says.
-    ibv_qp_attr attr{};
-    ibv_qp_init_attr init{};
-    const int mask = IBV_QP_DEST_QPN | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN |
-                     IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                     IBV_QP_MIN_RNR_TIMER;
-    CmParameters& agreed = s.agreed;
-    agreed = ask;
-    if (ibv_query_qp(id->qp, &attr, mask, &init) == 0) {
-        agreed.initiator_depth = attr.max_rd_atomic;
-        agreed.responder_resources = attr.max_dest_rd_atomic;
-        agreed.retry_count = attr.retry_cnt;
-        agreed.rnr_retry_count = attr.rnr_retry;
-        agreed.min_rnr_timer = attr.min_rnr_timer;
-        agreed.path_mtu = static_cast<std::uint8_t>(attr.path_mtu);
-    }
-    agreed.qp_num = attr.dest_qp_num;
-    agreed.srq = s.requested.srq;
+    const ibv_qp_attr attr = read_back(id->qp, ask, s.requested, s.agreed);
     QueuePair& q = s.qp;
     q.local_.qp_num = id->qp->qp_num;
     q.local_.psn = attr.sq_psn;

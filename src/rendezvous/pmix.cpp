@@ -1,5 +1,6 @@
 // PmixRendezvous (rendezvous/pmix.hpp): PMIx_Put/Commit/Fence/Get.
 #include "gpuverbs/rendezvous/pmix.hpp"
+#include "gpuverbs/config.hpp"
 
 #include "gpuverbs/error.hpp"
 

@@ -1,5 +1,6 @@
 // RedisRendezvous and PeerWatch (rendezvous/redis.hpp) over hiredis.
 #include "gpuverbs/rendezvous/redis.hpp"
+#include "gpuverbs/config.hpp"
 
 #include "gpuverbs/wire.hpp"
 

@@ -17,8 +17,5 @@ int main(int argc, char** argv) {
         std::printf("GPU tests SKIPPED: %s\n", gpuverbs::test::gpu_skip_reason().c_str());
         if (gpuverbs::test::run_by_ctest()) return gpuverbs::test::ctest_skip_status;
     }
-    doctest::Context context(argc, argv);
-    // Listing names every case, also those skipped here (for ctest's registration).
-    if (gpuverbs::test::listing_only(argc, argv)) context.setOption("no-skip", true);
-    return context.run();
+    return gpuverbs::test::run_doctest(argc, argv);
 }

@@ -634,4 +634,34 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         io.run();
         CHECK(ran_on_io);
     }
+
+    TEST_CASE("a deferred operation launched after its QueuePair was destroyed completes once with operation_aborted") {
+        for (const auto& mode : modes) {
+            CAPTURE(mode_name(mode));
+            asio::io_context io;
+            AsyncPair p(io.get_executor(), mode);
+            // Made while the QueuePair exists, launched after it is gone (the
+            // initiation must not reach the destroyed queue pair: ASan checks).
+            auto write = p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, asio::deferred);
+            auto receive = p.a.qp.async_receive(p.a.mr.slice(64, 64), asio::deferred);
+            p.a.qp = QueuePair();
+            int writes = 0, receives = 0;
+            boost::system::error_code write_ec, receive_ec;
+            std::move(write)([&](boost::system::error_code ec, std::size_t n) {
+                ++writes;
+                write_ec = ec;
+                CHECK(n == 0);
+            });
+            std::move(receive)([&](boost::system::error_code ec, Received) {
+                ++receives;
+                receive_ec = ec;
+            });
+            CHECK(writes == 0); // never from inside the launching call
+            io.run();
+            CHECK(writes == 1);
+            CHECK(receives == 1);
+            CHECK(write_ec == aborted);
+            CHECK(receive_ec == aborted);
+        }
+    }
 }

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "build_has.hpp"
+
 #if GPUVERBS_HAVE_RDMACM
 
 using namespace gpuverbs;
@@ -331,6 +333,13 @@ TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::rig_p
         CHECK_MESSAGE(out.find("return status 0") != std::string::npos, out);
         CHECK(rnr_naks() - naks_before == 0);
     }
+}
+
+#else
+
+// Built without librdmacm: the suite is counted as skipped, and says why.
+TEST_SUITE("rdma_cm against rdmacm-utils" * doctest::skip(!gpuverbs::test::build_has::rdmacm)) {
+    TEST_CASE("skipped: this build has no librdmacm (GPUVERBS_WITH_RDMACM=OFF or librdmacm-dev missing)") {}
 }
 
 #endif

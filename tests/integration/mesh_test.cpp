@@ -8,6 +8,7 @@
 #include <gpuverbs/gpuverbs.hpp>
 
 #include <doctest/doctest.h>
+#include "build_has.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -178,17 +179,21 @@ void all_gather_under_mpirun(const std::vector<std::string>& extra, const std::s
 } // namespace
 
 TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
-    TEST_CASE("mpirun -np 6, PMIx: a full mesh over rxe0 and rxe1, all-gather by RDMA write, twice in a row") {
+    TEST_CASE("mpirun -np 6, PMIx: a full mesh over rxe0 and rxe1, all-gather by RDMA write, twice in a row" *
+              doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
         all_gather_under_mpirun({"--exchange", "pmix"}, "PMIx namespace");
         all_gather_under_mpirun({"--exchange", "pmix"}, "PMIx namespace"); // no leftovers from the first job
     }
-    TEST_CASE("mpirun -np 6, MPI flavour: the exchange rides on MPI_Allgather") {
+    TEST_CASE("mpirun -np 6, MPI flavour: the exchange rides on MPI_Allgather" *
+              doctest::skip(!test::build_has::mpi || !test::build_has::examples)) {
         all_gather_under_mpirun({"--exchange", "mpi"}, "an MPI communicator of 6 ranks");
     }
-    TEST_CASE("mpirun -np 6, PMIx, lazy: each pair connects through its own records") {
+    TEST_CASE("mpirun -np 6, PMIx, lazy: each pair connects through its own records" *
+              doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
         all_gather_under_mpirun({"--exchange", "pmix", "--lazy"}, "PMIx namespace");
     }
-    TEST_CASE("outside a launcher, PmixRendezvous says it was not started by one") {
+    TEST_CASE("outside a launcher, PmixRendezvous says it was not started by one" *
+              doctest::skip(!test::build_has::pmix)) {
         // This process was not started by mpirun.
         try {
             PmixRendezvous job;
@@ -200,7 +205,7 @@ TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
     }
 }
 
-TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
+TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test::build_has::hiredis)) {
     TEST_CASE("two members connect lazily through Redis, without blocking each other, and write") {
         RedisServer redis;
         std::string service = fresh("pair");
@@ -366,7 +371,7 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present())) {
     }
 }
 
-TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present())) {
+TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test::build_has::hiredis)) {
     TEST_CASE(
         "a store entry with garbage bytes, or a wrong wire version: an error naming the peer; the mesh "
         "connects once the peer publishes a good record") {

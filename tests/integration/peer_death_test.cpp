@@ -10,6 +10,7 @@
 #include "process_resources.hpp"
 
 #include <doctest/doctest.h>
+#include "build_has.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -138,7 +139,7 @@ std::size_t heap_in_use() {
 
 } // namespace
 
-TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present())) {
+TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present() || !gpuverbs::test::build_has::examples)) {
     TEST_CASE(
         "a client killed with SIGKILL mid-exchange: the coroutine server's operations all complete once, "
         "the outstanding ones with errors; it then serves a new client") {

@@ -13,6 +13,8 @@
 
 #include <future>
 
+#include "build_has.hpp"
+
 #if GPUVERBS_HAVE_RDMACM
 
 using namespace gpuverbs;
@@ -324,6 +326,13 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!gpuverbs::test::rig_present()
         CHECK_FALSE(std::move(conn).establish(pd, cq, cq, {}, 20s, ec));
         CHECK(ec == errc::invalid_argument);
     }
+}
+
+#else
+
+// Built without librdmacm: the suite is counted as skipped, and says why.
+TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!gpuverbs::test::build_has::rdmacm)) {
+    TEST_CASE("skipped: this build has no librdmacm (GPUVERBS_WITH_RDMACM=OFF or librdmacm-dev missing)") {}
 }
 
 #endif

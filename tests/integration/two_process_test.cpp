@@ -4,6 +4,7 @@
 #include "connected_pair.hpp"
 
 #include <doctest/doctest.h>
+#include "build_has.hpp"
 
 #include <signal.h>
 
@@ -50,7 +51,8 @@ std::byte pattern(std::size_t i) {
 
 } // namespace
 
-TEST_SUITE("two processes on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
+TEST_SUITE("two processes on real RDMA" *
+           doctest::skip(!gpuverbs::test::rig_present() || !gpuverbs::test::build_has::examples)) {
     TEST_CASE("another process receives every byte we write, and we read back every byte") {
         constexpr std::size_t size = 3 << 20;
         ServerProcess server(18611, size);

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "build_has.hpp"
+
 #if GPUVERBS_HAVE_RDMACM
 
 using namespace gpuverbs;
@@ -89,6 +91,13 @@ TEST_SUITE("rdma_cm parameters") {
         CHECK_FALSE(detail::cm_check_request("connect", o, 0, roce, s3));
         CHECK(s3.detail.find("min_rnr_timer 32 is out of range") == 0);
     }
+}
+
+#else
+
+// Built without librdmacm: the suite is counted as skipped, and says why.
+TEST_SUITE("rdma_cm parameters" * doctest::skip(!gpuverbs::test::build_has::rdmacm)) {
+    TEST_CASE("skipped: this build has no librdmacm (GPUVERBS_WITH_RDMACM=OFF or librdmacm-dev missing)") {}
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include "sysfs_fixture.hpp"
 
 #include <doctest/doctest.h>
+#include "build_has.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -295,7 +296,8 @@ TEST_SUITE("doctor pieces") {
 )");
     }
 
-    TEST_CASE("the command: --json on a fixture, exit status by the worst result, bad arguments") {
+    TEST_CASE("the command: --json on a fixture, exit status by the worst result, bad arguments" *
+              doctest::skip(!gpuverbs::test::build_has::doctor)) {
         SysfsFixture f(topology("two-socket-sys.topo"));
         auto self = std::filesystem::read_symlink("/proc/self/exe");
         std::string doctor = (self.parent_path().parent_path() / "gpuverbs-doctor").string();

@@ -273,9 +273,16 @@ private:
 };
 
 /// Completes `handler` with `ec` without starting anything: posted to its
-/// executor (or the system executor), never called from the initiating function.
+/// associated executor (else `fallback`, else the system executor), never
+/// called from the initiating function.
 template <ResultKind K, class Handler>
-void refuse(Handler&& handler, std::error_code ec) {
+void refuse(Handler&& handler, std::error_code ec, const boost::asio::any_io_executor& fallback = {}) {
+    if (fallback) {
+        auto executor = boost::asio::get_associated_executor(handler, fallback);
+        boost::asio::post(executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec),
+                                                        typename ResultOf<K>::type{}));
+        return;
+    }
     auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
     boost::asio::post(
         executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec), typename ResultOf<K>::type{}));
@@ -341,31 +348,43 @@ void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> l
 
 /// The named initiations QueuePair's async_* pass to asio::async_initiate: they
 /// expose the I/O executor, so asio::bind_executor, cancel_after and friends see it.
+///
+/// They hold the queue pair's core weakly: an operation made now and launched
+/// later (asio::deferred, a coroutine's operator co_await) finds out then
+/// whether the QueuePair still exists, and completes with operation_aborted
+/// if it was destroyed meanwhile, as the async rules promise (async.hpp).
+/// The initiation never keeps a destroyed QueuePair's queue pair alive.
+/// The I/O executor is taken when the operation is made: a handler without
+/// an associated executor runs there, also when the QueuePair is gone.
 struct InitiationBase {
-    QpCore* qp;
     using executor_type = boost::asio::any_io_executor;
-    [[nodiscard]] executor_type get_executor() const noexcept {
-        return qp != nullptr && qp->send_cq()->driver() != nullptr ? qp->send_cq()->driver()->executor()
-                                                                   : executor_type();
-    }
+    std::weak_ptr<QpCore> core;
+    executor_type executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
 };
 
 template <ResultKind K>
 struct InitiateSend : InitiationBase {
     template <class Handler>
     void operator()(Handler&& handler, const WorkRequest& request) const {
-        start_send<K>(std::forward<Handler>(handler), qp, request);
+        const std::shared_ptr<QpCore> qp = core.lock();
+        if (qp == nullptr) return refuse<K>(std::forward<Handler>(handler), aborted_error(), executor);
+        start_send<K>(std::forward<Handler>(handler), qp.get(), request);
     }
 };
 
 struct InitiateReceive : InitiationBase {
     template <class Handler>
     void operator()(Handler&& handler, const LocalBuffer& one) const {
-        start_receive(std::forward<Handler>(handler), qp, std::span<const LocalBuffer>(&one, 1));
+        (*this)(std::forward<Handler>(handler), std::span<const LocalBuffer>(&one, 1));
     }
     template <class Handler>
     void operator()(Handler&& handler, std::span<const LocalBuffer> list) const {
-        start_receive(std::forward<Handler>(handler), qp, list);
+        const std::shared_ptr<QpCore> qp = core.lock();
+        if (qp == nullptr) {
+            return refuse<ResultKind::received>(std::forward<Handler>(handler), aborted_error(), executor);
+        }
+        start_receive(std::forward<Handler>(handler), qp.get(), list);
     }
 };
 
