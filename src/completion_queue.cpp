@@ -1,5 +1,7 @@
 #include "gpuverbs/completion_queue.hpp"
 
+#include "gpuverbs/detail/async_driver.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 
@@ -81,7 +83,7 @@ CompletionQueue CompletionQueue::create(const Device& device, int capacity, cons
     return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, capacity, channel, s); });
 }
 
-CompletionQueue::CompletionQueue(const Device& device, int capacity, boost::asio::any_io_executor executor,
+CompletionQueue::CompletionQueue(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
                                  const AsyncOptions& options)
     : CompletionQueue(device, capacity, CompletionChannel(device)) {
     if (!executor) throw Error(errc::invalid_argument, "CompletionQueue", "the executor is empty");
@@ -89,6 +91,19 @@ CompletionQueue::CompletionQueue(const Device& device, int capacity, boost::asio
     core_->set_driver(driver);
     auto& context = boost::asio::query(executor, boost::asio::execution::context);
     boost::asio::use_service<detail::AsyncDriverService>(context).add(driver);
+}
+
+CompletionQueue::executor_type CompletionQueue::get_executor() const noexcept {
+    return core_ && core_->driver() != nullptr ? core_->driver()->executor() : executor_type();
+}
+
+AsyncStatistics CompletionQueue::async_statistics() const noexcept {
+    return core_ && core_->driver() != nullptr ? core_->driver()->statistics() : AsyncStatistics{};
+}
+
+void CompletionQueue::release() noexcept {
+    if (core_ && core_->driver() != nullptr) core_->driver()->shutdown();
+    core_.reset();
 }
 
 void CompletionQueue::throw_poll_error(int err) {

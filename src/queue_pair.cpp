@@ -1,11 +1,21 @@
 #include "gpuverbs/queue_pair.hpp"
 
+#include "gpuverbs/detail/async_driver.hpp"
 #include "gpuverbs/detail/qp_factory.hpp"
 #include "gpuverbs/shared_receive_queue.hpp"
 
 #include <cerrno>
 
 namespace gpuverbs {
+
+DataPath::executor_type DataPath::get_executor() const noexcept {
+    detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
+    return d != nullptr ? d->executor() : executor_type();
+}
+
+void QueuePair::release_async() noexcept {
+    core_->send_cq()->driver()->release_qp(std::move(core_));
+}
 
 std::string_view to_string(QpState state) noexcept {
     switch (state) {

@@ -39,61 +39,9 @@
 //   is full, operations wait in submission order and are posted as slots free.
 #pragma once
 
-#include <boost/asio/async_result.hpp>
-#include <boost/asio/deferred.hpp>
-#include <boost/system/error_code.hpp>
+#include "gpuverbs/async_types.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 
-#include <chrono>
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <type_traits>
-
-namespace gpuverbs {
-
-/// How a CompletionQueue bound to an executor learns of completions.
-enum class CompletionMode {
-    /// Wait on the completion channel's fd: no CPU while idle, a wake-up per burst.
-    event_driven,
-    /// After activity, keep polling from the executor for `AsyncOptions::spin`,
-    /// then fall back to waiting on the fd: busy-poll latency during bursts,
-    /// no core burned when idle. While polling it never touches the channel.
-    adaptive,
-};
-
-/// How a CompletionQueue bound to an executor runs.
-struct AsyncOptions {
-    CompletionMode mode = CompletionMode::event_driven;
-    /// Adaptive mode: how long to keep polling after the last completion.
-    std::chrono::microseconds spin{50};
-};
-
-/// What an asynchronous receive hands back.
-struct Received {
-    std::size_t bytes = 0;                  ///< bytes received (0 for a write with immediate)
-    std::optional<std::uint32_t> immediate; ///< the sender's immediate data, host byte order
-};
-
-/// The error type of every asynchronous completion signature.
-using async_error_code = boost::system::error_code;
-
-/// The completion token async_* use when none is given: the executor's
-/// default, or asio::deferred when it has none (Boost 1.81's any_io_executor).
-template <class Executor>
-using default_token_t = std::conditional_t<std::is_void_v<boost::asio::default_completion_token_t<Executor>>,
-                                           boost::asio::deferred_t, boost::asio::default_completion_token_t<Executor>>;
-
-/// What a CompletionQueue's asynchronous engine has done (for tuning and tests).
-struct AsyncStatistics {
-    std::uint64_t submitted = 0;        ///< operations started
-    std::uint64_t waited = 0;           ///< … that waited for room in their queue before being posted
-    std::uint64_t completed = 0;        ///< completions delivered to operations
-    std::uint64_t aborted = 0;          ///< operations ended with operation_aborted or a refused post
-    std::uint64_t cancelled = 0;        ///< waiting operations taken back by a cancellation
-    std::uint64_t polls = 0;            ///< ibv_poll_cq calls made by the engine
-    std::uint64_t empty_polls = 0;      ///< … that found nothing
-    std::uint64_t wakeups = 0;          ///< completion-channel events waited for
-    std::uint64_t work_completions = 0; ///< entries polled from the CQ (a transfer signals one per chain)
-};
-
-} // namespace gpuverbs
+// The asynchronous forms of QueuePair (data_path.hpp declares them; a program
+// that includes only queue_pair.hpp compiles none of the engine).
+#include "gpuverbs/detail/async_forms.hpp"

@@ -10,10 +10,9 @@
 // attached to this CQ; two threads must not poll the same CQ at once.
 #pragma once
 
-#include "gpuverbs/async.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/detail/access.hpp"
-#include "gpuverbs/detail/async_driver.hpp"
 #include "gpuverbs/detail/completion_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/device.hpp"
@@ -66,7 +65,7 @@ public:
     /// as `options.mode` says. It makes its own completion channel. Such a CQ
     /// serves asynchronous operations only: do not poll() it or post
     /// synchronously on its queue pairs.
-    CompletionQueue(const Device& device, int capacity, boost::asio::any_io_executor executor,
+    CompletionQueue(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
                     const AsyncOptions& options = {});
 
     CompletionQueue(CompletionQueue&& other) noexcept = default;
@@ -84,16 +83,12 @@ public:
 
     using executor_type = boost::asio::any_io_executor;
     /// The executor the CQ is bound to (an empty executor if it is not).
-    [[nodiscard]] executor_type get_executor() const noexcept {
-        return core_ && core_->driver() != nullptr ? core_->driver()->executor() : executor_type();
-    }
+    [[nodiscard]] executor_type get_executor() const noexcept;
 
     explicit operator bool() const noexcept { return core_ != nullptr; }
 
     /// What the asynchronous engine has done so far (zeros if the CQ is not bound to an executor).
-    [[nodiscard]] AsyncStatistics async_statistics() const noexcept {
-        return core_ && core_->driver() != nullptr ? core_->driver()->statistics() : AsyncStatistics{};
-    }
+    [[nodiscard]] AsyncStatistics async_statistics() const noexcept;
 
     /// Fills `out` with up to out.size() finished requests, oldest first, and
     /// returns how many. Never blocks, never allocates. On the (rare) failure
@@ -132,10 +127,7 @@ public:
 
 private:
     friend struct detail::access;
-    void release() noexcept {
-        if (core_ && core_->driver() != nullptr) core_->driver()->shutdown();
-        core_.reset();
-    }
+    void release() noexcept;
     static CompletionQueue create_impl(const Device& device, int capacity, const CompletionChannel* channel,
                                        detail::Status& status);
     [[noreturn]] static void throw_poll_error(int err);

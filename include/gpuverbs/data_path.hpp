@@ -9,25 +9,23 @@
 // Synchronous and batched forms: noexcept; no allocation; a check that fails
 // means nothing was posted (should the provider refuse a request in the middle
 // of a SendBatch or post_receives, the ones before it were posted and are
-// accounted for). Asynchronous forms: see async.hpp for the rules every
-// async_* follows (completion signature, lifetimes, executor, cancellation,
-// thread safety).
+// accounted for). Asynchronous forms: declared here, compiled only where
+// <gpuverbs/async.hpp> is included (it holds the engine; a program using only
+// the synchronous path compiles none of Asio). See async.hpp for the rules
+// every async_* follows (completion signature, lifetimes, executor,
+// cancellation, thread safety).
 //
 // Thread safety: one thread may post while another polls the CQ; posting from
 // two threads on one QueuePair needs the caller's lock.
 #pragma once
 
-#include "gpuverbs/async.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/completion.hpp"
-#include "gpuverbs/detail/async_op.hpp"
 #include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/memory_region.hpp"
 #include "gpuverbs/send_batch.hpp"
 #include "gpuverbs/work_request.hpp"
-
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/async_result.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -35,6 +33,25 @@
 #include <system_error>
 
 namespace gpuverbs {
+
+namespace detail {
+/// The token async_* use when the caller gives none; <gpuverbs/async.hpp>
+/// makes it the executor's default token (default_token_t).
+struct default_async_token;
+template <class>
+inline constexpr bool async_engine_missing = false;
+/// The asynchronous forms' engine entry, specialised by detail/async_forms.hpp
+/// (included by <gpuverbs/async.hpp>). Reaching this primary template means the
+/// program called an async_* without including it.
+template <class Token, class Enable = void>
+struct AsyncForms {
+    static_assert(async_engine_missing<Token>,
+                  "gpuverbs: QueuePair's async_* forms need #include <gpuverbs/async.hpp> (the asynchronous engine)");
+};
+/// A completion token for signature `Sig` (boost::asio::completion_token_for, or the default token).
+template <class Token, class Sig>
+concept async_token_for = AsyncForms<std::decay_t<Token>>::template accepts<Sig>;
+} // namespace detail
 
 /// The operations of a connected queue pair. Not used on its own: QueuePair is one.
 class DataPath {
@@ -129,85 +146,78 @@ public:
 
     using executor_type = boost::asio::any_io_executor;
     /// The executor of the QP's completion queue (empty if it is not bound).
-    [[nodiscard]] executor_type get_executor() const noexcept {
-        detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
-        return d != nullptr ? d->executor() : executor_type();
-    }
+    [[nodiscard]] executor_type get_executor() const noexcept;
 
     /// Any send-side request, with every option and check of post().
     /// Completion signature: void(boost::system::error_code, std::size_t bytes).
     /// The request is always signaled (its completion completes the handler).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_post(const WorkRequest& request, Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
-            detail::InitiateSend<detail::ResultKind::bytes>{{core_, get_executor()}}, token, request);
+        return detail::AsyncForms<std::decay_t<Token>>::template send<detail::ResultKind::bytes>(
+            core_, std::forward<Token>(token), request);
     }
     /// RDMA write. void(boost::system::error_code, std::size_t bytes).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_write(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset = 0,
                      Token&& token = Token()) {
         return async_post(WorkRequest::write(src, dst, dst_offset), std::forward<Token>(token));
     }
     /// RDMA write with immediate. void(boost::system::error_code, std::size_t bytes).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_write_with_imm(const LocalBuffer& src, const RemoteMemory& dst, std::uint64_t dst_offset,
                               std::uint32_t immediate, Token&& token = Token()) {
         return async_post(WorkRequest::write_with_imm(src, dst, dst_offset, immediate), std::forward<Token>(token));
     }
     /// RDMA read. void(boost::system::error_code, std::size_t bytes).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_read(const LocalBuffer& dst, const RemoteMemory& src, std::uint64_t src_offset = 0,
                     Token&& token = Token()) {
         return async_post(WorkRequest::read(dst, src, src_offset), std::forward<Token>(token));
     }
     /// Send. void(boost::system::error_code, std::size_t bytes).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_send(const LocalBuffer& src, Token&& token = Token()) {
         return async_post(WorkRequest::send(src), std::forward<Token>(token));
     }
     /// Send with immediate. void(boost::system::error_code, std::size_t bytes).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::size_t)>
     auto async_send_with_imm(const LocalBuffer& src, std::uint32_t immediate, Token&& token = Token()) {
         return async_post(WorkRequest::send_with_imm(src, immediate), std::forward<Token>(token));
     }
     /// Fetch-and-add; hands back the old value. void(boost::system::error_code, std::uint64_t).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::uint64_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::uint64_t)>
     auto async_fetch_add(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset, std::uint64_t add,
                          Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
-            detail::InitiateSend<detail::ResultKind::old_value>{{core_, get_executor()}}, token,
-            WorkRequest::fetch_add(result, target, offset, add));
+        return detail::AsyncForms<std::decay_t<Token>>::template send<detail::ResultKind::old_value>(
+            core_, std::forward<Token>(token), WorkRequest::fetch_add(result, target, offset, add));
     }
     /// Compare-and-swap; hands back the old value. void(boost::system::error_code, std::uint64_t).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, std::uint64_t)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, std::uint64_t)>
     auto async_compare_swap(const LocalBuffer& result, const RemoteMemory& target, std::uint64_t offset,
                             std::uint64_t compare, std::uint64_t swap, Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(async_error_code, std::uint64_t)>(
-            detail::InitiateSend<detail::ResultKind::old_value>{{core_, get_executor()}}, token,
-            WorkRequest::compare_swap(result, target, offset, compare, swap));
+        return detail::AsyncForms<std::decay_t<Token>>::template send<detail::ResultKind::old_value>(
+            core_, std::forward<Token>(token), WorkRequest::compare_swap(result, target, offset, compare, swap));
     }
     /// Receive (a send or a write with immediate from the peer), with the
     /// same checks as post_receive. void(boost::system::error_code, gpuverbs::Received).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, Received)>
     auto async_receive(const LocalBuffer& dst, Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
-            detail::InitiateReceive{{core_, get_executor()}}, token, dst);
+        return detail::AsyncForms<std::decay_t<Token>>::receive(core_, std::forward<Token>(token), dst);
     }
     /// … scattering into several local buffers (the list is copied when the operation is initiated).
-    template <
-        boost::asio::completion_token_for<void(async_error_code, Received)> Token = default_token_t<executor_type>>
+    template <class Token = detail::default_async_token>
+    requires detail::async_token_for<Token, void(async_error_code, Received)>
     auto async_receive(std::span<const LocalBuffer> dst, Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(async_error_code, Received)>(
-            detail::InitiateReceive{{core_, get_executor()}}, token, dst);
+        return detail::AsyncForms<std::decay_t<Token>>::receive(core_, std::forward<Token>(token), dst);
     }
 
 protected:

@@ -27,9 +27,9 @@
 // time. Thread safety: like an Asio socket — one thread at a time.
 #pragma once
 
-#include "gpuverbs/async.hpp"
 #include "gpuverbs/completion_queue.hpp"
 #include "gpuverbs/datagram.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 #include "gpuverbs/detail/event_subjects.hpp"
 #include "gpuverbs/detail/event_wait.hpp"
 #include "gpuverbs/device.hpp"

@@ -134,12 +134,12 @@ private:
     friend class PreparedQueuePair;
     friend class CmConnection;
 
+    /// With a driver, the QP is torn down under its lock, after its operations are aborted.
     void release() noexcept {
-        detail::AsyncDriver* d = core_ ? core_->send_cq()->driver() : nullptr;
-        // With a driver, the QP is torn down under its lock, after its operations are aborted.
-        if (d != nullptr) d->release_qp(std::move(core_));
+        if (core_ && core_->send_cq()->driver() != nullptr) release_async();
         core_.reset();
     }
+    void release_async() noexcept;
 
     detail::LocalPort port_;
     Endpoint local_;

@@ -38,7 +38,7 @@
 
 #if GPUVERBS_HAVE_RDMACM
 
-#include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 #include "gpuverbs/detail/event_wait.hpp"
 
 #include <boost/asio/append.hpp>

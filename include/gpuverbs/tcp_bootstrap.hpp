@@ -18,7 +18,7 @@
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/wire.hpp"
 
-#include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 
 #include <boost/asio/compose.hpp>
 #include <boost/asio/connect.hpp>

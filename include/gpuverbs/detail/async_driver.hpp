@@ -20,7 +20,7 @@
 // Rarer paths hold it longer (destroying a QP, starting a wait on the fd).
 #pragma once
 
-#include "gpuverbs/async.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/completion.hpp"
 #include "gpuverbs/detail/async_fsm.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"

@@ -12,9 +12,10 @@
 // The operation is freed before its handler runs.
 #pragma once
 
-#include "gpuverbs/async.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/detail/async_driver.hpp"
 #include "gpuverbs/detail/async_fsm.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 #include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/work_request.hpp"
@@ -40,16 +41,6 @@
 #include <span>
 
 namespace gpuverbs::detail {
-
-/// Asio's error_code for what the driver reports: operation_aborted exactly
-/// (users compare with boost::asio::error::operation_aborted), errno values in
-/// Boost's system category, gpuverbs' and work-completion categories wrapped.
-boost::system::error_code to_asio_error(const std::error_code& ec) noexcept;
-
-/// Asio's operation_aborted as a std::error_code (ECANCELED, system category).
-inline std::error_code aborted_error() noexcept {
-    return {ECANCELED, std::system_category()};
-}
 
 /// Memory for operations: blocks of block_size bytes, recycled through a
 /// small per-thread cache and a process-wide pool behind a mutex.
@@ -133,7 +124,6 @@ struct AsyncOpBase : AsyncOpLinks {
     void complete(How how, std::error_code ec = {}) noexcept { fn(this, how, ec); }
 };
 
-enum class ResultKind { bytes, received, old_value };
 template <ResultKind K>
 struct ResultOf {
     using type = std::size_t;

@@ -24,10 +24,10 @@
 // on a private network (docs/many-peers.md).
 #pragma once
 
-#include "gpuverbs/async.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/error.hpp"
 
-#include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/compose.hpp>

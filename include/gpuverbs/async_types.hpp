@@ -1,0 +1,73 @@
+// The vocabulary of gpuverbs' asynchronous operations that costs nothing to
+// include: how a CompletionQueue bound to an executor waits, what an
+// asynchronous receive hands back, what the engine counts. The operations
+// themselves, their rules and the engine are in async.hpp.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+// Declared here, defined by Boost (boost/system/error_code.hpp,
+// boost/asio/any_io_executor.hpp): signatures name them without the cost of
+// their headers; async.hpp includes both.
+namespace boost::system {
+class error_code;
+}
+#if defined(BOOST_ASIO_USE_TS_EXECUTOR_AS_DEFAULT)
+#include <boost/asio/any_io_executor.hpp>
+#else
+namespace boost::asio {
+class any_io_executor;
+}
+#endif
+
+namespace gpuverbs {
+
+/// The error type of every asynchronous completion signature (Asio's own, so
+/// `ec == boost::asio::error::operation_aborted` works).
+using async_error_code = boost::system::error_code;
+
+/// How a CompletionQueue bound to an executor learns of completions.
+enum class CompletionMode {
+    /// Wait on the completion channel's fd: no CPU while idle, a wake-up per burst.
+    event_driven,
+    /// After activity, keep polling from the executor for `AsyncOptions::spin`,
+    /// then fall back to waiting on the fd: busy-poll latency during bursts,
+    /// no core burned when idle. While polling it never touches the channel.
+    adaptive,
+};
+
+/// How a CompletionQueue bound to an executor runs.
+struct AsyncOptions {
+    CompletionMode mode = CompletionMode::event_driven;
+    /// Adaptive mode: how long to keep polling after the last completion.
+    std::chrono::microseconds spin{50};
+};
+
+/// What an asynchronous receive hands back.
+struct Received {
+    std::size_t bytes = 0;                  ///< bytes received (0 for a write with immediate)
+    std::optional<std::uint32_t> immediate; ///< the sender's immediate data, host byte order
+};
+
+/// What a CompletionQueue's asynchronous engine has done (for tuning and tests).
+struct AsyncStatistics {
+    std::uint64_t submitted = 0;        ///< operations started
+    std::uint64_t waited = 0;           ///< … that waited for room in their queue before being posted
+    std::uint64_t completed = 0;        ///< completions delivered to operations
+    std::uint64_t aborted = 0;          ///< operations ended with operation_aborted or a refused post
+    std::uint64_t cancelled = 0;        ///< waiting operations taken back by a cancellation
+    std::uint64_t polls = 0;            ///< ibv_poll_cq calls made by the engine
+    std::uint64_t empty_polls = 0;      ///< … that found nothing
+    std::uint64_t wakeups = 0;          ///< completion-channel events waited for
+    std::uint64_t work_completions = 0; ///< entries polled from the CQ (a transfer signals one per chain)
+};
+
+namespace detail {
+/// What an asynchronous operation hands back: bytes, a Received, an atomic's old value.
+enum class ResultKind { bytes, received, old_value };
+} // namespace detail
+
+} // namespace gpuverbs
