@@ -273,8 +273,24 @@ Stripes stripe(const TransferPlan& plan, std::size_t rails) {
     return out;
 }
 
-bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferPlan& plan,
-                            const TransferOptions& options, std::error_code& ec, std::string& why) {
+std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails) {
+    std::vector<BoundRail> out;
+    out.reserve(rails.size());
+    for (const TransferRail& r : rails) {
+        BoundRail b;
+        if (r.qp != nullptr && *r.qp) {
+            b.qp = access::core(static_cast<const DataPath&>(*r.qp));
+            b.given = true;
+        }
+        b.local_keys = r.local_keys;
+        b.remote_keys = r.remote_keys;
+        out.push_back(std::move(b));
+    }
+    return out;
+}
+
+bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan& plan, const TransferOptions& options,
+                            std::error_code& ec, std::string& why) {
     plan_ = &plan;
     notify_ = options.notify;
     failed_blocks_ = options.failed_blocks;
@@ -284,6 +300,10 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
         why = std::move(text);
         return false;
     };
+    // The queue pairs, held for the set-up; the streams then refer to them
+    // as every asynchronous operation does (a QP destroyed later aborts them).
+    std::vector<LockedRail> rails(bound.size());
+    for (std::size_t k = 0; k < bound.size(); ++k) rails[k] = {bound[k].qp.lock(), &bound[k]};
     if (rails.empty()) return refuse(errc::invalid_argument, "a transfer needs at least one rail");
     if (plan.requests().empty()) return refuse(errc::invalid_argument, "an empty plan");
     if (options.notify && plan.direction() == TransferDirection::read) {
@@ -297,18 +317,22 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
                                                   " entries for " + std::to_string(rails.size()) + " rails");
     }
     for (std::size_t k = 0; k < rails.size(); ++k) {
-        if (rails[k].qp == nullptr || !*rails[k].qp) {
+        if (!bound[k].given) {
             return refuse(errc::invalid_argument, "rail " + std::to_string(k) + " has no queue pair");
         }
-        if (std::error_code refusal = async_refusal(&core_of(*rails[k].qp))) {
+        if (!rails[k].qp) {
+            return refuse(aborted_error(),
+                          "rail " + std::to_string(k) + "'s queue pair was destroyed before the transfer started");
+        }
+        if (std::error_code refusal = async_refusal(rails[k].qp.get())) {
             return refuse(refusal, "rail " + std::to_string(k) + ": " +
                                        (refusal == errc::no_executor ? "the QP's CQ has no executor"
                                                                      : "the QP cannot run asynchronous operations"));
         }
     }
     for (std::size_t k = 1; k < rails.size(); ++k) {
-        if (core_of(*rails[k].qp).pd() != core_of(*rails[0].qp).pd() &&
-            (rails[k].local_keys.empty() || rails[k].remote_keys.empty())) {
+        if (rails[k].qp->pd() != rails[0].qp->pd() &&
+            (rails[k].rail->local_keys.empty() || rails[k].rail->remote_keys.empty())) {
             return refuse(errc::invalid_argument,
                           "rail " + std::to_string(k) +
                               "'s queue pair is on another protection domain than rail 0's, whose keys the plan "
@@ -326,11 +350,11 @@ bool TransferJobBase::setup(std::span<const TransferRail> rails, const TransferP
         r.index = k;
         std::string text;
         if (std::error_code e =
-                r.setup(core_of(*rails[k].qp), plan, stripes.bounds[k], stripes.bounds[k + 1], stripes.bytes[k],
-                        rails[k].local_keys, rails[k].remote_keys, options.doorbell_batch, text)) {
+                r.setup(*rails[k].qp, plan, stripes.bounds[k], stripes.bounds[k + 1], stripes.bytes[k],
+                        rails[k].rail->local_keys, rails[k].rail->remote_keys, options.doorbell_batch, text)) {
             return refuse(e, "rail " + std::to_string(k) + ": " + text);
         }
-        r.driver = core_of(*rails[k].qp).send_cq()->driver();
+        r.driver = rails[k].qp->send_cq()->driver();
     }
     return true;
 }

@@ -1,8 +1,9 @@
-// The asynchronous vocabulary of gpuverbs: how a CompletionQueue bound to an
-// executor waits for completions, what an asynchronous receive hands back,
-// the default completion token, and the rules every async_* follows.
-//
-// The rules, stated once for every QueuePair::async_* operation:
+// gpuverbs' asynchronous operations: include this header to use
+// QueuePair's async_* (it brings the engine; queue_pair.hpp alone compiles
+// none of it). The vocabulary is in async_types.hpp, the token machinery in
+// detail/async_token.hpp. Every async_* of the library follows one recipe
+// (docs/concepts.md, "One recipe for every asynchronous operation"); here are
+// the rules, stated once for every QueuePair::async_* operation:
 //
 // Completion signature: the first argument is always boost::system::error_code
 //   (Asio's own, so `ec == boost::asio::error::operation_aborted` works); it

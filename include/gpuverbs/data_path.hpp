@@ -21,6 +21,7 @@
 
 #include "gpuverbs/async_types.hpp"
 #include "gpuverbs/completion.hpp"
+#include "gpuverbs/detail/access.hpp"
 #include "gpuverbs/detail/posting_path.hpp"
 #include "gpuverbs/detail/queue_cores.hpp"
 #include "gpuverbs/memory_region.hpp"
@@ -230,17 +231,7 @@ protected:
     std::shared_ptr<detail::QpCore> core_;
 
 private:
-    friend detail::QpCore& detail_core_of(const DataPath& path) noexcept;
+    friend struct detail::access;
 };
-
-/// The core behind a queue pair (for gpuverbs' own operations, e.g. transfers).
-inline detail::QpCore& detail_core_of(const DataPath& path) noexcept {
-    return *path.core_;
-}
-namespace detail {
-inline QpCore& core_of(const DataPath& path) noexcept {
-    return detail_core_of(path);
-}
-} // namespace detail
 
 } // namespace gpuverbs

@@ -123,6 +123,21 @@ boost::asio::any_io_executor events_executor(const std::shared_ptr<DeviceEventsS
 void start_event_wait(const std::shared_ptr<DeviceEventsState>& state, DeviceEventCallback callback);
 /// What a cancellation slot's emission does (DeviceEvents::cancel()).
 void cancel_event_wait(const std::shared_ptr<DeviceEventsState>& state) noexcept;
+
+/// The named initiation of DeviceEvents::async_wait: its executor is the
+/// DeviceEvents' own, where a handler without one of its own completes.
+struct InitiateDeviceEventWait {
+    std::shared_ptr<DeviceEventsState> state;
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return events_executor(state); }
+    template <class Handler>
+    void operator()(Handler&& handler) const {
+        start_event_wait(state, bind_event_handler<DeviceEvent>(std::forward<Handler>(handler), events_executor(state),
+                                                                [weak = std::weak_ptr<DeviceEventsState>(state)] {
+                                                                    cancel_event_wait(weak.lock());
+                                                                }));
+    }
+};
 } // namespace detail
 
 class DeviceEvents {
@@ -157,24 +172,17 @@ public:
     /// The executor given at construction (an empty one without).
     [[nodiscard]] executor_type get_executor() const noexcept;
 
-    /// Waits for the next event. Signature: void(boost::system::error_code,
+    /// Waits for the next event. Signature: void(async_error_code,
     /// gpuverbs::DeviceEvent); the error is operation_aborted after cancel(),
     /// a cancellation slot's emission or destruction, errc::no_executor
     /// without an executor, or the errno of a failed read. The handler runs
     /// once, on its associated executor (the DeviceEvents' by default), posted
     /// (never inside async_wait).
-    template <class Token = default_token_t<executor_type>>
+    template <
+        boost::asio::completion_token_for<void(async_error_code, DeviceEvent)> Token = default_token_t<executor_type>>
     auto async_wait(Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(boost::system::error_code, DeviceEvent)>(
-            [](auto&& handler, const std::shared_ptr<detail::DeviceEventsState>& state) {
-                detail::start_event_wait(state,
-                                         detail::bind_event_handler<DeviceEvent>(
-                                             std::forward<decltype(handler)>(handler), detail::events_executor(state),
-                                             [weak = std::weak_ptr<detail::DeviceEventsState>(state)] {
-                                                 detail::cancel_event_wait(weak.lock());
-                                             }));
-            },
-            token, state_);
+        return boost::asio::async_initiate<Token, void(async_error_code, DeviceEvent)>(
+            detail::InitiateDeviceEventWait{state_}, token);
     }
     /// Ends a pending async_wait with operation_aborted.
     void cancel() noexcept;

@@ -42,12 +42,17 @@
 #include "gpuverbs/detail/event_wait.hpp"
 
 #include <boost/asio/append.hpp>
+#include <boost/asio/associated_allocator.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/bind_allocator.hpp>
+#include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/system_executor.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -159,39 +164,81 @@ class CmState;
 /// wait at once.
 boost::asio::thread_pool& cm_thread();
 
+/// The cancellation flag of the step running on this thread (nullptr: none):
+/// its waits for rdma_cm events look at it every 50 ms and end with
+/// operation_aborted once it is set.
+void set_cm_step_cancel(const std::atomic<bool>* flag) noexcept;
+
 /// Runs `step` — the error_code form of a step, `Result(std::error_code&)` —
 /// on the rdma_cm thread, then completes `handler` with (error_code, result),
-/// or (error_code) when Result is void, on its associated executor.
+/// or (error_code) when Result is void, on its associated executor (else the
+/// system executor). The handler's allocator carries the step to the thread;
+/// its cancellation slot, when connected, ends the step's waits with
+/// operation_aborted (a step already past its last wait completes as it is).
 template <class Result, class Handler, class Step>
 void run_cm_step(Handler&& handler, Step step) {
     auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
+    auto allocator = boost::asio::get_associated_allocator(handler);
+    auto slot = boost::asio::get_associated_cancellation_slot(handler);
+    auto cancelled = std::allocate_shared<std::atomic<bool>>(allocator, false);
+    if (slot.is_connected()) {
+        slot.assign([cancelled](boost::asio::cancellation_type type) {
+            if (type != boost::asio::cancellation_type::none) cancelled->store(true);
+        });
+    }
     auto work = boost::asio::make_work_guard(executor);
-    boost::asio::post(cm_thread(),
-                      [h = std::forward<Handler>(handler), work = std::move(work), step = std::move(step)]() mutable {
-                          boost::system::error_code ec;
-                          using Stored = std::conditional_t<std::is_void_v<Result>, bool, Result>;
-                          Stored result{};
-                          try {
-                              std::error_code failed;
-                              if constexpr (std::is_void_v<Result>) {
-                                  step(failed);
-                              } else {
-                                  result = step(failed);
-                              }
-                              if (failed) ec = to_asio_error(failed);
-                          } catch (const std::bad_alloc&) {
-                              ec = boost::asio::error::no_memory;
-                          } catch (const std::system_error& e) { // never let one escape into the pool's thread
-                              ec = to_asio_error(e.code());
-                          }
-                          auto ex = work.get_executor();
-                          if constexpr (std::is_void_v<Result>) {
-                              boost::asio::post(ex, boost::asio::append(std::move(h), ec));
-                          } else {
-                              boost::asio::post(ex, boost::asio::append(std::move(h), ec, std::move(result)));
-                          }
-                      });
+    auto run = [h = std::forward<Handler>(handler), work = std::move(work), step = std::move(step), slot,
+                cancelled]() mutable {
+        async_error_code ec;
+        using Stored = std::conditional_t<std::is_void_v<Result>, bool, Result>;
+        Stored result{};
+        set_cm_step_cancel(cancelled.get());
+        try {
+            std::error_code failed;
+            if constexpr (std::is_void_v<Result>) {
+                step(failed);
+            } else {
+                result = step(failed);
+            }
+            if (failed) ec = to_asio_error(failed);
+        } catch (const std::bad_alloc&) {
+            ec = boost::asio::error::no_memory;
+        } catch (const std::system_error& e) { // never let one escape into the pool's thread
+            ec = to_asio_error(e.code());
+        }
+        set_cm_step_cancel(nullptr);
+        auto ex = work.get_executor();
+        // The slot is the handler's: cleared on the handler's executor, before it runs.
+        auto finish = [slot, cancelled](auto&& h2, auto&&... args) mutable {
+            if (slot.is_connected()) slot.clear();
+            std::move(h2)(std::forward<decltype(args)>(args)...);
+        };
+        if constexpr (std::is_void_v<Result>) {
+            boost::asio::post(
+                ex, [finish = std::move(finish), h = std::move(h), ec]() mutable { finish(std::move(h), ec); });
+        } else {
+            boost::asio::post(ex,
+                              [finish = std::move(finish), h = std::move(h), ec, result = std::move(result)]() mutable {
+                                  finish(std::move(h), ec, std::move(result));
+                              });
+        }
+    };
+    boost::asio::post(cm_thread(), boost::asio::bind_allocator(allocator, std::move(run)));
 }
+
+/// The named initiation of every rdma_cm step's async_* form (async_accept,
+/// async_connect, async_establish, CmListener::async_accept,
+/// async_cm_resolve): the step has no I/O object, so its executor is the
+/// system executor, where a handler without one of its own completes.
+template <class Result>
+struct InitiateCmStep {
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return boost::asio::system_executor(); }
+    template <class Handler, class Step>
+    void operator()(Handler&& handler, Step step) const {
+        run_cm_step<Result>(std::forward<Handler>(handler), std::move(step));
+    }
+};
 
 CmConnection cm_resolve_impl(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
                              const std::string& source, Status& status);
@@ -201,6 +248,26 @@ using CmEventCallback = EventCallback<CmEvent>;
 void start_cm_event_wait(const std::shared_ptr<CmState>& state, const boost::asio::any_io_executor& executor,
                          CmEventCallback callback);
 void cancel_cm_event_wait(const std::shared_ptr<CmState>& state) noexcept;
+
+/// The named initiation of CmConnection::async_wait_event: the wait's reader
+/// runs on the handler's associated executor (there is no other I/O executor).
+struct InitiateCmEventWait {
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return boost::asio::system_executor(); }
+    template <class Handler>
+    void operator()(Handler&& handler, const std::shared_ptr<CmState>& state) const {
+        using Executor = decltype(boost::asio::get_associated_executor(handler));
+        boost::asio::any_io_executor executor;
+        if constexpr (!std::is_same_v<Executor, boost::asio::system_executor>) {
+            executor = boost::asio::get_associated_executor(handler);
+        }
+        auto fallback = executor ? executor : boost::asio::any_io_executor(boost::asio::system_executor());
+        start_cm_event_wait(
+            state, executor,
+            bind_event_handler<CmEvent>(std::forward<Handler>(handler), fallback,
+                                        [weak = std::weak_ptr<CmState>(state)] { cancel_cm_event_wait(weak.lock()); }));
+    }
+};
 
 /// What to accept with, from what the peer asked for, what the device allows
 /// and what the user set (pure; unit-tested).
@@ -289,12 +356,14 @@ public:
     /// `private_data` and the queue pair's parts must outlive the operation;
     /// the connection may be moved meanwhile (the step holds its state).
     /// Signature: void(boost::system::error_code).
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    template <
+        boost::asio::completion_token_for<void(async_error_code)> Token = default_token_t<boost::asio::any_io_executor>>
     auto async_accept(const CmOptions& options, std::span<const std::byte> private_data,
                       std::chrono::milliseconds timeout, Token&& token = Token()) {
         return async_step(true, options, private_data, timeout, std::forward<Token>(token));
     }
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    template <
+        boost::asio::completion_token_for<void(async_error_code)> Token = default_token_t<boost::asio::any_io_executor>>
     auto async_connect(const CmOptions& options, std::span<const std::byte> private_data,
                        std::chrono::milliseconds timeout, Token&& token = Token()) {
         return async_step(false, options, private_data, timeout, std::forward<Token>(token));
@@ -331,28 +400,16 @@ public:
     /// Waits for the next event on the handler's associated executor (an
     /// io_context's: a coroutine's, or asio::bind_executor; a plain callback
     /// completes with errc::no_executor). One wait at a time. Signature:
-    /// void(boost::system::error_code, gpuverbs::CmEvent); operation_aborted
+    /// void(async_error_code, gpuverbs::CmEvent); operation_aborted
     /// after cancel_event_wait(), a cancellation slot's emission or the
     /// connection's destruction. From the first wait on, the connection's
     /// reader is an I/O object of that executor's context: destroy the
     /// connection before its io_context, as any Asio socket.
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    template <boost::asio::completion_token_for<void(async_error_code, CmEvent)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
     auto async_wait_event(Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(boost::system::error_code, CmEvent)>(
-            [](auto&& handler, const std::shared_ptr<detail::CmState>& state) {
-                using Executor = decltype(boost::asio::get_associated_executor(handler));
-                boost::asio::any_io_executor executor;
-                if constexpr (!std::is_same_v<Executor, boost::asio::system_executor>) {
-                    executor = boost::asio::get_associated_executor(handler);
-                }
-                auto fallback = executor ? executor : boost::asio::any_io_executor(boost::asio::system_executor());
-                detail::start_cm_event_wait(
-                    state, executor,
-                    detail::bind_event_handler<CmEvent>(
-                        std::forward<decltype(handler)>(handler), fallback,
-                        [weak = std::weak_ptr<detail::CmState>(state)] { detail::cancel_cm_event_wait(weak.lock()); }));
-            },
-            token, state_);
+        return boost::asio::async_initiate<Token, void(async_error_code, CmEvent)>(detail::InitiateCmEventWait{}, token,
+                                                                                   state_);
     }
     /// Ends a pending async_wait_event with operation_aborted.
     void cancel_event_wait() noexcept;
@@ -371,22 +428,21 @@ public:
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                         const QueuePairOptions& options, std::chrono::milliseconds timeout, std::error_code& ec,
                         Diagnostics& diagnostics) &&;
-    /// establish(), asynchronously: pd and the CQs must outlive the operation.
-    /// Signature: void(boost::system::error_code, gpuverbs::QueuePair).
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    /// establish(), asynchronously: pd and the CQs must outlive the operation
+    /// (neither destroyed nor moved from until it completes); the connection
+    /// is moved into the operation when it is made.
+    /// Signature: void(async_error_code, gpuverbs::QueuePair).
+    template <boost::asio::completion_token_for<void(async_error_code, QueuePair)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
     auto async_establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                          const QueuePairOptions& options, std::chrono::milliseconds timeout,
                          Token&& token = Token()) && {
-        return boost::asio::async_initiate<Token, void(boost::system::error_code, QueuePair)>(
-            [](auto&& handler, CmConnection c, const ProtectionDomain* pd, const CompletionQueue* s,
-               const CompletionQueue* r, QueuePairOptions o, std::chrono::milliseconds t) {
-                detail::run_cm_step<QueuePair>(
-                    std::forward<decltype(handler)>(handler),
-                    [c = std::make_shared<CmConnection>(std::move(c)), pd, s, r, o, t](std::error_code& ec) mutable {
-                        return std::move(*c).establish(*pd, *s, *r, o, t, ec);
-                    });
-            },
-            token, std::move(*this), &pd, &send_cq, &recv_cq, options, timeout);
+        return boost::asio::async_initiate<Token, void(async_error_code, QueuePair)>(
+            detail::InitiateCmStep<QueuePair>{}, token,
+            [c = std::make_shared<CmConnection>(std::move(*this)), pd = &pd, s = &send_cq, r = &recv_cq, options,
+             timeout](std::error_code& ec) mutable {
+                return std::move(*c).establish(*pd, *s, *r, options, timeout, ec);
+            });
     }
 
 private:
@@ -398,20 +454,17 @@ private:
     template <class Token>
     auto async_step(bool server, const CmOptions& options, std::span<const std::byte> private_data,
                     std::chrono::milliseconds timeout, Token&& token) {
-        return boost::asio::async_initiate<Token, void(boost::system::error_code)>(
-            [state = state_, server, options, private_data, timeout](auto&& handler) {
-                detail::run_cm_step<void>(std::forward<decltype(handler)>(handler),
-                                          [state, server, options, private_data, timeout](std::error_code& ec) {
-                                              CmConnection same;
-                                              same.state_ = state;
-                                              if (server) {
-                                                  same.accept(options, private_data, timeout, ec);
-                                              } else {
-                                                  same.connect(options, private_data, timeout, ec);
-                                              }
-                                          });
-            },
-            token);
+        return boost::asio::async_initiate<Token, void(async_error_code)>(
+            detail::InitiateCmStep<void>{}, token,
+            [state = state_, server, options, private_data, timeout](std::error_code& ec) {
+                CmConnection same;
+                same.state_ = state;
+                if (server) {
+                    same.accept(options, private_data, timeout, ec);
+                } else {
+                    same.connect(options, private_data, timeout, ec);
+                }
+            });
     }
     QueuePair* create_qp_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                               const CompletionQueue& recv_cq, const SharedReceiveQueue* srq,
@@ -452,16 +505,18 @@ public:
     CmConnection accept(std::chrono::milliseconds timeout = std::chrono::seconds(30));
     /// The error_code form: an empty CmConnection on failure.
     CmConnection accept(std::chrono::milliseconds timeout, std::error_code& ec);
-    /// accept(), asynchronously; the listener must outlive the operation.
-    /// Signature: void(boost::system::error_code, gpuverbs::CmConnection).
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    /// accept(), asynchronously. The operation holds the listening id: the
+    /// listener may be moved or destroyed meanwhile (the id then closes when
+    /// the operation ends). Signature: void(async_error_code, gpuverbs::CmConnection).
+    template <boost::asio::completion_token_for<void(async_error_code, CmConnection)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
     auto async_accept(std::chrono::milliseconds timeout, Token&& token = Token()) {
-        return boost::asio::async_initiate<Token, void(boost::system::error_code, CmConnection)>(
-            [this, timeout](auto&& handler) {
-                detail::run_cm_step<CmConnection>(std::forward<decltype(handler)>(handler),
-                                                  [this, timeout](std::error_code& ec) { return accept(timeout, ec); });
-            },
-            token);
+        return boost::asio::async_initiate<Token, void(async_error_code, CmConnection)>(
+            detail::InitiateCmStep<CmConnection>{}, token, [id = id_, timeout](std::error_code& ec) {
+                CmListener same;
+                same.id_ = id;
+                return same.accept(timeout, ec);
+            });
     }
 
 private:
@@ -484,16 +539,14 @@ CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono
                         const std::string& source, std::error_code& ec, Diagnostics& diagnostics);
 
 /// cm_resolve(), asynchronously.
-/// Signature: void(boost::system::error_code, gpuverbs::CmConnection).
-template <class Token = default_token_t<boost::asio::any_io_executor>>
+/// Signature: void(async_error_code, gpuverbs::CmConnection).
+template <boost::asio::completion_token_for<void(async_error_code, CmConnection)> Token =
+              default_token_t<boost::asio::any_io_executor>>
 auto async_cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
                       const std::string& source, Token&& token = Token()) {
-    return boost::asio::async_initiate<Token, void(boost::system::error_code, CmConnection)>(
-        [](auto&& handler, const std::string& h, std::uint16_t p, std::chrono::milliseconds t, const std::string& s) {
-            detail::run_cm_step<CmConnection>(std::forward<decltype(handler)>(handler),
-                                              [h, p, t, s](std::error_code& ec) { return cm_resolve(h, p, t, s, ec); });
-        },
-        token, host, port, timeout, source);
+    return boost::asio::async_initiate<Token, void(async_error_code, CmConnection)>(
+        detail::InitiateCmStep<CmConnection>{}, token,
+        [host, port, timeout, source](std::error_code& ec) { return cm_resolve(host, port, timeout, source, ec); });
 }
 
 } // namespace gpuverbs

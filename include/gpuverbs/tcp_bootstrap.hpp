@@ -54,9 +54,11 @@ public:
     [[nodiscard]] std::uint16_t port() const;
     /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
     boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout = default_bootstrap_timeout);
-    /// Accepts one connection asynchronously.
-    /// Signature: void(boost::system::error_code, boost::asio::ip::tcp::socket).
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    /// Accepts one connection asynchronously: Asio's acceptor operation, so
+    /// the listener must outlive it and not be moved while it is outstanding
+    /// (as an Asio acceptor). Signature: void(async_error_code, boost::asio::ip::tcp::socket).
+    template <boost::asio::completion_token_for<void(async_error_code, boost::asio::ip::tcp::socket)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
     auto async_accept(Token&& token = Token()) {
         return acceptor_.async_accept(std::forward<Token>(token));
     }
@@ -245,11 +247,12 @@ std::vector<std::byte> read_frame(boost::asio::ip::tcp::socket& socket, std::siz
 /// checks as exchange_handshake (malformed, oversized, wrong version, early
 /// close → errc::peer_closed); bound the time with the token (e.g. a
 /// cancellation slot, or asio::experimental::awaitable_operators with a timer).
-/// Signature: void(boost::system::error_code, gpuverbs::Handshake).
-template <boost::asio::completion_token_for<void(boost::system::error_code, Handshake)> Token =
+/// The socket must outlive the operation and not be moved while it runs.
+/// Signature: void(async_error_code, gpuverbs::Handshake).
+template <boost::asio::completion_token_for<void(async_error_code, Handshake)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Token&& token = Token()) {
-    return boost::asio::async_compose<Token, void(boost::system::error_code, Handshake)>(
+    return boost::asio::async_compose<Token, void(async_error_code, Handshake)>(
         detail::ExchangeHandshakeOp(socket, ours), token, socket);
 }
 
@@ -258,22 +261,23 @@ auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsh
 /// would carry, e.g. "receive: the peer announced a 1073741824-byte record; at
 /// most 1840 are allowed (not a gpuverbs peer?)". Cleared when the exchange
 /// succeeds. `diagnostics` must outlive the operation.
-/// Signature: void(boost::system::error_code, gpuverbs::Handshake).
-template <boost::asio::completion_token_for<void(boost::system::error_code, Handshake)> Token =
+/// Signature: void(async_error_code, gpuverbs::Handshake).
+template <boost::asio::completion_token_for<void(async_error_code, Handshake)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Diagnostics& diagnostics,
                               Token&& token = Token()) {
-    return boost::asio::async_compose<Token, void(boost::system::error_code, Handshake)>(
+    return boost::asio::async_compose<Token, void(async_error_code, Handshake)>(
         detail::ExchangeHandshakeOp(socket, ours, &diagnostics), token, socket);
 }
 
 /// Resolves host:port and connects, asynchronously, retrying refusals while
 /// the server is not listening yet, for at most `timeout` (as tcp_connect).
-/// Signature: void(boost::system::error_code, boost::asio::ip::tcp::socket).
-template <class Token = default_token_t<boost::asio::any_io_executor>>
+/// Signature: void(async_error_code, boost::asio::ip::tcp::socket).
+template <boost::asio::completion_token_for<void(async_error_code, boost::asio::ip::tcp::socket)> Token =
+              default_token_t<boost::asio::any_io_executor>>
 auto async_tcp_connect(const boost::asio::any_io_executor& executor, const std::string& host, std::uint16_t port,
                        std::chrono::milliseconds timeout, Token&& token = Token()) {
-    return boost::asio::async_compose<Token, void(boost::system::error_code, boost::asio::ip::tcp::socket)>(
+    return boost::asio::async_compose<Token, void(async_error_code, boost::asio::ip::tcp::socket)>(
         detail::TcpConnectOp(executor, host, port, timeout), token, executor);
 }
 

@@ -24,14 +24,17 @@
 #include "gpuverbs/work_request.hpp"
 
 #include "gpuverbs/detail/async_op.hpp"
+#include "gpuverbs/detail/async_token.hpp"
 #include "gpuverbs/detail/transfer_stream.hpp"
 
 #include <boost/asio/append.hpp>
+#include <boost/asio/associated_allocator.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/recycling_allocator.hpp>
 #include <boost/asio/system_executor.hpp>
 
 #include <cstddef>
@@ -173,6 +176,23 @@ struct Stripes {
 /// at most one boundary per request, so empty rails come only at the end.
 Stripes stripe(const TransferPlan& plan, std::size_t rails);
 
+/// A rail as a transfer holds it from when the operation is made: its queue
+/// pair weakly (a QueuePair destroyed before a deferred transfer is launched
+/// makes it complete with operation_aborted, never a dangling pointer).
+struct BoundRail {
+    std::weak_ptr<QpCore> qp;
+    bool given = false; ///< the TransferRail named a queue pair (not null, not empty)
+    std::vector<KeyMap> local_keys;
+    std::vector<KeyMap> remote_keys;
+};
+/// The rails of `rails`, bound as above.
+std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails);
+/// Their queue pairs, locked for the set-up (an empty pointer for one that is gone).
+struct LockedRail {
+    std::shared_ptr<QpCore> qp;
+    const BoundRail* rail = nullptr;
+};
+
 /// What a transfer shares between its rails: counts them down, keeps the
 /// first error and the bytes, sends the notification after the last one, and
 /// completes the handler once (typed part: TransferJob).
@@ -182,7 +202,7 @@ public:
     TransferJobBase& operator=(const TransferJobBase&) = delete;
 
     /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot run.
-    bool setup(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
+    bool setup(std::span<const BoundRail> rails, const TransferPlan& plan, const TransferOptions& options,
                std::error_code& ec, std::string& why);
     /// Submits every rail that has requests (after setup succeeded).
     void start() noexcept;
@@ -216,6 +236,31 @@ template <class Handler>
 class TransferJob final : public TransferJobBase {
 public:
     using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
+    using Allocator = typename std::allocator_traits<boost::asio::associated_allocator_t<
+        Handler, boost::asio::recycling_allocator<void>>>::template rebind_alloc<TransferJob>;
+    using Traits = std::allocator_traits<Allocator>;
+
+    /// A job in memory from the handler's associated allocator (Asio's
+    /// recycling allocator when it has none), freed before the handler runs.
+    static TransferJob* create(Handler h, const boost::asio::any_io_executor& fallback) {
+        Allocator allocator(boost::asio::get_associated_allocator(h, boost::asio::recycling_allocator<void>()));
+        TransferJob* job = Traits::allocate(allocator, 1);
+        try {
+            Traits::construct(allocator, job, std::move(h), fallback);
+        } catch (...) {
+            Traits::deallocate(allocator, job, 1);
+            throw;
+        }
+        return job;
+    }
+    /// Frees a job that never started (a throwing set-up), without its handler.
+    static void discard(TransferJob* job) noexcept {
+        Allocator allocator(
+            boost::asio::get_associated_allocator(job->handler_, boost::asio::recycling_allocator<void>()));
+        Traits::destroy(allocator, job);
+        Traits::deallocate(allocator, job, 1);
+    }
+
     TransferJob(Handler h, const boost::asio::any_io_executor& fallback)
         : TransferJobBase(&TransferJob::finish),
           handler_(std::move(h)),
@@ -234,9 +279,11 @@ private:
         auto* self = static_cast<TransferJob*>(base);
         Handler handler(std::move(self->handler_));
         boost::asio::executor_work_guard<Executor> work(std::move(self->work_));
-        const boost::system::error_code ec = to_asio_error(self->error_);
+        const async_error_code ec = to_asio_error(self->error_);
         const auto bytes = static_cast<std::size_t>(self->bytes_);
-        delete self;
+        Allocator allocator(boost::asio::get_associated_allocator(handler, boost::asio::recycling_allocator<void>()));
+        Traits::destroy(allocator, self);
+        Traits::deallocate(allocator, self, 1);
         if (destroy) return;
         auto executor = work.get_executor();
         work.reset();
@@ -247,56 +294,82 @@ private:
     boost::asio::executor_work_guard<Executor> work_;
 };
 
+/// The named initiation of async_transfer: the rails are bound when the
+/// operation is made; its executor is the first rail's CQ's, where a handler
+/// without one of its own completes.
+struct InitiateTransfer {
+    std::vector<BoundRail> rails;
+    const TransferPlan* plan;
+    TransferOptions options;
+    boost::asio::any_io_executor executor;
+
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
+
+    template <class Handler>
+    void operator()(Handler&& handler) const {
+        using Job = TransferJob<std::decay_t<Handler>>;
+        // Without an executor the refusal still completes, on the system executor.
+        const boost::asio::any_io_executor fallback =
+            executor ? executor : boost::asio::any_io_executor(boost::asio::system_executor());
+        Job* job = Job::create(std::forward<Handler>(handler), fallback);
+        std::error_code ec;
+        std::string why;
+        bool ready = false;
+        try {
+            ready = job->setup(rails, *plan, options, ec, why);
+        } catch (...) {
+            Job::discard(job);
+            throw;
+        }
+        if (!ready) {
+            if (options.failed_blocks != nullptr) *options.failed_blocks = why;
+            return job->refuse(ec);
+        }
+        job->start();
+    }
+};
+
 } // namespace detail
 
 /// Moves `plan` over one or several rails (asynchronously: every rail's CQ
 /// must be bound to an executor) and completes once:
-/// void(boost::system::error_code, std::size_t bytes). Requests are striped
+/// void(async_error_code, std::size_t bytes). Requests are striped
 /// over the rails by bytes (contiguous ranges), each rail posted in chains of
 /// options.doorbell_batch with the last signaled, refilled from its own
 /// completions. The error is the first that happened (a device status;
 /// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
 /// for an empty plan, no rail, a notification on a read or a key a rail cannot
-/// translate; errc::no_executor). `rails`' queue pairs, `plan`, its memory and
-/// the options' outputs must live until completion. When the execution
+/// translate; errc::no_executor). `plan`, its memory and the options'
+/// outputs must live until completion; the rails' queue pairs are held
+/// weakly from when the operation is made (a deferred transfer launched after
+/// one was destroyed completes with operation_aborted; one destroyed while it
+/// runs aborts it). The job is allocated with the handler's associated
+/// allocator. Cancellation: not yet (a transfer ends when its requests do). When the execution
 /// context of one rail is destroyed with the transfer running, the handler
 /// is destroyed without being called (Asio's rule), whatever the other rails do.
-template <class Token>
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
-                    Token&& token) {
-    boost::asio::any_io_executor first_executor;
-    if (!rails.empty() && rails.front().qp != nullptr) first_executor = rails.front().qp->get_executor();
-    // A copy: a deferred initiation runs after the caller's span is gone.
-    std::vector<TransferRail> own(rails.begin(), rails.end());
-    return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
-        [rails = std::move(own), &plan, options, first_executor](auto handler) {
-            using Job = detail::TransferJob<decltype(handler)>;
-            // Without an executor the refusal still completes, on the system executor.
-            boost::asio::any_io_executor fallback = first_executor;
-            if (!fallback) fallback = boost::asio::system_executor();
-            // Owned here until it starts: a throwing setup (memory) frees it.
-            auto job = std::make_unique<Job>(std::move(handler), fallback);
-            std::error_code ec;
-            std::string why;
-            if (!job->setup(rails, plan, options, ec, why)) {
-                if (options.failed_blocks != nullptr) *options.failed_blocks = why;
-                return job.release()->refuse(ec);
-            }
-            job.release()->start();
-        },
-        token);
+                    Token&& token = Token()) {
+    boost::asio::any_io_executor executor;
+    if (!rails.empty() && rails.front().qp != nullptr) executor = rails.front().qp->get_executor();
+    return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+        detail::InitiateTransfer{detail::bind_rails(rails), &plan, options, executor}, token);
 }
 
 /// … on one queue pair.
-template <class Token>
-auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token) {
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token = Token()) {
     const TransferRail rail{&qp, {}, {}};
     return async_transfer(std::span<const TransferRail>(&rail, 1), plan, options, std::forward<Token>(token));
 }
 
 /// … on one queue pair, without options.
-template <class Token>
-auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token) {
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token = Token()) {
     return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));
 }
 

@@ -52,9 +52,24 @@ std::shared_ptr<CmIdCore> new_cm_id(Status& status) {
     return std::make_shared<CmIdCore>(ch, id);
 }
 
+namespace {
+thread_local const std::atomic<bool>* step_cancel =
+    nullptr; // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
+} // namespace
+
+void set_cm_step_cancel(const std::atomic<bool>* flag) noexcept {
+    step_cancel = flag;
+}
+
 rdma_cm_event* next_event(rdma_event_channel* ch, Clock::time_point deadline, const std::string& waiting_for,
                           Status& status) {
+    // An asynchronous step looks at its cancellation every 50 ms.
+    const long long slice = step_cancel != nullptr ? 50 : 1000;
     for (;;) {
+        if (step_cancel != nullptr && step_cancel->load()) {
+            status.fail(aborted_error(), "rdma_get_cm_event", "cancelled while waiting for " + waiting_for);
+            return nullptr;
+        }
         rdma_cm_event* ev = nullptr;
         if (rdma_get_cm_event(ch, &ev) == 0) return ev;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -68,7 +83,7 @@ rdma_cm_event* next_event(rdma_event_channel* ch, Clock::time_point deadline, co
             return nullptr;
         }
         pollfd p{ch->fd, POLLIN, 0};
-        (void)::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+        (void)::poll(&p, 1, static_cast<int>(std::min<long long>(left, slice)));
     }
 }
 

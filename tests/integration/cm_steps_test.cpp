@@ -8,10 +8,13 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <cstring>
@@ -394,6 +397,44 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         REQUIRE(result.has_value());
         CHECK_MESSAGE(!*result, result->message());
         CHECK(moved.connected());
+        CHECK(server.get()->conn.connected());
+    }
+
+    TEST_CASE(
+        "a listener's async_accept: cancelled through its slot it ends with operation_aborted long before its "
+        "timeout; the listener may be moved while one waits") {
+        const auto rig = *gpuverbs::test::rig_devices();
+        boost::asio::io_context io;
+        auto first = std::make_unique<CmListener>(rig.ip1, 0);
+        boost::asio::cancellation_signal signal;
+        std::optional<boost::system::error_code> result;
+        const auto start = Clock::now();
+        first->async_accept(20s, boost::asio::bind_cancellation_slot(
+                                     signal.slot(), boost::asio::bind_executor(
+                                                        io, [&](boost::system::error_code ec, CmConnection conn) {
+                                                            result = ec;
+                                                            CHECK_FALSE(conn);
+                                                        })));
+        CmListener moved = std::move(*first); // the operation holds the listening id, not the object
+        first.reset();
+        boost::asio::steady_timer timer(io, 100ms);
+        timer.async_wait([&](boost::system::error_code) { signal.emit(boost::asio::cancellation_type::terminal); });
+        io.run_for(10s);
+        REQUIRE(result.has_value());
+        CHECK(*result == boost::asio::error::operation_aborted);
+        CHECK(Clock::now() - start < 5s); // not the 20 s timeout
+
+        // The moved listener still serves a connection.
+        auto server = std::async(std::launch::async, [&] {
+            auto side = std::make_unique<Side>(moved.accept(20s));
+            side->conn.create_qp(side->pd, side->cq, side->cq);
+            side->conn.accept();
+            return side;
+        });
+        Side client(cm_resolve(rig.ip1, moved.port(), 20s, rig.ip0));
+        client.conn.create_qp(client.pd, client.cq, client.cq);
+        client.conn.connect();
+        CHECK(client.conn.connected());
         CHECK(server.get()->conn.connected());
     }
 

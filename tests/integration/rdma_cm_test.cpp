@@ -276,8 +276,12 @@ TEST_SUITE("rdma_cm on real RDMA" * doctest::skip(!gpuverbs::test::rig_present()
             (void)cm_resolve("192.0.2.1", 7471, 500ms, rig.ip0);
             FAIL("resolved an address no RDMA device can reach");
         } catch (const Error& e) {
-            CHECK(e.code() == ec);
-            CHECK(e.verb() == diag.verb());
+            // Not necessarily the same error: the first attempt can time out
+            // resolving while the kernel's neighbour entry it left makes the
+            // second fail at once with "host unreachable" (seen in full runs).
+            CHECK(e.code());
+            CHECK_FALSE(e.verb().empty());
+            CHECK(std::string(e.what()).starts_with(e.verb() + ": "));
         }
     }
 

@@ -368,6 +368,45 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK(calls == 1);
         CHECK(result == asio::error::operation_aborted);
     }
+
+    TEST_CASE(
+        "a deferred transfer (the default token) launched after its queue pair was destroyed completes once with "
+        "operation_aborted; launched while it lives, it moves every byte") {
+        asio::io_context io;
+        Layout l = layout(300, 200, 11);
+        Pair p(io.get_executor(), l.bytes * 2 + 20000);
+        auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
+        for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 11);
+        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+
+        auto live = async_transfer(p.a.qp, plan); // asio::deferred: nothing is posted yet
+        std::optional<boost::system::error_code> live_result;
+        std::size_t moved = 0;
+        std::move(live)([&](boost::system::error_code ec, std::size_t bytes) {
+            live_result = ec;
+            moved = bytes;
+        });
+        io.run_for(10s);
+        REQUIRE(live_result.has_value());
+        CHECK_FALSE(*live_result);
+        CHECK(moved == plan.bytes());
+        CHECK(wrong_bytes(l, p.b.memory, 11) == 0);
+
+        auto late = async_transfer(p.a.qp, plan);
+        p.a.qp = QueuePair(); // the rail is bound weakly: no dangling queue pair
+        int calls = 0;
+        boost::system::error_code late_result;
+        std::move(late)([&](boost::system::error_code ec, std::size_t bytes) {
+            ++calls;
+            late_result = ec;
+            CHECK(bytes == 0);
+        });
+        CHECK(calls == 0); // never inside the launch
+        io.restart();
+        io.run_for(5s);
+        CHECK(calls == 1);
+        CHECK(late_result == asio::error::operation_aborted);
+    }
 }
 
 namespace {

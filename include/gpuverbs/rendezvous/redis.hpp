@@ -153,14 +153,17 @@ public:
     /// Cancels a pending wait (its handler gets operation_aborted).
     ~PeerWatch();
 
-    /// The next join or leave: void(boost::system::error_code, PeerEvent).
+    /// The next join or leave: void(async_error_code, PeerEvent). The
+    /// operation holds the watch's shared state: the PeerWatch may be
+    /// destroyed meanwhile (the wait then ends with operation_aborted).
     /// Errors: the store failed (the code; the words in diagnostics()),
     /// operation_aborted after cancel(), in_progress when another wait is
     /// pending (one at a time). Never completes inside this call.
-    template <class Token = default_token_t<boost::asio::any_io_executor>>
+    template <boost::asio::completion_token_for<void(async_error_code, PeerEvent)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
     auto async_wait_peer(Token&& token = Token()) {
-        return boost::asio::async_compose<Token, void(boost::system::error_code, PeerEvent)>(WaitOp{state_}, token,
-                                                                                             state_->timer);
+        return boost::asio::async_compose<Token, void(async_error_code, PeerEvent)>(WaitOp{state_}, token,
+                                                                                    state_->timer);
     }
     /// One check now: the next event, or nothing. Throws gpuverbs::Error when the store fails.
     std::optional<PeerEvent> poll();
