@@ -213,14 +213,14 @@ int run(const Args& a) {
     if (a.form == "plan") {
         CALLGRIND_TOGGLE_COLLECT;
         for (int rep = 0; rep < a.repeat; ++rep) {
-            gv::TransferPlan p = gv::TransferPlan::make(gv::TransferDirection::write, local, remote, limits);
+            gv::TransferPlan p = gv::TransferPlan(gv::TransferDirection::write, local, remote, limits);
             if (p.requests().size() != a.blocks) std::abort();
         }
         CALLGRIND_TOGGLE_COLLECT;
         std::printf("plan: %zu blocks x %d\n", a.blocks, a.repeat);
         return 0;
     }
-    const gv::TransferPlan plan = gv::TransferPlan::make(gv::TransferDirection::write, local, remote, limits);
+    const gv::TransferPlan plan = gv::TransferPlan(gv::TransferDirection::write, local, remote, limits);
     std::vector<gv::TransferRail> spec;
     for (int r = 0; r < a.rails; ++r) {
         gv::TransferRail rail{&rails[r]->qp, {}, {}};

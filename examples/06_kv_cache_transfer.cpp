@@ -103,7 +103,7 @@ int run(const Args& a) {
     }
     std::vector<gpuverbs::RemoteBlock> theirs =
         gpuverbs::wire::parse_block_list(gpuverbs::receive_record(socket, 64 << 20));
-    auto plan = gpuverbs::TransferPlan::make(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
+    auto plan = gpuverbs::TransferPlan(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
     auto start = std::chrono::steady_clock::now();
     std::string failed;
     gpuverbs::async_transfer(

@@ -198,20 +198,24 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
 
 } // namespace detail
 
-TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,
-                                std::span<const RemoteBlock> remote, const TransferLimits& limits) {
-    return detail::or_throw(
-        [&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); });
+TransferPlan::TransferPlan(TransferDirection direction, std::span<const LocalBuffer> local,
+                           std::span<const RemoteBlock> remote, const TransferLimits& limits)
+    : TransferPlan(detail::or_throw(
+          [&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); })) {}
+
+TransferPlan TransferPlan::create(TransferDirection direction, std::span<const LocalBuffer> local,
+                                  std::span<const RemoteBlock> remote, const TransferLimits& limits,
+                                  std::error_code& ec) {
+    return detail::or_code(
+        ec, [&](detail::Status& s) { return detail::make_transfer_plan(direction, local, remote, limits, s); });
 }
 
-TransferPlan TransferPlan::make(TransferDirection direction, std::span<const LocalBuffer> local,
-                                std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec,
-                                Diagnostics& diagnostics) {
-    detail::Status status;
-    TransferPlan plan = detail::make_transfer_plan(direction, local, remote, limits, status);
-    status.report(diagnostics);
-    ec = status.code;
-    return plan;
+TransferPlan TransferPlan::create(TransferDirection direction, std::span<const LocalBuffer> local,
+                                  std::span<const RemoteBlock> remote, const TransferLimits& limits,
+                                  std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return detail::make_transfer_plan(direction, local, remote, limits, s);
+    });
 }
 
 WorkRequest TransferPlan::work_request(std::size_t i) const noexcept {

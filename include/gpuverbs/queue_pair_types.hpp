@@ -68,7 +68,7 @@ struct ConnectOptions {
     /// CmOptions' is: about 7 × the peer's min_rnr_timer (~18 ms with the
     /// defaults) of a peer not receiving is an error, not a silent stall.
     /// Post receives before the peer may send (docs/concepts.md).
-    std::uint8_t rnr_retry = 6;
+    std::uint8_t rnr_retry_count = 6;
     /// How long the peer waits before retrying a send we had no receive for,
     /// in the InfiniBand encoding (16 = 2.56 ms; the same default as CmOptions).
     std::uint8_t min_rnr_timer = 16;

@@ -21,7 +21,7 @@
 //  - GPU memory (get(GpuMemory)) is checked on every lookup by the buffer id
 //    the CUDA driver gives each allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID):
 //    a region of a freed buffer whose address came back in a new allocation
-//    is dropped (stats().stale) and the new buffer registered; regions of two
+//    is dropped (statistics().stale) and the new buffer registered; regions of two
 //    GPU allocations are never merged.
 #pragma once
 
@@ -41,14 +41,14 @@
 
 namespace gpuverbs {
 
-struct RegistrationCacheLimits {
+struct RegistrationCacheOptions {
     /// Regions the cache keeps at most.
     std::size_t max_regions = 1024;
     /// Bytes its regions pin at most.
     std::size_t max_bytes = std::size_t{4} << 30;
 };
 
-struct RegistrationCacheStats {
+struct RegistrationCacheStatistics {
     std::uint64_t hits = 0;
     std::uint64_t misses = 0;        ///< registrations made
     std::uint64_t evictions = 0;     ///< regions dropped for the limits
@@ -59,6 +59,10 @@ struct RegistrationCacheStats {
     std::size_t bytes_pinned = 0;    ///< bytes they cover
 };
 
+/// The names before 0.2 (options and statistics are named so everywhere).
+using RegistrationCacheLimits [[deprecated("use RegistrationCacheOptions")]] = RegistrationCacheOptions;
+using RegistrationCacheStats [[deprecated("use RegistrationCacheStatistics")]] = RegistrationCacheStatistics;
+
 namespace detail {
 
 /// The cache's bookkeeping over any handle type, without a device: which
@@ -67,7 +71,7 @@ namespace detail {
 template <class Handle>
 class RegistrationIndex {
 public:
-    explicit RegistrationIndex(RegistrationCacheLimits limits) : limits_(limits) {}
+    explicit RegistrationIndex(RegistrationCacheOptions limits) : limits_(limits) {}
 
     /// The handle covering [begin, end) with `access`, counted as a hit; else
     /// nothing. `owner`: the GPU buffer id of the memory now (0 for host
@@ -135,8 +139,8 @@ public:
         }
     }
 
-    [[nodiscard]] RegistrationCacheStats stats() const {
-        RegistrationCacheStats s = stats_;
+    [[nodiscard]] RegistrationCacheStatistics statistics() const {
+        RegistrationCacheStatistics s = stats_;
         s.regions = entries_.size();
         s.bytes_pinned = bytes_;
         return s;
@@ -170,11 +174,11 @@ private:
         return entries_.erase(it);
     }
 
-    RegistrationCacheLimits limits_;
+    RegistrationCacheOptions limits_;
     Map entries_;
     std::list<std::uint64_t> lru_; // most recent first
     std::size_t bytes_ = 0;
-    RegistrationCacheStats stats_;
+    RegistrationCacheStatistics stats_;
 };
 
 } // namespace detail
@@ -183,7 +187,7 @@ private:
 class RegistrationCache {
 public:
     /// Registers in `pd` (which must outlive the cache).
-    explicit RegistrationCache(const ProtectionDomain& pd, RegistrationCacheLimits limits = {})
+    explicit RegistrationCache(const ProtectionDomain& pd, RegistrationCacheOptions limits = {})
         : pd_(&pd), index_(limits) {}
 
     /// A region covering `memory` with at least `access`: cached, or registered now.
@@ -214,7 +218,7 @@ public:
         auto begin = reinterpret_cast<std::uint64_t>(address);
         index_.invalidate(begin, begin + length);
     }
-    [[nodiscard]] RegistrationCacheStats stats() const { return index_.stats(); }
+    [[nodiscard]] RegistrationCacheStatistics statistics() const { return index_.statistics(); }
 
 private:
     const ProtectionDomain* pd_;

@@ -4,7 +4,7 @@
 //
 //   std::vector<gpuverbs::LocalBuffer> mine = {pool.slice(7 * B, B), pool.slice(2 * B, B)};
 //   std::vector<gpuverbs::RemoteBlock> theirs = {{peer_pool, 40 * B, B}, {peer_pool, 41 * B, B}};
-//   auto plan = gpuverbs::TransferPlan::make(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
+//   auto plan = gpuverbs::TransferPlan(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
 //   gpuverbs::async_transfer(qp, plan, {.notify = request_id, .failed_blocks = &why}, [](auto ec, std::size_t bytes)
 //   {});
 //   // the peer: a receive completes with immediate == request_id once every block has landed
@@ -81,18 +81,22 @@ public:
         std::uint32_t last_remote = 0;  ///< the remote block where it ends
     };
 
+    /// An empty plan (nothing to move).
+    TransferPlan() = default;
     /// Checks and plans; throws gpuverbs::Error (errc::invalid_argument) naming the block.
-    static TransferPlan make(TransferDirection direction, std::span<const LocalBuffer> local,
-                             std::span<const RemoteBlock> remote, const TransferLimits& limits = {});
+    TransferPlan(TransferDirection direction, std::span<const LocalBuffer> local, std::span<const RemoteBlock> remote,
+                 const TransferLimits& limits = {});
     /// … limits from a queue pair's capabilities (max_send_sge).
-    static TransferPlan make(TransferDirection direction, std::span<const LocalBuffer> local,
-                             std::span<const RemoteBlock> remote, const QueuePairCapabilities& caps) {
-        return make(direction, local, remote, TransferLimits{caps.max_send_sge});
-    }
-    /// The error_code form: the words in `diagnostics`.
-    static TransferPlan make(TransferDirection direction, std::span<const LocalBuffer> local,
-                             std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec,
-                             Diagnostics& diagnostics);
+    TransferPlan(TransferDirection direction, std::span<const LocalBuffer> local, std::span<const RemoteBlock> remote,
+                 const QueuePairCapabilities& caps)
+        : TransferPlan(direction, local, remote, TransferLimits{caps.max_send_sge}) {}
+    /// The error_code form: an empty plan on failure.
+    static TransferPlan create(TransferDirection direction, std::span<const LocalBuffer> local,
+                               std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec);
+    /// … with the words the exception would carry kept in `diagnostics`.
+    static TransferPlan create(TransferDirection direction, std::span<const LocalBuffer> local,
+                               std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec,
+                               Diagnostics& diagnostics);
 
     [[nodiscard]] TransferDirection direction() const noexcept { return direction_; }
     [[nodiscard]] std::span<const Request> requests() const noexcept { return requests_; }

@@ -429,12 +429,12 @@ TEST_SUITE("the registration cache on a real GPU" * doctest::skip(!gpuverbs::tes
         MESSAGE("address " << detail_hex(address) << " reused: buffer id " << std::to_string(first_id) << " -> "
                            << std::to_string(again.buffer_id));
         // The cache's index, fed the real ids: the old entry is stale, dropped, and the lookup misses.
-        detail::RegistrationIndex<int> index(RegistrationCacheLimits{});
+        detail::RegistrationIndex<int> index(RegistrationCacheOptions{});
         index.insert(index.plan_miss(address, address + size, Access::local_write, first_id), 1);
         CHECK(index.find(address, address + size, Access::local_write, first_id) == 1); // before the free: a hit
         CHECK_FALSE(index.find(address, address + 4096, Access::local_write, again.buffer_id).has_value());
-        CHECK(index.stats().stale == 1);
-        CHECK(index.stats().regions == 0);
+        CHECK(index.statistics().stale == 1);
+        CHECK(index.statistics().regions == 0);
         // An interior view of the new buffer has the same id (the allocation's, not the range's).
         CHECK(GpuMemory::from_address(address + 12345, 100).buffer_id == again.buffer_id);
     }

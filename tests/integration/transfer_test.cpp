@@ -142,7 +142,7 @@ std::size_t move_blocks(TransferDirection direction, std::size_t blocks, std::si
             remote.push_back({p.b.mr.remote(), l.source[k], l.lengths[k]});
         }
     }
-    TransferPlan plan = TransferPlan::make(direction, local, remote, p.a.qp.capabilities());
+    TransferPlan plan = TransferPlan(direction, local, remote, p.a.qp.capabilities());
     CHECK(plan.bytes() == l.bytes);
     boost::system::error_code result;
     std::size_t moved = 0;
@@ -181,7 +181,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             Pair p(io.get_executor(), l.bytes * 2 + 4000);
             for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, batch);
             auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
-            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+            TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
             const std::uint64_t before = p.a.cq.async_statistics().work_completions;
             int calls = 0;
             boost::system::error_code result;
@@ -219,7 +219,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             local.push_back(mr0.slice(k * 100, 100));
             remote.push_back({mr1.remote(), (99 - k) * 300, 100});
         }
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, qa.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, qa.capabilities());
         int calls = 0;
         boost::system::error_code result;
         async_transfer(qa, plan, [&](boost::system::error_code ec, std::size_t) {
@@ -242,7 +242,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         Pair p(io.get_executor(), l.bytes * 2 + 12000 + std::size_t{300} * 64);
         for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 21);
         auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         int calls = 0;
         boost::system::error_code result;
         async_transfer(p.a.qp, plan, [&](boost::system::error_code ec, std::size_t) {
@@ -283,7 +283,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             immediate = r.immediate;
             bad_at_notification = wrong_bytes(l, p.b.memory, 5);
         });
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         int calls = 0;
         boost::system::error_code result;
         async_transfer(p.a.qp, plan, options_of(0xC0FFEEu, nullptr), [&](boost::system::error_code ec, std::size_t n) {
@@ -298,7 +298,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK(bad_at_notification == 0);
 
         // A read asks for no notification: refused, once, never inside the call.
-        TransferPlan read = TransferPlan::make(TransferDirection::read, local, remote, p.a.qp.capabilities());
+        TransferPlan read = TransferPlan(TransferDirection::read, local, remote, p.a.qp.capabilities());
         std::string why;
         calls = 0;
         async_transfer(p.a.qp, read, options_of(1u, &why), [&](boost::system::error_code ec, std::size_t) {
@@ -324,7 +324,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             local.push_back(p.a.mr.slice(k * 100, 100));
             remote.push_back({k == 23 ? wrong : p.b.mr.remote(), k * 200, 100});
         }
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         std::string failed;
         boost::system::error_code result;
         int calls = 0;
@@ -339,7 +339,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
 
         remote[17].offset = p.b.mr.remote().length - 50; // 100 bytes from 50 before the end
         try {
-            (void)TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+            (void)TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
             FAIL("a range outside the remote region was planned");
         } catch (const Error& e) {
             CHECK(e.code() == errc::remote_range_outside_region);
@@ -352,7 +352,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         Layout l = layout(5000, 200, 9);
         Pair p(io.get_executor(), l.bytes * 2 + 20000);
         auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         boost::system::error_code result;
         int calls = 0;
         async_transfer(p.a.qp, plan, [&](boost::system::error_code ec, std::size_t) {
@@ -377,7 +377,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         Pair p(io.get_executor(), l.bytes * 2 + 20000);
         auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
         for (std::size_t i = 0; i < l.bytes; ++i) p.a.memory[i] = pattern(i, 11);
-        TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
 
         auto live = async_transfer(p.a.qp, plan); // asio::deferred: nothing is posted yet
         std::optional<boost::system::error_code> live_result;
@@ -470,7 +470,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             Rails r(io.get_executor(), l.bytes * 2 + 8000);
             for (std::size_t i = 0; i < l.bytes; ++i) r.m0[i] = pattern(i, 31);
             auto [local, remote] = write_lists(l, r.rail0.mr0, r.rail0.mr1.remote());
-            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, TransferLimits{1});
+            TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
             std::optional<std::uint32_t> notified;
             r.rail0.qp1.async_receive(r.rail0.mr1.slice(0, 0), [&](boost::system::error_code ec, Received got) {
                 CHECK_FALSE(ec);
@@ -531,7 +531,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
                 local.push_back(r.rail0.mr0.slice(k * block, block));
                 remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
             }
-            TransferPlan plan = TransferPlan::make(TransferDirection::write, local, remote, TransferLimits{1});
+            TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
             std::vector<TransferRail> rails = r.spec();
             std::array<std::uint64_t, 2> per_rail{};
             std::string failed;
@@ -653,8 +653,8 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
         auto first = cache.get(memory.subspan(4096, 65536), rw);
         auto again = cache.get(memory.subspan(8192, 4096), Access::local_write);
         CHECK(first == again); // covered, with less access: the same registration
-        CHECK(cache.stats().hits == 1);
-        CHECK(cache.stats().misses == 1);
+        CHECK(cache.statistics().hits == 1);
+        CHECK(cache.statistics().misses == 1);
 
         // A write from memory registered through the cache.
         for (std::size_t i = 0; i < 4096; ++i) p.a.memory[8192 + i] = std::byte(i % 253);
@@ -668,7 +668,7 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
 
         // invalidate before the memory goes away: the next request registers again.
         cache.invalidate(memory.data() + 4096, 65536);
-        CHECK(cache.stats().invalidations == 1);
+        CHECK(cache.statistics().invalidations == 1);
         auto fresh = cache.get(memory.subspan(8192, 4096), Access::local_write);
         CHECK(fresh != again);
         first.reset();
@@ -687,10 +687,10 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
                                  reinterpret_cast<std::uintptr_t>(mr->address());
             auto covers = mr->slice(offset, length);
             REQUIRE(covers.in_region());
-            REQUIRE(cache.stats().regions <= 16);
+            REQUIRE(cache.statistics().regions <= 16);
             if (i % 50 == 49) most = std::max(most, test::registered_regions() - baseline);
         }
-        auto s = cache.stats();
+        auto s = cache.statistics();
         MESSAGE("10,000 requests: " << s.hits << " hits, " << s.misses << " misses, " << s.evictions << " evictions, "
                                     << s.merges << " merges; at most " << most << " regions registered at once; "
                                     << s.bytes_pinned << " bytes pinned at the end");

@@ -100,7 +100,7 @@ TEST_SUITE("queue pair transitions") {
     TEST_CASE("RTS takes our PSN and the retry settings, clamped to what verbs allows") {
         ConnectOptions o;
         o.retry_count = 99;
-        o.rnr_retry = 3;
+        o.rnr_retry_count = 3;
         o.timeout = 40;
         o.max_rd_atomic = 200;
         auto t = detail::rts_transition(0x1fffffff, roce_port(), o);
@@ -159,7 +159,7 @@ TEST_SUITE("queue pair transitions") {
 
         ConnectOptions o;
         o.retry_count = 99;
-        o.rnr_retry = 3;
+        o.rnr_retry_count = 3;
         o.max_rd_atomic = 4;
         o.max_dest_rd_atomic = 200;
         auto chosen = detail::cm_connect_parameters(p, o);

@@ -29,14 +29,14 @@ TEST_SUITE("registration cache") {
         CHECK(fetch(index, 1000, 2000, rw, next) == 1);
         CHECK(fetch(index, 1200, 1300, Access::local_write, next) == 1); // inside, less access
         CHECK(fetch(index, 1000, 2000, rw, next) == 1);
-        CHECK(index.stats().hits == 2);
-        CHECK(index.stats().misses == 1);
+        CHECK(index.statistics().hits == 2);
+        CHECK(index.statistics().misses == 1);
         // More access: a new registration over the same range, with both accesses; the old one leaves.
         CHECK(fetch(index, 1000, 1500, rw | Access::remote_read, next) == 2);
-        CHECK(index.stats().merges == 1);
+        CHECK(index.statistics().merges == 1);
         CHECK(fetch(index, 1900, 2000, Access::remote_read, next) == 2); // the union covers [1000, 2000)
-        CHECK(index.stats().regions == 1);
-        CHECK(index.stats().bytes_pinned == 1000);
+        CHECK(index.statistics().regions == 1);
+        CHECK(index.statistics().bytes_pinned == 1000);
     }
 
     TEST_CASE("a range overlapping several cached regions is registered as their union; neighbours stay apart") {
@@ -45,9 +45,9 @@ TEST_SUITE("registration cache") {
         fetch(index, 0, 100, rw, next);
         fetch(index, 200, 300, rw, next);
         fetch(index, 300, 400, rw, next); // touches [200, 300) but does not overlap it: separate
-        CHECK(index.stats().regions == 3);
+        CHECK(index.statistics().regions == 3);
         CHECK(fetch(index, 50, 250, rw, next) == 4); // overlaps the first two
-        auto s = index.stats();
+        auto s = index.statistics();
         CHECK(s.regions == 2);
         CHECK(s.merges == 2);
         CHECK(s.bytes_pinned == 300 + 100);
@@ -63,16 +63,16 @@ TEST_SUITE("registration cache") {
         CHECK(index.find(0x2000, 0x3000, rw, 7) == 1);
         // Freed; buffer 8 now lives at the same addresses: no hit, the old entry is dropped.
         CHECK_FALSE(index.find(0x2000, 0x3000, rw, 8).has_value());
-        CHECK(index.stats().stale == 1);
-        CHECK(index.stats().regions == 0);
+        CHECK(index.statistics().stale == 1);
+        CHECK(index.statistics().regions == 0);
         // Buffer 8 is registered for [0x1000, 0x5000); buffer 9 next to it is never merged with it.
         index.insert(index.plan_miss(0x1000, 0x5000, rw, 8), 2);
         auto miss = index.plan_miss(0x4000, 0x6000, rw, 9);
         CHECK(miss.begin == 0x4000); // not grown over buffer 8's entry
         CHECK(miss.end == 0x6000);
         index.insert(miss, 3); // buffer 8's overlapping entry is stale now (its range is buffer 9's)
-        CHECK(index.stats().stale == 2);
-        CHECK(index.stats().merges == 0);
+        CHECK(index.statistics().stale == 2);
+        CHECK(index.statistics().merges == 0);
         CHECK(index.find(0x4000, 0x6000, rw, 9) == 3);
         // Host memory (owner 0) and GPU memory never answer for each other.
         CHECK_FALSE(index.find(0x4000, 0x5000, rw, 0).has_value());
@@ -86,12 +86,12 @@ TEST_SUITE("registration cache") {
         fetch(index, 2000, 2100, rw, next); // 3
         fetch(index, 0, 100, rw, next);     // hit: 1 is now the most recent
         fetch(index, 3000, 3100, rw, next); // 4: evicts 2
-        CHECK(index.stats().evictions == 1);
+        CHECK(index.statistics().evictions == 1);
         CHECK(index.find(1000, 1100, rw) == std::nullopt);
         CHECK(index.find(0, 100, rw) == 1);
         // 900 bytes: evicts 3, then 4 (1 was used by the find above) to pin <= 1000
         fetch(index, 5000, 5900, rw, next);
-        auto s = index.stats();
+        auto s = index.statistics();
         CHECK(s.bytes_pinned == 1000);
         CHECK(s.regions == 2);
         CHECK(s.evictions == 3);
@@ -105,7 +105,7 @@ TEST_SUITE("registration cache") {
         int next = 1;
         fetch(index, 0, 50, rw, next);
         CHECK(fetch(index, 1000, 1500, rw, next) == 2);
-        CHECK(index.stats().regions == 1);
+        CHECK(index.statistics().regions == 1);
     }
 
     TEST_CASE("invalidate drops every region the range touches, and only those") {
@@ -115,7 +115,7 @@ TEST_SUITE("registration cache") {
         fetch(index, 200, 300, rw, next);
         fetch(index, 400, 500, rw, next);
         index.invalidate(50, 250);
-        auto s = index.stats();
+        auto s = index.statistics();
         CHECK(s.invalidations == 2);
         CHECK(s.regions == 1);
         CHECK(index.find(400, 500, rw) == 3);
@@ -142,12 +142,12 @@ TEST_SUITE("registration cache") {
             }
             CHECK(ranges[handle].first <= begin);
             CHECK(end <= ranges[handle].second);
-            auto s = index.stats();
+            auto s = index.statistics();
             REQUIRE(s.regions <= 32);
             // A single region may exceed the byte bound only when it is the only one cached.
             REQUIRE((s.bytes_pinned <= (1u << 20) || s.regions == 1));
         }
-        auto s = index.stats();
+        auto s = index.statistics();
         CHECK(s.hits + s.misses == 10000);
         MESSAGE("10,000 requests: " << s.hits << " hits, " << s.misses << " misses, " << s.evictions << " evictions, "
                                     << s.merges << " merges");

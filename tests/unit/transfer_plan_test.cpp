@@ -23,8 +23,21 @@ std::string refusal(TransferDirection d, const std::vector<LocalBuffer>& l, cons
                     std::error_code expected = errc::invalid_argument) {
     std::error_code ec;
     Diagnostics diagnostics;
-    (void)TransferPlan::make(d, l, r, TransferLimits{4}, ec, diagnostics);
+    (void)TransferPlan::create(d, l, r, TransferLimits{4}, ec, diagnostics);
     CHECK(ec == expected);
+    // The three forms agree: the plain error_code form gives the same code,
+    // the throwing form the same words.
+    std::error_code plain;
+    TransferPlan empty = TransferPlan::create(d, l, r, TransferLimits{4}, plain);
+    CHECK(plain == expected);
+    CHECK(empty.requests().empty());
+    try {
+        (void)TransferPlan(d, l, r, TransferLimits{4});
+        FAIL("the throwing form accepted what the error_code form refused");
+    } catch (const Error& e) {
+        CHECK(e.code() == expected);
+        CHECK(std::string(e.what()) == diagnostics.message());
+    }
     return diagnostics.message();
 }
 
@@ -33,7 +46,7 @@ std::string refusal(TransferDirection d, const std::vector<LocalBuffer>& l, cons
 TEST_SUITE("transfer plans") {
     TEST_CASE("one block to one block is one request with one piece") {
         auto plan =
-            TransferPlan::make(TransferDirection::write, std::vector{local(0, 4096)}, std::vector{remote(8192, 4096)});
+            TransferPlan(TransferDirection::write, std::vector{local(0, 4096)}, std::vector{remote(8192, 4096)});
         REQUIRE(plan.requests().size() == 1);
         CHECK(plan.requests()[0].remote == RemoteMemory{peer.address + 8192, 4096, 77});
         CHECK(plan.pieces().size() == 1);
@@ -44,7 +57,7 @@ TEST_SUITE("transfer plans") {
     TEST_CASE("neighbours coalesce: contiguous blocks of one region on both sides are one request, one piece") {
         std::vector l{local(0, 100), local(100, 200), local(300, 50)};
         std::vector r{remote(1000, 150), remote(1150, 200)};
-        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{1});
         REQUIRE(plan.requests().size() == 1);
         CHECK(plan.requests()[0].remote.length == 350);
         REQUIRE(plan.pieces().size() == 1);
@@ -55,7 +68,7 @@ TEST_SUITE("transfer plans") {
     TEST_CASE("scattered remote blocks each get a request; the local side is cut where they end") {
         std::vector l{local(0, 100), local(500, 300)};    // 400 bytes, two places
         std::vector r{remote(0, 250), remote(4096, 150)}; // 400 bytes, two places
-        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{4});
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{4});
         REQUIRE(plan.requests().size() == 2);
         CHECK(plan.requests()[0].remote.length == 250);
         CHECK(plan.requests()[0].piece_count == 2); // 100 from block 0, 150 from block 1
@@ -70,14 +83,14 @@ TEST_SUITE("transfer plans") {
     TEST_CASE("the scatter/gather limit and the message size cut requests") {
         // Five separate local pieces into one contiguous remote range, two pieces per request.
         std::vector l{local(0, 10), local(20, 10), local(40, 10), local(60, 10), local(80, 10)};
-        auto plan = TransferPlan::make(TransferDirection::write, l, std::vector{remote(0, 50)}, TransferLimits{2});
+        auto plan = TransferPlan(TransferDirection::write, l, std::vector{remote(0, 50)}, TransferLimits{2});
         REQUIRE(plan.requests().size() == 3);
         CHECK(plan.requests()[0].remote.length == 20);
         CHECK(plan.requests()[2].remote.length == 10);
         CHECK(plan.requests()[2].remote.address == peer.address + 40);
         // 10 KiB contiguous with 4 KiB messages.
-        auto cut = TransferPlan::make(TransferDirection::read, std::vector{local(0, 10240)},
-                                      std::vector{remote(0, 10240)}, TransferLimits{1, 4096});
+        auto cut = TransferPlan(TransferDirection::read, std::vector{local(0, 10240)}, std::vector{remote(0, 10240)},
+                                TransferLimits{1, 4096});
         REQUIRE(cut.requests().size() == 3);
         CHECK(cut.requests()[1].remote.address == peer.address + 4096);
         CHECK(cut.requests()[2].remote.length == 2048);
@@ -88,7 +101,7 @@ TEST_SUITE("transfer plans") {
         RemoteMemory other{peer.address + peer.length, 4096, 78}; // right after, another rkey
         std::vector l{local(0, 100), local(100, 100, 6)};         // right after, another lkey
         std::vector r{remote(peer.length - 100, 100), remote(0, 100, other)};
-        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{4});
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{4});
         REQUIRE(plan.requests().size() == 2);
         CHECK(plan.requests()[1].remote.rkey == 78);
         CHECK(plan.pieces()[1].lkey == 6);
@@ -118,7 +131,7 @@ TEST_SUITE("transfer plans") {
         std::vector r{remote(0, 10), remote(5, 10)};
         CHECK(refusal(TransferDirection::write, l, r).find("remote blocks 0 and 1 overlap") != std::string::npos);
         // Reading the same remote bytes twice is fine...
-        CHECK(TransferPlan::make(TransferDirection::read, l, r).requests().size() == 2);
+        CHECK(TransferPlan(TransferDirection::read, l, r).requests().size() == 2);
         // ... writing the same local bytes twice is not.
         std::vector twice{local(0, 10), local(5, 10)};
         CHECK(refusal(TransferDirection::read, twice, std::vector{remote(0, 10), remote(100, 10)})
@@ -137,8 +150,8 @@ TEST_SUITE("transfer plans") {
     TEST_CASE("blocks starting at the same byte overlap; a message cut on a block's end starts the next cleanly") {
         CHECK(refusal(TransferDirection::write, {local(0, 10), local(100, 20)}, {remote(64, 10), remote(64, 20)})
                   .find("remote blocks 0 and 1 overlap") != std::string::npos);
-        auto plan = TransferPlan::make(TransferDirection::write, std::vector{local(0, 8192)},
-                                       std::vector{remote(0, 4096), remote(4096, 4096)}, TransferLimits{1, 4096});
+        auto plan = TransferPlan(TransferDirection::write, std::vector{local(0, 8192)},
+                                 std::vector{remote(0, 4096), remote(4096, 4096)}, TransferLimits{1, 4096});
         REQUIRE(plan.requests().size() == 2);
         CHECK(plan.requests()[1].remote.address == peer.address + 4096);
         CHECK(plan.requests()[1].first_remote == 1);
@@ -158,7 +171,7 @@ TEST_SUITE("transfer plans") {
             (k % 2 == 0 ? low : high) += n;
             at += n;
         }
-        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{1});
         CHECK(plan.requests().size() == 10000); // alternating halves never coalesce remotely
         std::uint64_t sum = 0;
         std::uint64_t expected_local = base;
@@ -177,7 +190,7 @@ TEST_SUITE("transfer plans") {
             l.push_back(local(std::uint64_t{k} * 1000, 1000));
             r.push_back(remote(std::uint64_t{9 - k} * 2000, 1000));
         }
-        auto plan = TransferPlan::make(TransferDirection::write, l, r, TransferLimits{1});
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{1});
         REQUIRE(plan.requests().size() == 10);
         auto one = detail::stripe(plan, 1);
         CHECK(one.bounds == std::vector<std::uint32_t>{0, 10});
@@ -189,14 +202,14 @@ TEST_SUITE("transfer plans") {
         CHECK(three.bounds == std::vector<std::uint32_t>{0, 4, 7, 10});
         CHECK(three.bytes == std::vector<std::uint64_t>{4000, 3000, 3000});
         // More rails than requests: the last rails get nothing.
-        auto plan2 = TransferPlan::make(TransferDirection::write, std::vector{local(0, 10), local(100, 10)},
-                                        std::vector{remote(0, 10), remote(50, 10)}, TransferLimits{1});
+        auto plan2 = TransferPlan(TransferDirection::write, std::vector{local(0, 10), local(100, 10)},
+                                  std::vector{remote(0, 10), remote(50, 10)}, TransferLimits{1});
         auto four = detail::stripe(plan2, 4);
         CHECK(four.bounds == std::vector<std::uint32_t>{0, 1, 2, 2, 2});
         CHECK(four.bytes == std::vector<std::uint64_t>{10, 10, 0, 0});
         // One large request is never split: bound it with max_message to stripe it.
-        auto big = TransferPlan::make(TransferDirection::write, std::vector{local(0, 1 << 19)},
-                                      std::vector{remote(0, 1 << 19)}, TransferLimits{1, 1 << 17});
+        auto big = TransferPlan(TransferDirection::write, std::vector{local(0, 1 << 19)},
+                                std::vector{remote(0, 1 << 19)}, TransferLimits{1, 1 << 17});
         CHECK(big.requests().size() == 4);
         CHECK(detail::stripe(big, 2).bytes == std::vector<std::uint64_t>{1 << 18, 1 << 18});
     }
