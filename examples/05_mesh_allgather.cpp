@@ -13,7 +13,7 @@
 
 #include <gpuverbs/gpuverbs.hpp>
 #if GPUVERBS_EXAMPLE_HAVE_MPI
-#include <gpuverbs/rendezvous/mpi.hpp>
+#include <gpuverbs/many_peers/rendezvous/mpi.hpp>
 #endif
 
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "gpuverbs/completion.hpp"
+#include "gpuverbs/verbs/completion.hpp"
 
 #include <string>
 

@@ -1,6 +1,7 @@
-#include "gpuverbs/completion_queue.hpp"
+#include "gpuverbs/verbs/completion_queue.hpp"
+#include "gpuverbs/detail/access.hpp"
 
-#include "gpuverbs/detail/async_driver.hpp"
+#include "gpuverbs/detail/async/async_driver.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,6 +1,7 @@
-#include "gpuverbs/datagram.hpp"
+#include "gpuverbs/verbs/datagram.hpp"
+#include "gpuverbs/detail/access.hpp"
 
-#include "gpuverbs/detail/qp_factory.hpp"
+#include "gpuverbs/detail/verbs/qp_factory.hpp"
 
 #include <cerrno>
 

@@ -1,7 +1,7 @@
-#include "gpuverbs/device.hpp"
+#include "gpuverbs/verbs/device.hpp"
 
-#include "gpuverbs/detail/device_core.hpp"
-#include "gpuverbs/detail/rdma_presence.hpp"
+#include "gpuverbs/detail/verbs/device_core.hpp"
+#include "gpuverbs/detail/verbs/rdma_presence.hpp"
 
 #include <endian.h>
 

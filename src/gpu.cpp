@@ -1,4 +1,4 @@
-#include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu/gpu.hpp"
 
 #include "cuda/driver_api.hpp"
 

@@ -1,4 +1,4 @@
-#include "gpuverbs/gpu_buffer.hpp"
+#include "gpuverbs/gpu/gpu_buffer.hpp"
 
 #include "cuda/driver_api.hpp"
 #include "text.hpp"

@@ -1,4 +1,5 @@
-#include "gpuverbs/memory_region.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+#include "gpuverbs/detail/access.hpp"
 
 #include <cerrno>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // Mesh: one RC queue pair per peer, agreed through a rendezvous (mesh.hpp).
-#include "gpuverbs/mesh.hpp"
+#include "gpuverbs/many_peers/mesh.hpp"
 
 #include "gpuverbs/error.hpp"
 

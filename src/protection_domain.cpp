@@ -1,4 +1,6 @@
-#include "gpuverbs/protection_domain.hpp"
+#include "gpuverbs/verbs/protection_domain.hpp"
+#include "gpuverbs/detail/access.hpp"
+#include "gpuverbs/detail/verbs/device_core.hpp"
 
 #include <cerrno>
 

@@ -1,7 +1,9 @@
-#include "gpuverbs/detail/qp_factory.hpp"
+#include "gpuverbs/detail/verbs/qp_factory.hpp"
+#include "gpuverbs/detail/access.hpp"
+#include "gpuverbs/detail/verbs/device_core.hpp"
 
-#include "gpuverbs/queue_pair.hpp"
-#include "gpuverbs/shared_receive_queue.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
+#include "gpuverbs/verbs/shared_receive_queue.hpp"
 
 #include <cerrno>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "gpuverbs/detail/qp_transitions.hpp"
+#include "gpuverbs/detail/verbs/qp_transitions.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,8 +1,9 @@
-#include "gpuverbs/queue_pair.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
+#include "gpuverbs/detail/access.hpp"
 
-#include "gpuverbs/detail/async_driver.hpp"
-#include "gpuverbs/detail/qp_factory.hpp"
-#include "gpuverbs/shared_receive_queue.hpp"
+#include "gpuverbs/detail/async/async_driver.hpp"
+#include "gpuverbs/detail/verbs/qp_factory.hpp"
+#include "gpuverbs/verbs/shared_receive_queue.hpp"
 
 #include <cerrno>
 

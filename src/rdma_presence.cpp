@@ -1,4 +1,4 @@
-#include "gpuverbs/detail/rdma_presence.hpp"
+#include "gpuverbs/detail/verbs/rdma_presence.hpp"
 
 #include <filesystem>
 #include <system_error>

@@ -1,7 +1,7 @@
 // RegistrationCache::get for GPU memory (registration_cache.hpp): the buffer
 // id the driver gives each allocation keeps a reused address from being
 // served a freed buffer's registration.
-#include "gpuverbs/registration_cache.hpp"
+#include "gpuverbs/transfers/registration_cache.hpp"
 
 namespace gpuverbs {
 

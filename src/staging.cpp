@@ -1,8 +1,8 @@
 // The staged path (staging.hpp): pinned host buffers, a chunked copy pipeline
 // on one CUDA stream, and a writer that overlaps copies with RDMA writes.
-#include "gpuverbs/staging.hpp"
+#include "gpuverbs/transfers/staging.hpp"
 
-#include "gpuverbs/gpu_direct.hpp"
+#include "gpuverbs/gpu/gpu_direct.hpp"
 
 #include "cuda/driver_api.hpp"
 #include "text.hpp"

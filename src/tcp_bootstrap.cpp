@@ -1,4 +1,4 @@
-#include "gpuverbs/tcp_bootstrap.hpp"
+#include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include <poll.h>
 

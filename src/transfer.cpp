@@ -1,8 +1,9 @@
 // TransferPlan (transfer.hpp): check two block lists, coalesce neighbours,
 // cut into work requests.
-#include "gpuverbs/transfer.hpp"
+#include "gpuverbs/transfers/transfer.hpp"
+#include "gpuverbs/detail/access.hpp"
 
-#include "gpuverbs/detail/posting_path.hpp"
+#include "gpuverbs/detail/data_path/posting_path.hpp"
 
 #include "text.hpp"
 

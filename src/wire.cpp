@@ -1,4 +1,4 @@
-#include "gpuverbs/wire.hpp"
+#include "gpuverbs/connections/wire.hpp"
 
 #include <algorithm>
 #include <cstring>

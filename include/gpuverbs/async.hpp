@@ -1,7 +1,7 @@
 // gpuverbs' asynchronous operations: include this header to use
 // QueuePair's async_* (it brings the engine; queue_pair.hpp alone compiles
 // none of it). The vocabulary is in async_types.hpp, the token machinery in
-// detail/async_token.hpp. Every async_* of the library follows one recipe
+// detail/async/async_token.hpp. Every async_* of the library follows one recipe
 // (docs/concepts.md, "One recipe for every asynchronous operation"); here are
 // the rules, stated once for every QueuePair::async_* operation:
 //
@@ -41,8 +41,8 @@
 #pragma once
 
 #include "gpuverbs/async_types.hpp"
-#include "gpuverbs/detail/async_token.hpp"
+#include "gpuverbs/detail/async/async_token.hpp"
 
 // The asynchronous forms of QueuePair (data_path.hpp declares them; a program
 // that includes only queue_pair.hpp compiles none of the engine).
-#include "gpuverbs/detail/async_forms.hpp"
+#include "gpuverbs/detail/async/async_forms.hpp"

@@ -1,12 +1,12 @@
 // The asynchronous engine's I/O: the lock, the verbs calls, the completion
 // channel's fd and the dispatch of handlers. Every bookkeeping decision is
-// AsyncFsm's (include/gpuverbs/detail/async_fsm.hpp).
-#include "gpuverbs/detail/async_driver.hpp"
+// AsyncFsm's (include/gpuverbs/detail/async/async_fsm.hpp).
+#include "gpuverbs/detail/async/async_driver.hpp"
 
-#include "gpuverbs/detail/async_op.hpp"
-#include "gpuverbs/detail/completion_path.hpp"
-#include "gpuverbs/detail/posting_path.hpp"
-#include "gpuverbs/detail/transfer_stream.hpp"
+#include "gpuverbs/detail/async/async_op.hpp"
+#include "gpuverbs/detail/data_path/completion_path.hpp"
+#include "gpuverbs/detail/data_path/posting_path.hpp"
+#include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
 #include <boost/asio/post.hpp>
 

@@ -1,9 +1,9 @@
-// RailStream (detail/transfer_stream.hpp): one rail of a block-list transfer
+// RailStream (detail/transfers/transfer_stream.hpp): one rail of a block-list transfer
 // as the async driver runs it — chains posted, completions attributed,
 // refills. Beside the driver: every build of the driver links it.
-#include "gpuverbs/detail/transfer_stream.hpp"
+#include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
-#include "gpuverbs/transfer.hpp"
+#include "gpuverbs/transfers/transfer.hpp"
 
 #include "text.hpp"
 

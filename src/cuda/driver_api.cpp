@@ -1,6 +1,6 @@
 #include "cuda/driver_api.hpp"
 
-#include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu/gpu.hpp"
 
 #include <dlfcn.h>
 

@@ -1,9 +1,9 @@
 // diagnose(): the checklist. System-wide checks, then each GPU, each RDMA
 // device and port, each GPU's nearest NIC, and the conclusions.
-#include "gpuverbs/detail/gpu_registration.hpp"
-#include "gpuverbs/detail/pcie_topology.hpp"
-#include "gpuverbs/detail/rdma_presence.hpp"
-#include "gpuverbs/device.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
+#include "gpuverbs/detail/gpu/pcie_topology.hpp"
+#include "gpuverbs/detail/verbs/rdma_presence.hpp"
+#include "gpuverbs/verbs/device.hpp"
 
 #include "gpu_direct/probes.hpp"
 

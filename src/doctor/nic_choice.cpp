@@ -1,8 +1,8 @@
 // choose_nic: the RDMA devices for a GPU, nearest first, from the PCIe tree
 // the doctor reads (doctor.hpp).
-#include "gpuverbs/detail/pcie_topology.hpp"
-#include "gpuverbs/doctor.hpp"
+#include "gpuverbs/detail/gpu/pcie_topology.hpp"
 #include "gpuverbs/error.hpp"
+#include "gpuverbs/gpu/doctor.hpp"
 
 #include <algorithm>
 #include <filesystem>

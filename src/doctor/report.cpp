@@ -1,5 +1,5 @@
 // The doctor's report as text for people and as JSON for programs.
-#include "gpuverbs/doctor.hpp"
+#include "gpuverbs/gpu/doctor.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // The PCIe tree from sysfs: chains, distance classes, ACS, IOMMU groups.
-#include "gpuverbs/detail/pcie_topology.hpp"
+#include "gpuverbs/detail/gpu/pcie_topology.hpp"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,4 +1,5 @@
-#include "gpuverbs/device_events.hpp"
+#include "gpuverbs/verbs/device_events.hpp"
+#include "gpuverbs/detail/verbs/device_core.hpp"
 
 #include "event_reader.hpp"
 #include "gpuverbs/detail/access.hpp"

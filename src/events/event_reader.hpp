@@ -7,7 +7,7 @@
 // can come (exhausted()).
 #pragma once
 
-#include "gpuverbs/detail/event_wait.hpp"
+#include "gpuverbs/detail/async/event_wait.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // The pure half of GPU registration: the decision, the policy, the texts and
 // the arithmetic. No I/O here; tests/unit/gpu_direct_test.cpp covers it all.
-#include "gpuverbs/detail/gpu_registration.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
 #include <algorithm>
 #include <cerrno>

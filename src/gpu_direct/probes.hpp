@@ -1,7 +1,7 @@
 // Private to src/gpu_direct: the probes' shared pieces.
 #pragma once
 
-#include "gpuverbs/detail/gpu_registration.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
 #include <infiniband/verbs.h>
 

@@ -3,7 +3,7 @@
 // (CmEventReader, the shared reader of src/events). Private to src/rdma_cm.
 #pragma once
 
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 
 #include "../events/event_reader.hpp"
 

@@ -3,7 +3,7 @@
 // client's side of it, cm_resolve.
 #include "cm_state.hpp"
 
-#include "gpuverbs/detail/qp_factory.hpp"
+#include "gpuverbs/detail/verbs/qp_factory.hpp"
 
 #if GPUVERBS_HAVE_RDMACM
 

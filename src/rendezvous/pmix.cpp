@@ -1,5 +1,5 @@
 // PmixRendezvous (rendezvous/pmix.hpp): PMIx_Put/Commit/Fence/Get.
-#include "gpuverbs/rendezvous/pmix.hpp"
+#include "gpuverbs/many_peers/rendezvous/pmix.hpp"
 #include "gpuverbs/config.hpp"
 
 #include "gpuverbs/error.hpp"

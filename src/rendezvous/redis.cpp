@@ -1,8 +1,8 @@
 // RedisRendezvous and PeerWatch (rendezvous/redis.hpp) over hiredis.
-#include "gpuverbs/rendezvous/redis.hpp"
+#include "gpuverbs/many_peers/rendezvous/redis.hpp"
 #include "gpuverbs/config.hpp"
 
-#include "gpuverbs/wire.hpp"
+#include "gpuverbs/connections/wire.hpp"
 
 #include <algorithm>
 #include <condition_variable>

@@ -7,7 +7,7 @@
 // failures, 64 for bad arguments, 70 when the doctor itself fails (a bug, no memory).
 #include "command_line.hpp"
 
-#include <gpuverbs/doctor.hpp>
+#include <gpuverbs/gpu/doctor.hpp>
 
 #include <unistd.h>
 

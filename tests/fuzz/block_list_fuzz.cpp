@@ -7,7 +7,7 @@
 //    through the serializer (which lists each region once);
 //  - the size is checked against the counts before anything is allocated
 //    (-malloc_limit_mb catches an allocation sized from a peer's count).
-#include "gpuverbs/wire.hpp"
+#include "gpuverbs/connections/wire.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -8,7 +8,7 @@
 //    found, and none is found for the record's own rank;
 //  - the size is checked against the counts before anything is allocated
 //    (-malloc_limit_mb catches an allocation sized from a peer's count).
-#include "gpuverbs/wire.hpp"
+#include "gpuverbs/connections/wire.hpp"
 
 #include <algorithm>
 #include <cstddef>

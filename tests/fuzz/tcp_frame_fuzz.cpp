@@ -1,6 +1,6 @@
 // libFuzzer target: the TCP bootstrap's framing, as a peer's bytes reach it
 // through a real connected socket (src/tcp_bootstrap.cpp: exchange_impl,
-// read_frame; include/gpuverbs/tcp_bootstrap.hpp: ExchangeHandshakeOp).
+// read_frame; include/gpuverbs/connections/tcp_bootstrap.hpp: ExchangeHandshakeOp).
 //
 // The input is everything the peer sends before it closes its side: a 4-byte
 // big-endian length, then (perhaps) the record. Each input is run through
@@ -32,7 +32,7 @@
 // behave the same, and a socketpair needs no port or listener per input.
 #include "wire_model.hpp"
 
-#include "gpuverbs/tcp_bootstrap.hpp"
+#include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -7,8 +7,8 @@
 // back byte for byte from serialize().
 #pragma once
 
+#include "gpuverbs/connections/wire.hpp"
 #include "gpuverbs/error.hpp"
-#include "gpuverbs/wire.hpp"
 
 #include <algorithm>
 #include <cstdarg>

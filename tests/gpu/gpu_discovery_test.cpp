@@ -1,5 +1,5 @@
 // GPU discovery on a real GPU (the device machine); skipped without one.
-#include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu/gpu.hpp"
 
 #include "gpu_available.hpp"
 

@@ -3,10 +3,10 @@
 // cudaMalloc memory, real dma-buf export of whole, interior and VMM ranges,
 // the GPU probes, byte-exact copies, no leaks, and register_gpu_memory's
 // reasons on a machine with a GPU but no RDMA device.
-#include "gpuverbs/detail/gpu_registration.hpp"
-#include "gpuverbs/device.hpp"
-#include "gpuverbs/registration_cache.hpp"
-#include "gpuverbs/staging.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
+#include "gpuverbs/transfers/registration_cache.hpp"
+#include "gpuverbs/transfers/staging.hpp"
+#include "gpuverbs/verbs/device.hpp"
 
 #include "gpu_available.hpp"
 
@@ -361,7 +361,7 @@ TEST_SUITE("GPU memory on a real GPU" * doctest::skip(!gpuverbs::test::gpu_avail
 
 // gpuverbs-doctor's live run on the GPU machine: the GPU and its attributes
 // found, the open kernel module recognised, and no RDMA device named as such.
-#include "gpuverbs/doctor.hpp"
+#include "gpuverbs/gpu/doctor.hpp"
 
 TEST_SUITE("gpuverbs-doctor on a real GPU" * doctest::skip(!gpuverbs::test::gpu_available())) {
     TEST_CASE("the doctor sees the GPU, the open module, DMA-BUF on the GPU side, and no RDMA device") {

@@ -2,7 +2,7 @@
 // and 64 KiB of registered memory on the device the connection manager chose.
 #pragma once
 
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 
 #include <vector>
 

@@ -5,7 +5,7 @@
 #include "child_process.hpp"
 #include "cm_end.hpp"
 #include "connected_pair.hpp"
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 
 #include <doctest/doctest.h>
 

@@ -4,7 +4,7 @@
 #include "cm_end.hpp"
 #include "connected_pair.hpp"
 #include "gpuverbs/async.hpp"
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // Unreliable datagrams between rxe0 and rxe1.
-#include "gpuverbs/datagram.hpp"
+#include "gpuverbs/verbs/datagram.hpp"
 #include "connected_pair.hpp"
 
 #include <doctest/doctest.h>

@@ -1,5 +1,5 @@
 // Device against the rig's two real RDMA devices (rxe0/rxe1 on Soft-RoCE).
-#include "gpuverbs/device.hpp"
+#include "gpuverbs/verbs/device.hpp"
 
 #include "rig.hpp"
 

@@ -5,7 +5,7 @@
 // exported fd is closed, and the region it gives carries real RDMA writes.
 #include "connected_pair.hpp"
 
-#include "gpuverbs/detail/gpu_registration.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
 #include <doctest/doctest.h>
 
@@ -269,7 +269,7 @@ TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!gpuverbs::test::rig_
 
 // gpuverbs-doctor's live run on Soft-RoCE: the rxe devices are found, their
 // ports and GIDs checked, and the real dma-buf probe answers EOPNOTSUPP.
-#include "gpuverbs/doctor.hpp"
+#include "gpuverbs/gpu/doctor.hpp"
 
 TEST_SUITE("gpuverbs-doctor on Soft-RoCE" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("the doctor finds the rxe devices, their active ports and RoCE v2 GIDs, and DMA-BUF unsupported") {

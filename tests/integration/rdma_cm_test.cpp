@@ -1,6 +1,6 @@
 // librdmacm on the rig: the connection manager resolves addresses and routes
 // and hands back connected queue pairs.
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 #include "connected_pair.hpp"
 
 #include <doctest/doctest.h>

@@ -1,7 +1,7 @@
 // Whether GPU tests can run here, decided once, with the reason when not.
 #pragma once
 
-#include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu/gpu.hpp"
 
 #include <string>
 

@@ -1,5 +1,5 @@
 // The asynchronous TCP bootstrap over real loopback sockets, as coroutines.
-#include "gpuverbs/tcp_bootstrap.hpp"
+#include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include <doctest/doctest.h>
 

@@ -2,7 +2,7 @@
 // device (as Boost.Redis tests its exec_fsm): ordering under back-pressure,
 // retry when slots free, cancellation of waiting and posted operations, abort
 // of a queue pair's operations and of everything at shutdown.
-#include "gpuverbs/detail/async_fsm.hpp"
+#include "gpuverbs/detail/async/async_fsm.hpp"
 
 #include <doctest/doctest.h>
 

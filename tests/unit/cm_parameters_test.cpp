@@ -1,7 +1,7 @@
 // What an rdma_cm connection asks for and agrees on: the pure rules, with
 // injected device limits and peer requests (the rig's tests run the same code
 // against rdmacm-utils and read the agreed values back from the queue pairs).
-#include "gpuverbs/rdma_cm.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
 
 #include <doctest/doctest.h>
 

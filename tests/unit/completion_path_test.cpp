@@ -2,8 +2,8 @@
 // codes, the CQ's registry that a wr_id leads into (index and generation, so
 // a destroyed QP's completions are recognised), and turning an ibv_wc into a
 // Completion.
-#include "gpuverbs/detail/completion_path.hpp"
-#include "gpuverbs/detail/queue_cores.hpp"
+#include "gpuverbs/detail/data_path/completion_path.hpp"
+#include "gpuverbs/detail/verbs/queue_cores.hpp"
 
 #include <thread>
 

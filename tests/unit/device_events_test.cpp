@@ -2,7 +2,7 @@
 // and element each ibv_event_type becomes, how the object is named, and what
 // describe() tells the user. The same translation runs on real events in
 // tests/integration/fault_test.cpp (port, SRQ limit, device removal).
-#include "gpuverbs/device_events.hpp"
+#include "gpuverbs/verbs/device_events.hpp"
 
 #include <doctest/doctest.h>
 

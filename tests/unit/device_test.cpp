@@ -1,7 +1,7 @@
 // Device logic that needs no RDMA device: conversions, formatting, the empty
 // handle, and what opening a device says on a machine without the one asked for.
-#include "gpuverbs/device.hpp"
-#include "gpuverbs/detail/rdma_presence.hpp"
+#include "gpuverbs/verbs/device.hpp"
+#include "gpuverbs/detail/verbs/rdma_presence.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,8 +1,8 @@
 // gpuverbs-doctor on fixture trees modelled on real machines (tests/data/topology),
 // the pure topology pieces, the JSON, the command itself, and a live run on
 // this machine, where every check must say why.
-#include "gpuverbs/doctor.hpp"
-#include "gpuverbs/detail/pcie_topology.hpp"
+#include "gpuverbs/gpu/doctor.hpp"
+#include "gpuverbs/detail/gpu/pcie_topology.hpp"
 #include "gpuverbs/error.hpp"
 
 #include "sysfs_fixture.hpp"

@@ -1,4 +1,4 @@
-#include "gpuverbs/gid.hpp"
+#include "gpuverbs/verbs/gid.hpp"
 
 #include <doctest/doctest.h>
 

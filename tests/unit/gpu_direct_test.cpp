@@ -2,7 +2,7 @@
 // probe answers and policies, the policy override, the error texts, the
 // dma-buf range and iova arithmetic, the NIC probe's reading of errno, the
 // peermem probe on fixture sysfs trees, and what GPU calls say without a GPU.
-#include "gpuverbs/detail/gpu_registration.hpp"
+#include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
 #include "scratch_dir.hpp"
 

@@ -1,6 +1,6 @@
 // GPU discovery on whatever this machine has: with no driver (CI) it must fail
 // with a reason naming libcuda; with a GPU it must list it.
-#include "gpuverbs/gpu.hpp"
+#include "gpuverbs/gpu/gpu.hpp"
 
 #include <doctest/doctest.h>
 

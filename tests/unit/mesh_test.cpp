@@ -1,9 +1,9 @@
 // The decisions of the many-peers layer that need no device or store: whether
 // a peer's record can connect us, what the rendezvous backends refuse before
 // they touch the network, and a store that is not there.
-#include "gpuverbs/mesh.hpp"
-#include "gpuverbs/rendezvous/pmix.hpp"
-#include "gpuverbs/rendezvous/redis.hpp"
+#include "gpuverbs/many_peers/mesh.hpp"
+#include "gpuverbs/many_peers/rendezvous/pmix.hpp"
+#include "gpuverbs/many_peers/rendezvous/redis.hpp"
 
 #include <doctest/doctest.h>
 

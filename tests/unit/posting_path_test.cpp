@@ -1,8 +1,8 @@
 // The posting path's one lowering (WorkRequest -> ibv_send_wr), without a
 // device: every bad input is refused with its own error and nothing would be
 // posted. Every form (post, SendBatch, async_post) goes through lower().
-#include "gpuverbs/detail/posting_path.hpp"
-#include "gpuverbs/queue_pair.hpp"
+#include "gpuverbs/detail/data_path/posting_path.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // The attributes of INIT, RTR and RTS, computed without a device.
-#include "gpuverbs/detail/qp_transitions.hpp"
+#include "gpuverbs/detail/verbs/qp_transitions.hpp"
 
 #include <doctest/doctest.h>
 

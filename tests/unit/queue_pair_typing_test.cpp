@@ -1,5 +1,5 @@
 // The set-up sequence is enforced by types: what cannot be done does not compile.
-#include "gpuverbs/queue_pair.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // The "why no RDMA device" sentence, on fixture sysfs trees.
-#include "gpuverbs/detail/rdma_presence.hpp"
+#include "gpuverbs/detail/verbs/rdma_presence.hpp"
 
 #include "scratch_dir.hpp"
 

@@ -2,7 +2,7 @@
 // grow over what they overlap, least-recently-used eviction within both
 // limits, invalidation. Handles are plain numbers here; the rig test runs the
 // same index with real MemoryRegions.
-#include "gpuverbs/registration_cache.hpp"
+#include "gpuverbs/transfers/registration_cache.hpp"
 
 #include <doctest/doctest.h>
 

@@ -3,9 +3,9 @@
 // none of Asio and none of the asynchronous engine. The async_* forms need
 // <gpuverbs/async.hpp> (data_path.hpp says so; the static_assert there names
 // it). This file fails to compile if either comes back through an include.
-#include "gpuverbs/completion_queue.hpp"
-#include "gpuverbs/queue_pair.hpp"
-#include "gpuverbs/send_batch.hpp"
+#include "gpuverbs/data_path/send_batch.hpp"
+#include "gpuverbs/verbs/completion_queue.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
 
 #if defined(BOOST_ASIO_DETAIL_CONFIG_HPP)
 #error "the synchronous data path headers include Asio"

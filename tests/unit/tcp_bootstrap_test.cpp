@@ -1,6 +1,6 @@
 // The TCP bootstrap over real loopback sockets: a good exchange, and every
 // way a peer can send something wrong or nothing at all.
-#include "gpuverbs/tcp_bootstrap.hpp"
+#include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // TransferPlan without a device: the checks on two block lists, how
 // neighbours coalesce, and how the result is cut to the scatter/gather and
 // message limits.
-#include "gpuverbs/transfer.hpp"
+#include "gpuverbs/transfers/transfer.hpp"
 
 #include <doctest/doctest.h>
 

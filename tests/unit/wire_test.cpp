@@ -1,5 +1,5 @@
 // The serialized forms: exact layouts, round trips, and every kind of bad record.
-#include "gpuverbs/wire.hpp"
+#include "gpuverbs/connections/wire.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // The slot ring behind every work queue: contexts survive, selective
 // signaling retires the unsignaled requests before a signaled one.
-#include "gpuverbs/detail/work_queue_state.hpp"
+#include "gpuverbs/detail/verbs/work_queue_state.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,0 +1,284 @@
+// Out-of-band connection set-up over TCP with Boost.Asio: each side sends a
+// Handshake (its Endpoint and the RemoteMemory it offers) and receives the
+// peer's, framed as a 4-byte big-endian length and the wire.hpp record.
+//
+//   // server                                   // client
+//   gpuverbs::TcpListener listener(io, 18515);  auto s = gpuverbs::tcp_connect(io, "10.0.0.2", 18515);
+//   auto s = listener.accept();                 auto peer = gpuverbs::exchange_handshake(s, ours);
+//   auto peer = gpuverbs::exchange_handshake(s, ours);
+//
+// A truncated, oversized, wrong-version or garbage record fails with
+// errc::malformed_record / errc::unsupported_version before anything touches a
+// queue pair; a peer that closes early gives errc::peer_closed, one that goes
+// silent std::errc::timed_out. The blocking and asynchronous forms check a
+// frame with the same functions (detail::frame_length, wire's parsers), so
+// they refuse the same bytes with the same code and words.
+#pragma once
+
+#include "gpuverbs/connections/wire.hpp"
+#include "gpuverbs/error.hpp"
+
+#include "gpuverbs/detail/async/async_token.hpp"
+
+#include <boost/asio/compose.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace gpuverbs {
+
+/// How long a bootstrap step may take by default.
+inline constexpr std::chrono::milliseconds default_bootstrap_timeout{30000};
+
+/// A TCP listener for bootstrap connections.
+class TcpListener {
+public:
+    /// Listens on `address`:`port` (port 0: any free port; see port()).
+    explicit TcpListener(boost::asio::io_context& io, std::uint16_t port = 0, const std::string& address = "0.0.0.0");
+    explicit TcpListener(const boost::asio::any_io_executor& executor, std::uint16_t port = 0,
+                         const std::string& address = "0.0.0.0");
+
+    [[nodiscard]] std::uint16_t port() const;
+    /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
+    boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout = default_bootstrap_timeout);
+    /// Accepts one connection asynchronously: Asio's acceptor operation, so
+    /// the listener must outlive it and not be moved while it is outstanding
+    /// (as an Asio acceptor). Signature: void(async_error_code, boost::asio::ip::tcp::socket).
+    template <boost::asio::completion_token_for<void(async_error_code, boost::asio::ip::tcp::socket)> Token =
+                  default_token_t<boost::asio::any_io_executor>>
+    auto async_accept(Token&& token = Token()) {
+        return acceptor_.async_accept(std::forward<Token>(token));
+    }
+
+    [[nodiscard]] boost::asio::ip::tcp::acceptor& native_handle() noexcept { return acceptor_; }
+
+private:
+    boost::asio::any_io_executor executor_;
+    boost::asio::ip::tcp::acceptor acceptor_;
+};
+
+/// Connects to host:port, retrying while the listener is not up yet, for at
+/// most `timeout`.
+boost::asio::ip::tcp::socket tcp_connect(boost::asio::io_context& io, const std::string& host, std::uint16_t port,
+                                         std::chrono::milliseconds timeout = default_bootstrap_timeout);
+
+/// Sends `ours` and receives the peer's handshake on a connected socket.
+Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
+                             std::chrono::milliseconds timeout = default_bootstrap_timeout);
+Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
+                             std::chrono::milliseconds timeout, std::error_code& ec);
+
+/// Sends one framed record (any wire.hpp record after the handshake, e.g. a
+/// block list) and receives one of at most `max_size` bytes: the same frame,
+/// checks and words as the handshake's. Throw gpuverbs::Error.
+void send_record(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> record,
+                 std::chrono::milliseconds timeout = default_bootstrap_timeout);
+std::vector<std::byte> receive_record(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout = default_bootstrap_timeout);
+
+namespace detail {
+
+/// A record as it goes on the wire: 4-byte big-endian length, then the payload.
+std::vector<std::byte> frame_record(std::span<const std::byte> payload);
+
+/// The length a frame's 4-byte big-endian `header` announces, when it is at
+/// most `max_size`. Otherwise nothing, and `status` fails with
+/// errc::malformed_record in words naming the length and the limit: the one
+/// check of a peer's length, before anything is allocated for it, for the
+/// blocking (read_frame) and the asynchronous (ExchangeHandshakeOp) exchange.
+std::optional<std::uint32_t> frame_length(std::span<const std::byte, 4> header, std::size_t max_size, Status& status);
+
+/// The words for a failed read or write of the exchange, in `status`: the
+/// peer closing the connection (end of file, reset) after `got` of `wanted`
+/// bytes is errc::peer_closed; anything else keeps `ec` and says what failed.
+/// `what` names the part: "handshake" (ours) when `sending`, else the peer's
+/// "record length" or "record".
+void fail_io(const boost::system::error_code& ec, bool sending, const char* what, std::size_t got, std::size_t wanted,
+             Status& status);
+
+/// The composed operation behind async_exchange_handshake: write our record,
+/// read the peer's length, check it, read the record, parse it. A failure is
+/// put in words as the blocking form's are (fail_io, frame_length, wire's
+/// parsers) and, when a Diagnostics is given, kept there.
+class ExchangeHandshakeOp {
+public:
+    ExchangeHandshakeOp(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Diagnostics* diagnostics = nullptr)
+        : socket_(&socket), diagnostics_(diagnostics), state_(std::make_unique<State>()) {
+        state_->out = frame_record(wire::serialize(ours));
+    }
+
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec = {}, std::size_t transferred = 0) {
+        namespace asio = boost::asio;
+        if (ec) {
+            Status status;
+            switch (step_) {
+                case Step::wrote: fail_io(ec, true, "handshake", transferred, state_->out.size(), status); break;
+                case Step::read_length: fail_io(ec, false, "record length", transferred, 4, status); break;
+                default: fail_io(ec, false, "record", transferred, state_->in.size(), status); break;
+            }
+            // The code is Asio's own (operation_aborted stays itself), but for a close.
+            bool closed = status.code == errc::peer_closed;
+            return finish(self, closed ? to_asio_error(status.code) : ec, status, Handshake{});
+        }
+        switch (step_) {
+            case Step::start:
+                step_ = Step::wrote;
+                return asio::async_write(*socket_, asio::buffer(state_->out), std::move(self));
+            case Step::wrote:
+                step_ = Step::read_length;
+                return asio::async_read(*socket_, asio::buffer(state_->length), std::move(self));
+            case Step::read_length: {
+                Status status;
+                std::optional<std::uint32_t> n = frame_length(state_->length, wire::max_handshake_size, status);
+                if (!n) return finish(self, to_asio_error(status.code), status, Handshake{});
+                state_->in.resize(*n);
+                step_ = Step::read_record;
+                return asio::async_read(*socket_, asio::buffer(state_->in), std::move(self));
+            }
+            case Step::read_record: {
+                Status status;
+                Handshake peer = wire::detail::parse_handshake(state_->in, status);
+                return finish(self, to_asio_error(status.code), status, std::move(peer));
+            }
+        }
+    }
+
+private:
+    enum class Step { start, wrote, read_length, read_record };
+    struct State {
+        std::vector<std::byte> out;
+        std::array<std::byte, 4> length{};
+        std::vector<std::byte> in;
+    };
+
+    template <class Self>
+    void finish(Self& self, boost::system::error_code ec, const Status& status, Handshake peer) {
+        if (diagnostics_ != nullptr) status.report(*diagnostics_);
+        self.complete(ec, std::move(peer));
+    }
+
+    boost::asio::ip::tcp::socket* socket_;
+    Diagnostics* diagnostics_;
+    std::unique_ptr<State> state_;
+    Step step_ = Step::start;
+};
+
+/// The composed operation behind async_tcp_connect: resolve, then connect,
+/// retrying refusals (the server may not listen yet) until the deadline.
+class TcpConnectOp {
+public:
+    TcpConnectOp(const boost::asio::any_io_executor& executor, std::string host, std::uint16_t port,
+                 std::chrono::milliseconds timeout)
+        : state_(std::make_unique<State>(executor, std::move(host), port, timeout)) {}
+
+    template <class Self>
+    void operator()(Self& self) {
+        state_->resolver.async_resolve(state_->host, std::to_string(state_->port), std::move(self));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec,
+                    const boost::asio::ip::tcp::resolver::results_type& endpoints) {
+        if (ec) return self.complete(ec, boost::asio::ip::tcp::socket(state_->resolver.get_executor()));
+        state_->endpoints = endpoints;
+        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec, const boost::asio::ip::tcp::endpoint&) {
+        if (ec == boost::asio::error::connection_refused && std::chrono::steady_clock::now() < state_->deadline) {
+            state_->socket = boost::asio::ip::tcp::socket(state_->resolver.get_executor());
+            state_->timer.expires_after(std::chrono::milliseconds(20));
+            return state_->timer.async_wait(std::move(self));
+        }
+        if (!ec) state_->socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
+        self.complete(ec, std::move(state_->socket));
+    }
+    template <class Self>
+    void operator()(Self& self, boost::system::error_code ec) { // the retry timer
+        if (ec) return self.complete(ec, std::move(state_->socket));
+        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
+    }
+
+private:
+    struct State {
+        State(const boost::asio::any_io_executor& ex, std::string h, std::uint16_t p, std::chrono::milliseconds t)
+            : resolver(ex),
+              socket(ex),
+              timer(ex),
+              host(std::move(h)),
+              port(p),
+              deadline(std::chrono::steady_clock::now() + t) {}
+        boost::asio::ip::tcp::resolver resolver;
+        boost::asio::ip::tcp::socket socket;
+        boost::asio::steady_timer timer;
+        boost::asio::ip::tcp::resolver::results_type endpoints;
+        std::string host;
+        std::uint16_t port;
+        std::chrono::steady_clock::time_point deadline;
+    };
+    std::unique_ptr<State> state_;
+};
+
+/// Writes one framed record (4-byte big-endian length + payload); `what` names it in errors.
+void write_frame(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> payload,
+                 std::chrono::steady_clock::time_point deadline, Status& status, const char* what = "handshake");
+/// exchange_handshake with the full explanation kept in `status`.
+Handshake exchange_impl(boost::asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
+                        Status& status);
+/// Reads one framed record of at most `max_size` bytes.
+std::vector<std::byte> read_frame(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
+                                  std::chrono::steady_clock::time_point deadline, Status& status);
+} // namespace detail
+
+/// Sends `ours` and receives the peer's handshake, asynchronously. The same
+/// checks as exchange_handshake (malformed, oversized, wrong version, early
+/// close → errc::peer_closed); bound the time with the token (e.g. a
+/// cancellation slot, or asio::experimental::awaitable_operators with a timer).
+/// The socket must outlive the operation and not be moved while it runs.
+/// Signature: void(async_error_code, gpuverbs::Handshake).
+template <boost::asio::completion_token_for<void(async_error_code, Handshake)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(async_error_code, Handshake)>(
+        detail::ExchangeHandshakeOp(socket, ours), token, socket);
+}
+
+/// The same, with the explanation of a failure kept in `diagnostics` (as
+/// Boost.MySQL's diagnostics): the verb and words the blocking form's Error
+/// would carry, e.g. "receive: the peer announced a 1073741824-byte record; at
+/// most 1840 are allowed (not a gpuverbs peer?)". Cleared when the exchange
+/// succeeds. `diagnostics` must outlive the operation.
+/// Signature: void(async_error_code, gpuverbs::Handshake).
+template <boost::asio::completion_token_for<void(async_error_code, Handshake)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours, Diagnostics& diagnostics,
+                              Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(async_error_code, Handshake)>(
+        detail::ExchangeHandshakeOp(socket, ours, &diagnostics), token, socket);
+}
+
+/// Resolves host:port and connects, asynchronously, retrying refusals while
+/// the server is not listening yet, for at most `timeout` (as tcp_connect).
+/// Signature: void(async_error_code, boost::asio::ip::tcp::socket).
+template <boost::asio::completion_token_for<void(async_error_code, boost::asio::ip::tcp::socket)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_tcp_connect(const boost::asio::any_io_executor& executor, const std::string& host, std::uint16_t port,
+                       std::chrono::milliseconds timeout, Token&& token = Token()) {
+    return boost::asio::async_compose<Token, void(async_error_code, boost::asio::ip::tcp::socket)>(
+        detail::TcpConnectOp(executor, host, port, timeout), token, executor);
+}
+
+} // namespace gpuverbs

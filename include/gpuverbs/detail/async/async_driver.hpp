@@ -1,0 +1,152 @@
+// The engine behind gpuverbs' asynchronous operations: one AsyncDriver per
+// completion queue bound to an executor. It keeps only what needs I/O — the
+// completion channel's file descriptor, the lock, the polling, and the
+// dispatch of handlers — and leaves every bookkeeping decision to the pure
+// AsyncFsm (async_fsm.hpp).
+//
+// The guarantees:
+// - posting never races polling, and a completion can never reach an
+//   operation that was already aborted or freed: both run under one lock,
+//   and destroying a QueuePair aborts its operations and destroys the QP
+//   under it (its later completions then find no QP in the CQ's registry);
+// - destroying the CompletionQueue aborts everything still outstanding;
+// - handlers never run under the lock; a handler whose executor is the CQ's
+//   runs directly from the completion processing (already on that executor),
+//   any other is posted to its own executor; aborts are always posted;
+// - if the execution context is destroyed with operations outstanding, the
+//   service below destroys them without invoking them (Asio's rule).
+// The lock is a spin lock: on the per-operation path its critical sections are
+// a few verbs calls, and a std::mutex costs several times more per operation.
+// Rarer paths hold it longer (destroying a QP, starting a wait on the fd).
+#pragma once
+
+#include "gpuverbs/async_types.hpp"
+#include "gpuverbs/detail/async/async_fsm.hpp"
+#include "gpuverbs/detail/verbs/queue_cores.hpp"
+#include "gpuverbs/verbs/completion.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/execution_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace gpuverbs::detail {
+
+/// A test-and-test-and-set lock that yields when it cannot get in quickly.
+class SpinMutex {
+public:
+    void lock() noexcept {
+        for (int tries = 0; locked_.exchange(true, std::memory_order_acquire); ++tries) {
+            while (locked_.load(std::memory_order_relaxed)) {
+                if (++tries > 64) std::this_thread::yield();
+            }
+        }
+    }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+    std::atomic<bool> locked_{false};
+};
+
+struct AsyncOpBase;
+class RailStream;
+
+class AsyncDriver : public std::enable_shared_from_this<AsyncDriver> {
+    friend class AsyncDriverService;
+
+public:
+    /// `cq` owns this driver; the driver refers to it only while not shut down.
+    AsyncDriver(const boost::asio::any_io_executor& executor, CqCore& cq, const AsyncOptions& options);
+    AsyncDriver(const AsyncDriver&) = delete;
+    AsyncDriver& operator=(const AsyncDriver&) = delete;
+    ~AsyncDriver();
+
+    [[nodiscard]] const boost::asio::any_io_executor& executor() const noexcept { return executor_; }
+
+    /// Takes a lowered operation (any thread): posted at once, or waiting in
+    /// order while its work queue is full. A refusal is posted to its handler.
+    void submit(AsyncOpBase* op) noexcept; // NOLINT(bugprone-exception-escape): see driver.cpp
+    /// A cancellation for `op` (from its cancellation slot).
+    void cancel(AsyncOpBase* op) noexcept;
+    /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
+    void release_qp(std::shared_ptr<QpCore> qp) noexcept;
+    /// Whether `qp` has asynchronous operations waiting or posted (any thread).
+    [[nodiscard]] bool has_operations(const QpCore& qp) noexcept;
+    /// The user dropped the CompletionQueue: abort everything (any thread).
+    void shutdown() noexcept;
+    /// Destroys every operation without invoking it (the execution context is going away).
+    void destroy_all() noexcept;
+    /// Closes the driver and hands back every operation, to be destroyed
+    /// (destroy()) after the lock is released: a handler's destructor may drop
+    /// the last QueuePair or CompletionQueue, which takes the lock again.
+    [[nodiscard]] OpList close_all() noexcept;
+    static void destroy(OpList& ops) noexcept;
+
+    [[nodiscard]] AsyncStatistics statistics() noexcept;
+
+private:
+    bool has_room(const AsyncOpBase* op) const noexcept;
+    std::error_code post_now(AsyncOpBase* op) noexcept;
+    /// Posts waiting operations that have room now; failures go to `done`.
+    void post_ready(OpList& done) noexcept;
+    /// A completion of a transfer's rail: record it, refill, finish it when it is done.
+    void advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
+    /// Polls until the CQ is empty; completed operations go to `done`. Returns how many completions.
+    std::size_t drain(OpList& done) noexcept;
+    /// Arms the CQ, polls once more (a completion that came before arming raises no event), waits on the fd.
+    void arm_and_wait(OpList& done);
+    void start_spinning();
+    void on_readable(const boost::system::error_code& ec);
+    void spin();
+    void stop_waiting_if_idle() noexcept;
+    /// Runs the handlers of `done` (outside the lock): directly where they may, else posted.
+    static void deliver(OpList& done) noexcept;
+    /// Posts operation_aborted to each operation of `ops`.
+    static void abort(OpList& ops) noexcept;
+
+    boost::asio::any_io_executor executor_;
+    SpinMutex mutex_;
+    CqCore* cq_; // not owned (the CQ owns us); never used once closed
+    std::shared_ptr<ChannelCore> channel_;
+    boost::asio::posix::stream_descriptor descriptor_;
+    AsyncOptions options_;
+    AsyncFsm fsm_;
+    bool waiting_ = false;
+    bool spinning_ = false;
+    bool closed_ = false;
+    bool spin_deadline_set_ = false;
+    std::chrono::steady_clock::time_point spin_deadline_;
+    std::uint64_t polls_ = 0;
+    std::uint64_t empty_polls_ = 0;
+    std::uint64_t wakeups_ = 0;
+    std::uint64_t work_completions_ = 0;
+};
+
+/// Keeps track of every driver of an execution context so that, when the
+/// context is destroyed, operations that never ran are destroyed, not leaked.
+class AsyncDriverService : public boost::asio::execution_context::service {
+public:
+    using key_type = AsyncDriverService;
+    // Asio's service identity idiom; id's constructor does nothing (it is just not marked noexcept).
+    static inline boost::asio::execution_context::id id; // NOLINT(cert-err58-cpp)
+
+    explicit AsyncDriverService(boost::asio::execution_context& context)
+        : boost::asio::execution_context::service(context) {}
+    void add(const std::shared_ptr<AsyncDriver>& driver);
+    void shutdown() override;
+
+private:
+    std::mutex mutex_;
+    std::vector<std::weak_ptr<AsyncDriver>> drivers_;
+};
+
+} // namespace gpuverbs::detail

@@ -1,0 +1,381 @@
+// The typed half of an asynchronous operation: the handler, how the
+// completion becomes the handler's arguments, where the handler runs, and the
+// named initiations QueuePair's async_* hand to asio::async_initiate.
+//
+// An operation is lowered (every local check of the posting path) when it is
+// initiated, and carries its verbs request, so posting it later — when a slot
+// frees — needs no further checks. Its memory comes from a per-thread cache
+// of blocks (then a process-wide pool), from the handler's own associated
+// allocator when it has one, or — for an operation larger than a block (a
+// handler carrying more than about 80 bytes) — from Asio's recycling
+// allocator: a steady stream of operations allocates nothing.
+// The operation is freed before its handler runs.
+#pragma once
+
+#include "gpuverbs/async_types.hpp"
+#include "gpuverbs/data_path/work_request.hpp"
+#include "gpuverbs/detail/async/async_driver.hpp"
+#include "gpuverbs/detail/async/async_fsm.hpp"
+#include "gpuverbs/detail/async/async_token.hpp"
+#include "gpuverbs/detail/data_path/posting_path.hpp"
+#include "gpuverbs/error.hpp"
+
+#include <arpa/inet.h>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/append.hpp>
+#include <boost/asio/associated_allocator.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/cancellation_type.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/recycling_allocator.hpp>
+#include <boost/asio/system_executor.hpp>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+
+namespace gpuverbs::detail {
+
+/// Memory for operations: blocks of block_size bytes, recycled through a
+/// small per-thread cache and a process-wide pool behind a mutex.
+class OpMemory {
+public:
+    static constexpr std::size_t block_size = 1024;
+    static constexpr std::size_t max_pooled = 1024;
+
+    static void* get() {
+        Cache& c = cache();
+        if (c.count > 0) return c.blocks[--c.count];
+        return pool_get();
+    }
+    static void put(void* block) noexcept {
+        Cache& c = cache();
+        if (c.count < Cache::capacity) {
+            c.blocks[c.count++] = block;
+            return;
+        }
+        pool_put(block);
+    }
+
+private:
+    struct Cache {
+        static constexpr unsigned capacity = 8;
+        void* blocks[capacity] = {};
+        unsigned count = 0;
+        Cache() = default;
+        Cache(const Cache&) = delete;
+        Cache& operator=(const Cache&) = delete;
+        ~Cache() {
+            while (count > 0) pool_put(blocks[--count]);
+        }
+    };
+    static Cache& cache() noexcept {
+        thread_local Cache c;
+        return c;
+    }
+    static void* pool_get();
+    static void pool_put(void* block) noexcept;
+};
+
+/// The untyped operation: what the driver and the machine handle.
+struct AsyncOpBase : AsyncOpLinks {
+    /// How the handler is to be called.
+    enum class How : std::uint8_t {
+        direct, ///< from the CQ's completion processing: run it here if its executor is the CQ's
+        post,   ///< post it to its executor (aborts, refusals, cancellations)
+        destroy ///< destroy it without calling it (the execution context is going away)
+    };
+    using Fn = void (*)(AsyncOpBase*, How, std::error_code);
+
+    Fn fn = nullptr;
+    QpCore* qp = nullptr;
+    AsyncDriver* driver = nullptr;
+    bool receive = false;
+    /// A transfer's rail (RailStream): posted in parts, finished by its last completion.
+    bool streaming = false;
+    /// The handler's executor is the CQ's: it may run directly from the completion processing.
+    bool direct_ok = false;
+    Opcode opcode = Opcode::send;
+    // The completion, once it arrived.
+    ibv_wc_status wc_status = IBV_WC_SUCCESS;
+    std::uint32_t byte_len = 0;
+    std::optional<std::uint32_t> immediate;
+    /// Set when a waiting operation's post was refused (delivered as its error).
+    std::optional<std::error_code> failure;
+    // What the result is made of.
+    std::uint64_t bytes = 0;          ///< bytes the request moves (send side)
+    std::uint64_t result_address = 0; ///< an atomic's local buffer, where the old value lands
+    // The lowered request, posted as it is when a slot frees.
+    ibv_send_wr send_wr;
+    ibv_recv_wr recv_wr;
+    std::array<ibv_sge, max_sge_per_request> sges;
+
+    void record(const ibv_wc& wc) noexcept {
+        wc_status = wc.status;
+        byte_len = wc.byte_len;
+        if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) immediate = ntohl(wc.imm_data);
+    }
+    void complete(How how, std::error_code ec = {}) noexcept { fn(this, how, ec); }
+};
+
+template <ResultKind K>
+struct ResultOf {
+    using type = std::size_t;
+};
+template <>
+struct ResultOf<ResultKind::received> {
+    using type = Received;
+};
+template <>
+struct ResultOf<ResultKind::old_value> {
+    using type = std::uint64_t;
+};
+
+/// No associated executor: a handler for which associated_executor picks this.
+struct NoExecutor {};
+template <class Handler>
+inline constexpr bool has_own_executor =
+    !std::is_same_v<boost::asio::associated_executor_t<Handler, NoExecutor>, NoExecutor>;
+
+template <class Handler, ResultKind K>
+class AsyncOp final : public AsyncOpBase {
+public:
+    using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
+    using Slot = boost::asio::associated_cancellation_slot_t<Handler>;
+    /// A handler's own allocator; without one, Asio's recycling allocator (a
+    /// per-thread cache) for operations too large for a block.
+    using DefaultAllocator = boost::asio::recycling_allocator<void>;
+    using Allocator = typename std::allocator_traits<
+        boost::asio::associated_allocator_t<Handler, DefaultAllocator>>::template rebind_alloc<AsyncOp>;
+    /// Handlers without an allocator of their own get a recycled block.
+    static constexpr bool uses_blocks =
+        std::is_same_v<boost::asio::associated_allocator_t<Handler>, std::allocator<void>> &&
+        sizeof(AsyncOp) <= OpMemory::block_size;
+
+    explicit AsyncOp(Handler&& handler) : handler_(std::move(handler)) { fn = &AsyncOp::run; }
+
+    static AsyncOp* create(Handler&& handler) {
+        void* memory = nullptr;
+        if constexpr (uses_blocks) {
+            memory = OpMemory::get();
+        } else {
+            Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
+            memory = std::allocator_traits<Allocator>::allocate(alloc, 1);
+        }
+        return ::new (memory) AsyncOp(std::move(handler)); // moving a handler does not throw (Asio's requirement)
+    }
+
+    /// Where the handler will run, and its cancellation slot.
+    void bind(AsyncDriver& d) {
+        driver = &d;
+        if constexpr (has_own_executor<Handler>) {
+            Executor ex = boost::asio::get_associated_executor(handler_, d.executor());
+            if constexpr (std::is_same_v<Executor, boost::asio::any_io_executor>) {
+                direct_ok = ex == d.executor(); // e.g. a coroutine on the CQ's own io_context
+            }
+            if (!direct_ok) work_.emplace(std::move(ex)); // keeps the handler's own context alive
+        } else {
+            direct_ok = true; // runs on the CQ's executor, which the driver keeps busy while it has work
+        }
+        slot_ = boost::asio::get_associated_cancellation_slot(handler_);
+        if (slot_.is_connected()) slot_.template emplace<Canceller>(&d, this);
+    }
+
+private:
+    struct Canceller {
+        Canceller(AsyncDriver* d, AsyncOpBase* o) noexcept : driver(d), op(o) {}
+        AsyncDriver* driver;
+        AsyncOpBase* op;
+        void operator()(boost::asio::cancellation_type type) const noexcept {
+            if (type != boost::asio::cancellation_type::none) driver->cancel(op);
+        }
+    };
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+// GCC 12 reports the moved-from std::optional<work guard> of use_future's
+// executor (a shared_ptr inside) as maybe-uninitialized; it is engaged-checked.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+    // Only std::bad_alloc from asio::post (a handler sent to another executor)
+    // can escape; an operation cannot complete without it, so termination is
+    // the answer rather than a lost handler.
+    // NOLINTNEXTLINE(bugprone-exception-escape)
+    static void run(AsyncOpBase* base, How how, std::error_code ec) noexcept {
+        auto* self = static_cast<AsyncOp*>(base);
+        if (self->slot_.is_connected()) self->slot_.clear();
+        if (!ec && self->failure) ec = *self->failure;
+        // Take what the handler needs, then free the operation before it runs.
+        Handler handler(std::move(self->handler_));
+        std::optional<boost::asio::executor_work_guard<Executor>> work(std::move(self->work_));
+        const bool direct = how == How::direct && self->direct_ok;
+        const AsyncDriver* driver = self->driver;
+        const bool ok = !ec && self->wc_status == IBV_WC_SUCCESS;
+        const boost::system::error_code status =
+            ok ? boost::system::error_code() : to_asio_error(ec ? ec : make_wc_error(self->wc_status));
+        typename ResultOf<K>::type result{};
+        if constexpr (K == ResultKind::bytes) {
+            if (ok) result = self->bytes;
+        } else if constexpr (K == ResultKind::received) {
+            if (ok) result = Received{self->byte_len, self->immediate};
+        } else {
+            // The atomic's old value is in the local buffer, which the caller's memory region holds.
+            if (ok) {
+                std::memcpy(&result,
+                            reinterpret_cast<const void*>(self->result_address), // NOLINT(performance-no-int-to-ptr)
+                            sizeof result);
+            }
+        }
+        self->~AsyncOp();
+        release(self, handler);
+        if (how == How::destroy) return;
+        if (direct) {
+            std::move(handler)(status, std::move(result));
+            return;
+        }
+        // Never inline here: aborts come from destructors, refusals from the initiating function.
+        auto executor = work ? work->get_executor() : boost::asio::get_associated_executor(handler, driver->executor());
+        boost::asio::post(executor, boost::asio::append(std::move(handler), status, result));
+    }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+    static void release(void* memory, Handler& handler) noexcept {
+        if constexpr (uses_blocks) {
+            (void)handler;
+            OpMemory::put(memory);
+        } else {
+            Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
+            std::allocator_traits<Allocator>::deallocate(alloc, static_cast<AsyncOp*>(memory), 1);
+        }
+    }
+
+    Handler handler_;
+    Slot slot_;
+    std::optional<boost::asio::executor_work_guard<Executor>> work_;
+};
+
+/// Completes `handler` with `ec` without starting anything: posted to its
+/// associated executor (else `fallback`, else the system executor), never
+/// called from the initiating function.
+template <ResultKind K, class Handler>
+void refuse(Handler&& handler, std::error_code ec, const boost::asio::any_io_executor& fallback = {}) {
+    if (fallback) {
+        auto executor = boost::asio::get_associated_executor(handler, fallback);
+        boost::asio::post(executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec),
+                                                        typename ResultOf<K>::type{}));
+        return;
+    }
+    auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
+    boost::asio::post(
+        executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec), typename ResultOf<K>::type{}));
+}
+
+/// Why `qp` cannot run asynchronous operations, if it cannot.
+inline std::error_code async_refusal(const QpCore* qp) noexcept {
+    if (qp == nullptr) return errc::invalid_argument;
+    if (qp->send_cq()->driver() == nullptr) return errc::no_executor;
+    if (qp->recv_cq() != qp->send_cq()) return errc::async_needs_one_cq;
+    return no_error();
+}
+
+/// The body of every send-side async_*: check, lower, submit.
+template <ResultKind K, class Handler>
+void start_send(Handler&& handler, QpCore* qp, const WorkRequest& request) {
+    if (std::error_code ec = async_refusal(qp)) return refuse<K>(std::forward<Handler>(handler), ec);
+    using Op = AsyncOp<std::decay_t<Handler>, K>;
+    std::decay_t<Handler> own(std::forward<Handler>(handler)); // lvalue handlers are copied
+    Op* op = Op::create(std::move(own));
+    AsyncDriver& driver = *qp->send_cq()->driver();
+    op->bind(driver);
+    if (std::error_code ec = lower(request, qp->caps(), op->send_wr, op->sges.data())) {
+        op->complete(AsyncOpBase::How::post, ec);
+        return;
+    }
+    op->qp = qp;
+    op->owner = qp;
+    op->queue = &qp->async_send;
+    op->opcode = request.opcode();
+    std::uint64_t total = 0;
+    for (int i = 0; i < op->send_wr.num_sge; ++i) total += op->sges[static_cast<std::size_t>(i)].length;
+    op->bytes = total;
+    op->result_address = op->send_wr.num_sge > 0 ? op->sges[0].addr : 0;
+    op->send_wr.send_flags |= IBV_SEND_SIGNALED; // the completion is what completes the handler
+    driver.submit(op);
+}
+
+/// The body of async_receive: the same checks as post_receive (an SRQ QP is refused).
+template <class Handler>
+void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> local) {
+    constexpr ResultKind K = ResultKind::received;
+    if (std::error_code ec = async_refusal(qp)) return refuse<K>(std::forward<Handler>(handler), ec);
+    using Op = AsyncOp<std::decay_t<Handler>, K>;
+    std::decay_t<Handler> own(std::forward<Handler>(handler));
+    Op* op = Op::create(std::move(own));
+    AsyncDriver& driver = *qp->send_cq()->driver();
+    op->bind(driver);
+    ReceiveTarget target{};
+    std::error_code ec = receive_target(*qp, target);
+    if (!ec) ec = lower_receive(local, target.max_sge, op->recv_wr, op->sges.data());
+    if (ec) {
+        op->complete(AsyncOpBase::How::post, ec);
+        return;
+    }
+    op->qp = qp;
+    op->owner = qp;
+    op->queue = &qp->async_receive;
+    op->receive = true;
+    op->opcode = Opcode::receive;
+    driver.submit(op);
+}
+
+/// The named initiations QueuePair's async_* pass to asio::async_initiate: they
+/// expose the I/O executor, so asio::bind_executor, cancel_after and friends see it.
+///
+/// They hold the queue pair's core weakly: an operation made now and launched
+/// later (asio::deferred, a coroutine's operator co_await) finds out then
+/// whether the QueuePair still exists, and completes with operation_aborted
+/// if it was destroyed meanwhile, as the async rules promise (async.hpp).
+/// The initiation never keeps a destroyed QueuePair's queue pair alive.
+/// The I/O executor is taken when the operation is made: a handler without
+/// an associated executor runs there, also when the QueuePair is gone.
+struct InitiationBase {
+    using executor_type = boost::asio::any_io_executor;
+    std::weak_ptr<QpCore> core;
+    executor_type executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
+};
+
+template <ResultKind K>
+struct InitiateSend : InitiationBase {
+    template <class Handler>
+    void operator()(Handler&& handler, const WorkRequest& request) const {
+        const std::shared_ptr<QpCore> qp = core.lock();
+        if (qp == nullptr) return refuse<K>(std::forward<Handler>(handler), aborted_error(), executor);
+        start_send<K>(std::forward<Handler>(handler), qp.get(), request);
+    }
+};
+
+struct InitiateReceive : InitiationBase {
+    template <class Handler>
+    void operator()(Handler&& handler, const LocalBuffer& one) const {
+        (*this)(std::forward<Handler>(handler), std::span<const LocalBuffer>(&one, 1));
+    }
+    template <class Handler>
+    void operator()(Handler&& handler, std::span<const LocalBuffer> list) const {
+        const std::shared_ptr<QpCore> qp = core.lock();
+        if (qp == nullptr) {
+            return refuse<ResultKind::received>(std::forward<Handler>(handler), aborted_error(), executor);
+        }
+        start_receive(std::forward<Handler>(handler), qp.get(), list);
+    }
+};
+
+} // namespace gpuverbs::detail

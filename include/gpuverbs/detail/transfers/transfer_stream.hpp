@@ -1,0 +1,135 @@
+// The engine of block-list transfers: one operation per rail that posts a
+// plan's requests in linked chains (one doorbell each, only the last request
+// of a chain signaled) while its send queue has room, refills from its own
+// completions, and finishes when every request it posted has completed.
+//
+// The AsyncDriver runs it like any operation (one lock, one FSM): submitted,
+// waiting for room, posted, aborted with its queue pair; what differs is that
+// it is posted in parts and finishes on its last completion, not its first.
+// Every request's slot leads back to it (so an error on an unsignaled request
+// names its block), which is safe because completions of one send queue come
+// in order and each chain ends with a signaled request: the stream is alive
+// until the completion of its last chain, success or flush.
+#pragma once
+
+#include "gpuverbs/detail/async/async_op.hpp"
+#include "gpuverbs/detail/verbs/queue_cores.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <system_error>
+#include <vector>
+
+namespace gpuverbs {
+class TransferPlan;
+}
+
+namespace gpuverbs::detail {
+
+class TransferJobBase;
+
+/// Requests one chain may hold at most (one ibv_post_send).
+inline constexpr std::uint32_t max_transfer_chain = 64;
+
+/// A memory key of the plan and the same memory's key on a rail's device.
+struct KeyMap {
+    std::uint32_t plan_key = 0;
+    std::uint32_t rail_key = 0;
+};
+
+/// One rail of a transfer: the requests [first, end) of a plan on one queue pair.
+class RailStream final : public AsyncOpBase {
+public:
+    RailStream() = default;
+    RailStream(const RailStream&) = delete;
+    RailStream& operator=(const RailStream&) = delete;
+    ~RailStream() = default;
+
+    /// Prepares the rail (allocates its chain ring and, when its device's
+    /// keys differ from the plan's, its own scatter/gather list). Errors name
+    /// the key the rail cannot translate. Not yet submitted.
+    std::error_code setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
+                          std::uint64_t bytes, std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys,
+                          std::uint32_t chain, std::string& why);
+    /// Turns the rail into one signaled zero-byte write-with-immediate to the
+    /// plan's last remote byte (the transfer's notification), to submit again.
+    void arm_notification(std::uint32_t immediate) noexcept;
+
+    // What the driver asks (under its lock).
+    /// Slots the next chain needs; 0 when nothing is left to post.
+    [[nodiscard]] std::uint32_t needs() const noexcept {
+        if (failed()) return 0;
+        if (notify_) return 1;
+        return std::min(chain_, end_ - next_);
+    }
+    /// Posts chains while the send queue has room for them.
+    void post_some() noexcept;
+    /// A completion of one of its requests (`sequence`: its place in the queue).
+    void completed(const ibv_wc& wc, std::uint64_t sequence) noexcept;
+    /// Nothing in flight and nothing more to post (after an error: nothing in flight).
+    [[nodiscard]] bool finished() const noexcept { return chains_in_flight_ == 0 && (next_ == end_ || failed()); }
+    [[nodiscard]] bool in_flight() const noexcept { return chains_in_flight_ > 0; }
+
+    // What the transfer reads once the rail has finished.
+    [[nodiscard]] bool failed() const noexcept { return wc_error_ != IBV_WC_SUCCESS || post_error_; }
+    [[nodiscard]] std::error_code error() const noexcept;
+    /// The plan's request that failed first (requests().size() for the notification).
+    [[nodiscard]] std::uint32_t failed_request() const noexcept { return failed_request_; }
+    /// Bytes of its requests that completed (since the notification was armed, if it was).
+    [[nodiscard]] std::uint64_t bytes() const noexcept;
+    [[nodiscard]] std::uint32_t first() const noexcept { return first_; }
+    [[nodiscard]] std::uint32_t end() const noexcept { return end_; }
+
+    /// Back to a fresh operation, for the notification's submission.
+    void reset_for_resubmit() noexcept;
+
+    TransferJobBase* job = nullptr; ///< the transfer it is a rail of
+    std::size_t index = 0;          ///< which rail
+
+private:
+    struct Chain {
+        std::uint64_t first_sequence; ///< the sequence of its first request
+        std::uint64_t last_sequence;  ///< … of its last (signaled) request
+        std::uint32_t first_request;
+        std::uint32_t count; ///< requests of the plan in it (0 for the notification)
+    };
+    /// This rail's rkey for a plan's rkey (every key was checked in setup).
+    [[nodiscard]] std::uint32_t rkey_of(std::uint32_t plan_key) const noexcept {
+        if (remote_keys_.empty()) return plan_key;
+        if (remote_keys_.front().plan_key == plan_key) return remote_keys_.front().rail_key;
+        return rkey_slow(plan_key);
+    }
+    [[nodiscard]] std::uint32_t rkey_slow(std::uint32_t plan_key) const noexcept;
+
+    const TransferPlan* plan_ = nullptr;
+    const ibv_sge* sges_ = nullptr;       ///< the plan's pieces as this rail's device sees them
+    std::unique_ptr<ibv_sge[]> own_sges_; ///< … when its keys differ from the plan's
+    std::uint32_t sge_offset_ = 0;        ///< the plan's piece number of sges_[0]
+    std::vector<KeyMap> remote_keys_;
+    ibv_wr_opcode opcode_ = IBV_WR_RDMA_WRITE;
+    std::uint32_t first_ = 0;
+    std::uint32_t next_ = 0;
+    std::uint32_t end_ = 0;
+    std::uint32_t chain_ = 32;
+    // The notification, when armed.
+    bool notify_ = false;
+    std::uint32_t immediate_ = 0;
+    // Chains in flight, oldest first (a ring as large as the send queue).
+    std::unique_ptr<Chain[]> ring_;
+    std::uint32_t ring_size_ = 0;
+    std::uint32_t ring_head_ = 0;
+    std::uint32_t chains_in_flight_ = 0;
+    // The outcome.
+    std::uint32_t done_until_ = 0;  ///< every request before it completed without error
+    std::uint64_t total_bytes_ = 0; ///< of requests [first, end)
+    std::uint64_t counted_ = 0;     ///< bytes already reported (before the notification)
+    ibv_wc_status wc_error_ = IBV_WC_SUCCESS;
+    std::error_code post_error_;
+    std::uint32_t failed_request_ = 0;
+};
+
+} // namespace gpuverbs::detail

@@ -1,0 +1,318 @@
+// The shared state behind completion queues, queue pairs and shared receive
+// queues: who keeps whom alive. A QP's core holds its CQs' and PD's cores, so
+// they outlive it; a CQ's registry knows its QPs by a small index that every
+// wr_id carries (work_queue_state.hpp), so a completion finds its queue's
+// state without a lock or a search (the completion path: completion_path.hpp).
+#pragma once
+
+#include "gpuverbs/detail/verbs/device_core.hpp"
+#include "gpuverbs/detail/verbs/work_queue_state.hpp"
+#include "gpuverbs/verbs/completion.hpp"
+#include "gpuverbs/verbs/protection_domain.hpp"
+#include "gpuverbs/verbs/queue_pair_types.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cassert>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace gpuverbs::detail {
+
+/// Release builds ignore a failed destroy (nothing useful can be done in a
+/// destructor); debug builds stop at it, because it means a leak or a bug
+/// (e.g. a CQ destroyed while a QP still uses it).
+inline void destroyed(int rc) noexcept {
+    assert(rc == 0 && "an ibv_destroy_* / ibv_dealloc_* call failed");
+    (void)rc;
+}
+
+class ChannelCore {
+public:
+    ChannelCore(std::shared_ptr<DeviceCore> device, ibv_comp_channel* channel) noexcept
+        : device_(std::move(device)), channel_(channel) {}
+    ChannelCore(const ChannelCore&) = delete;
+    ChannelCore& operator=(const ChannelCore&) = delete;
+    ~ChannelCore() { destroyed(ibv_destroy_comp_channel(channel_)); }
+    [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_; }
+
+private:
+    std::shared_ptr<DeviceCore> device_;
+    ibv_comp_channel* channel_;
+};
+
+class SrqCore {
+public:
+    SrqCore(std::shared_ptr<PdCore> pd, ibv_srq* srq, std::uint32_t capacity, std::uint32_t max_sge)
+        : pd_(std::move(pd)), srq_(srq), receive(capacity), max_sge(max_sge) {
+        pd_->device()->subjects().add(srq_, id_);
+    }
+    SrqCore(const SrqCore&) = delete;
+    SrqCore& operator=(const SrqCore&) = delete;
+    ~SrqCore() {
+        destroyed(ibv_destroy_srq(srq_));
+        pd_->device()->subjects().remove(srq_, id_);
+    }
+    [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+
+private:
+    std::shared_ptr<PdCore> pd_;
+    ibv_srq* srq_;
+    std::uint64_t id_ = next_object_id();
+
+public:
+    WorkQueueState receive;
+    std::uint32_t max_sge;
+};
+
+class QpCore;
+class AsyncDriver;
+
+/// The QPs of one CQ, by index. Lookups are lock-free; adding and removing
+/// (QP creation and destruction) take a mutex, and removal waits for a poll in
+/// progress to finish, so a poll never touches a QP being destroyed.
+class QpRegistry {
+public:
+    static constexpr std::uint32_t chunk_size = 256;
+    static constexpr std::uint32_t max_chunks = 256; ///< 65,536 QPs per CQ (16 index bits in the wr_id)
+
+    QpRegistry() = default;
+    QpRegistry(const QpRegistry&) = delete;
+    QpRegistry& operator=(const QpRegistry&) = delete;
+    ~QpRegistry() {
+        for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
+    }
+
+    /// Registers `qp`; returns its tag (WrId::tag). Throws std::bad_alloc, or
+    /// std::length_error past 65,536 QPs on one CQ.
+    std::uint32_t add(QpCore* qp) {
+        std::lock_guard lock(mutex_);
+        std::uint32_t index = 0;
+        if (!free_.empty()) {
+            index = free_.back();
+            free_.pop_back();
+        } else {
+            index = next_.load(std::memory_order_relaxed);
+            if (index == chunk_size * max_chunks) throw std::length_error("more than 65536 queue pairs on one CQ");
+            auto& chunk = chunks_[index / chunk_size];
+            if (chunk.load(std::memory_order_relaxed) == nullptr) {
+                chunk.store(new Chunk, std::memory_order_release);
+            }
+        }
+        free_.reserve(next_.load(std::memory_order_relaxed) + 1); // so that remove() never allocates
+        if (index == next_.load(std::memory_order_relaxed)) next_.store(index + 1, std::memory_order_release);
+        Entry& e = entry(index);
+        const std::uint32_t generation = (e.generation.load(std::memory_order_relaxed) + 1) & WrId::generation_mask;
+        e.generation.store(generation, std::memory_order_relaxed);
+        e.qp.store(qp, std::memory_order_release);
+        return WrId::tag(index, generation);
+    }
+
+    /// Unregisters the QP with `tag` and waits until no poll can still see it.
+    void remove(std::uint32_t tag) noexcept {
+        std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
+        const std::uint32_t index = tag & 0xffff;
+        entry(index).qp.store(nullptr, std::memory_order_seq_cst);
+        while (pollers_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+        free_.push_back(index); // reserved in add()
+    }
+
+    /// The live QP registered with (index, generation), or nullptr. Only
+    /// between PollGuard's construction and destruction.
+    [[nodiscard]] QpCore* find(std::uint32_t index, std::uint32_t generation) const noexcept {
+        const Chunk* c = chunks_[(index / chunk_size) % max_chunks].load(std::memory_order_acquire);
+        if (c == nullptr) return nullptr;
+        const Entry& e = c->entries[index % chunk_size];
+        QpCore* qp = e.qp.load(std::memory_order_seq_cst);
+        return qp != nullptr && e.generation.load(std::memory_order_relaxed) == generation ? qp : nullptr;
+    }
+    /// The live QP with this QP number (for shared-receive-queue completions,
+    /// whose wr_id cannot name the QP that will consume the receive).
+    [[nodiscard]] QpCore* find_by_qp_num(std::uint32_t qp_num) noexcept;
+
+    /// Marks a poll in progress (see remove()).
+    class PollGuard {
+    public:
+        explicit PollGuard(QpRegistry& r) noexcept : r_(r) { r_.pollers_.fetch_add(1, std::memory_order_seq_cst); }
+        PollGuard(const PollGuard&) = delete;
+        PollGuard& operator=(const PollGuard&) = delete;
+        ~PollGuard() { r_.pollers_.fetch_sub(1, std::memory_order_release); }
+
+    private:
+        QpRegistry& r_;
+    };
+
+private:
+    struct Entry {
+        std::atomic<QpCore*> qp{nullptr};
+        std::atomic<std::uint32_t> generation{0};
+    };
+    struct Chunk {
+        std::array<Entry, chunk_size> entries;
+    };
+    Entry& entry(std::uint32_t index) noexcept {
+        return chunks_[index / chunk_size].load(std::memory_order_relaxed)->entries[index % chunk_size];
+    }
+
+    std::array<std::atomic<Chunk*>, max_chunks> chunks_{};
+    std::atomic<int> pollers_{0};
+    std::uint32_t last_srq_index_ = 0; ///< find_by_qp_num's last hit (the poller's own)
+    std::mutex mutex_;
+    std::vector<std::uint32_t> free_;
+    std::atomic<std::uint32_t> next_{0}; ///< indices below were handed out at least once
+};
+
+class CqCore {
+public:
+    CqCore(std::shared_ptr<DeviceCore> device, std::shared_ptr<ChannelCore> channel, ibv_cq* cq) noexcept
+        : device_(std::move(device)), channel_(std::move(channel)), cq_(cq) {
+        device_->subjects().add(cq_, id_);
+    }
+    CqCore(const CqCore&) = delete;
+    CqCore& operator=(const CqCore&) = delete;
+    ~CqCore() {
+        // Events got from the channel must be acknowledged before destruction.
+        if (unacked_events_ != 0) ibv_ack_cq_events(cq_, unacked_events_);
+        destroyed(ibv_destroy_cq(cq_));
+        device_->subjects().remove(cq_, id_);
+    }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+
+    [[nodiscard]] ibv_cq* cq() const noexcept { return cq_; }
+    [[nodiscard]] ibv_comp_channel* channel() const noexcept { return channel_ ? channel_->channel() : nullptr; }
+    [[nodiscard]] const std::shared_ptr<ChannelCore>& channel_core() const noexcept { return channel_; }
+    /// The driver of asynchronous operations, when the CQ is bound to an
+    /// executor. Set once, before any operation. The CQ owns it; the driver
+    /// refers back to the CQ without owning it (no cycle).
+    [[nodiscard]] AsyncDriver* driver() const noexcept { return driver_.get(); }
+    void set_driver(std::shared_ptr<AsyncDriver> driver) noexcept { driver_ = std::move(driver); }
+
+    [[nodiscard]] QpRegistry& registry() noexcept { return registry_; }
+
+    /// Polls up to `max` completions into `out`; negative errno on failure.
+    /// The completion path: see completion_path.hpp.
+    int poll(Completion* out, int max) noexcept;
+
+    /// Events are acknowledged in batches (ibv_ack_cq_events takes a mutex).
+    void count_event() noexcept {
+        if (++unacked_events_ >= 64) {
+            ibv_ack_cq_events(cq_, unacked_events_);
+            unacked_events_ = 0;
+        }
+    }
+
+private:
+    std::shared_ptr<DeviceCore> device_;
+    std::shared_ptr<ChannelCore> channel_;
+    ibv_cq* cq_;
+    std::uint64_t id_ = next_object_id();
+    QpRegistry registry_;
+    unsigned unacked_events_ = 0;
+    std::shared_ptr<AsyncDriver> driver_;
+};
+
+/// The asynchronous layer's per-work-queue state (see async_fsm.hpp):
+/// operations of this queue waiting for room, guarded by the driver's mutex.
+struct AsyncWorkQueue {
+    std::size_t waiting = 0;
+    std::uint64_t blocked_pass = 0; ///< the machine's last retry pass that found this queue full
+};
+
+class QpCore {
+public:
+    using Caps = QueuePairCapabilities;
+
+    /// `owner`, when given, owns the ibv_qp (an rdma_cm id): releasing it
+    /// destroys the QP, so the QpCore does not.
+    QpCore(std::shared_ptr<PdCore> pd, std::shared_ptr<CqCore> send_cq, std::shared_ptr<CqCore> recv_cq,
+           std::shared_ptr<SrqCore> srq, ibv_qp* qp, const Caps& caps, std::shared_ptr<void> owner = nullptr)
+        : pd_(std::move(pd)),
+          send_cq_(std::move(send_cq)),
+          recv_cq_(std::move(recv_cq)),
+          srq_(std::move(srq)),
+          qp_(qp),
+          qp_num_(qp->qp_num),
+          caps_(caps),
+          owner_(std::move(owner)),
+          send(caps.max_send_wr),
+          receive(caps.max_recv_wr) {
+        send_tag_ = send_cq_->registry().add(this);
+        if (recv_cq_ == send_cq_) {
+            recv_tag_ = send_tag_;
+        } else {
+            try {
+                recv_tag_ = recv_cq_->registry().add(this);
+            } catch (...) {
+                send_cq_->registry().remove(send_tag_);
+                throw;
+            }
+        }
+        pd_->device()->subjects().add(qp_, id_);
+    }
+    QpCore(const QpCore&) = delete;
+    QpCore& operator=(const QpCore&) = delete;
+    ~QpCore() {
+        if (!owner_) destroyed(ibv_destroy_qp(qp_));
+        owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
+        send_cq_->registry().remove(send_tag_);
+        if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
+        pd_->device()->subjects().remove(qp_, id_);
+    }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+
+    [[nodiscard]] ibv_qp* qp() const noexcept { return qp_; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
+    [[nodiscard]] const Caps& caps() const noexcept { return caps_; }
+    [[nodiscard]] SrqCore* srq() const noexcept { return srq_.get(); }
+    [[nodiscard]] CqCore* send_cq() const noexcept { return send_cq_.get(); }
+    [[nodiscard]] CqCore* recv_cq() const noexcept { return recv_cq_.get(); }
+    [[nodiscard]] const std::shared_ptr<PdCore>& pd() const noexcept { return pd_; }
+    /// What this QP's wr_ids carry for its send and receive CQs.
+    [[nodiscard]] std::uint32_t send_tag() const noexcept { return send_tag_; }
+    [[nodiscard]] std::uint32_t recv_tag() const noexcept { return recv_tag_; }
+
+private:
+    std::shared_ptr<PdCore> pd_;
+    std::shared_ptr<CqCore> send_cq_;
+    std::shared_ptr<CqCore> recv_cq_;
+    std::shared_ptr<SrqCore> srq_;
+    ibv_qp* qp_;
+    std::uint32_t qp_num_;
+    std::uint64_t id_ = next_object_id();
+    Caps caps_;
+    std::shared_ptr<void> owner_;
+    std::uint32_t send_tag_ = 0;
+    std::uint32_t recv_tag_ = 0;
+
+public:
+    WorkQueueState send;
+    WorkQueueState receive;
+    AsyncWorkQueue async_send;
+    AsyncWorkQueue async_receive;
+};
+
+inline QpCore* QpRegistry::find_by_qp_num(std::uint32_t qp_num) noexcept {
+    // Usually the same QP as last time; else a scan of the registered range.
+    const std::uint32_t end = next_.load(std::memory_order_acquire);
+    if (end == 0) return nullptr;
+    for (std::uint32_t n = 0; n < end; ++n) {
+        const std::uint32_t index = (last_srq_index_ + n) % end;
+        const Chunk* c = chunks_[index / chunk_size].load(std::memory_order_acquire);
+        if (c == nullptr) continue;
+        QpCore* qp = c->entries[index % chunk_size].qp.load(std::memory_order_seq_cst);
+        if (qp != nullptr && qp->qp_num() == qp_num) {
+            last_srq_index_ = index;
+            return qp;
+        }
+    }
+    return nullptr;
+}
+
+} // namespace gpuverbs::detail

@@ -1,0 +1,228 @@
+// A registration cache: registering memory is slow (pinning pages, and for
+// large regions milliseconds), and services register the same buffers again
+// and again. The cache hands back an existing MemoryRegion that covers the
+// range with at least the access asked for, and registers otherwise.
+//
+//   gpuverbs::RegistrationCache cache(pd, {.max_regions = 256, .max_bytes = 8ull << 30});
+//   auto mr = cache.get(buffer, Access::local_write | Access::remote_write);   // shared_ptr<const MemoryRegion>
+//   qp.post_write(mr->slice(...), ...);
+//   cache.invalidate(buffer.data(), buffer.size());   // BEFORE freeing host memory: see below
+//
+// Rules:
+//  - a hit needs one cached region covering the whole range with every access
+//    bit asked for; a range that overlaps cached regions without fitting in
+//    one is registered as the union of them all (with the union of their
+//    access), and those regions leave the cache (their holders keep them);
+//  - bounded in count and in bytes; the least recently used regions go first
+//    (a region still held by the caller stays valid: the shared_ptr owns it);
+//  - host memory: the cache cannot see free(). Call invalidate() for a range
+//    before freeing or unmapping it (a later allocation at the same address
+//    would otherwise get the old pages' registration);
+//  - GPU memory (get(GpuMemory)) is checked on every lookup by the buffer id
+//    the CUDA driver gives each allocation (CU_POINTER_ATTRIBUTE_BUFFER_ID):
+//    a region of a freed buffer whose address came back in a new allocation
+//    is dropped (statistics().stale) and the new buffer registered; regions of two
+//    GPU allocations are never merged.
+#pragma once
+
+#include "gpuverbs/gpu/gpu_buffer.hpp"
+#include "gpuverbs/gpu/gpu_direct.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+#include "gpuverbs/verbs/protection_domain.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace gpuverbs {
+
+struct RegistrationCacheOptions {
+    /// Regions the cache keeps at most.
+    std::size_t max_regions = 1024;
+    /// Bytes its regions pin at most.
+    std::size_t max_bytes = std::size_t{4} << 30;
+};
+
+struct RegistrationCacheStatistics {
+    std::uint64_t hits = 0;
+    std::uint64_t misses = 0;        ///< registrations made
+    std::uint64_t evictions = 0;     ///< regions dropped for the limits
+    std::uint64_t merges = 0;        ///< regions dropped because a new one covers them
+    std::uint64_t invalidations = 0; ///< regions dropped by invalidate()
+    std::uint64_t stale = 0;         ///< regions dropped because their GPU buffer was freed and its address reused
+    std::size_t regions = 0;         ///< regions cached now
+    std::size_t bytes_pinned = 0;    ///< bytes they cover
+};
+
+/// The names before 0.2 (options and statistics are named so everywhere).
+using RegistrationCacheLimits [[deprecated("use RegistrationCacheOptions")]] = RegistrationCacheOptions;
+using RegistrationCacheStats [[deprecated("use RegistrationCacheStatistics")]] = RegistrationCacheStatistics;
+
+namespace detail {
+
+/// The cache's bookkeeping over any handle type, without a device: which
+/// cached range serves a request, what a miss registers and replaces, and
+/// which entries the limits evict. Unit-tested with plain values.
+template <class Handle>
+class RegistrationIndex {
+public:
+    explicit RegistrationIndex(RegistrationCacheOptions limits) : limits_(limits) {}
+
+    /// The handle covering [begin, end) with `access`, counted as a hit; else
+    /// nothing. `owner`: the GPU buffer id of the memory now (0 for host
+    /// memory); an entry made for another buffer at these addresses is stale
+    /// and dropped.
+    std::optional<Handle> find(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) {
+        auto it = entries_.upper_bound(begin);
+        if (it == entries_.begin()) return std::nullopt;
+        --it;
+        Entry& e = it->second;
+        if (e.owner != owner && e.end > begin) {
+            erase(it);
+            ++stats_.stale;
+            return std::nullopt;
+        }
+        if (end > e.end || (e.access & access) != access) return std::nullopt;
+        lru_.splice(lru_.begin(), lru_, e.lru);
+        ++stats_.hits;
+        return e.handle;
+    }
+
+    /// What a miss must register: the range and access, grown to cover every
+    /// cached entry it overlaps (those are replaced when it is inserted).
+    struct Miss {
+        std::uint64_t begin, end;
+        Access access;
+        std::uint64_t owner = 0; ///< GPU buffer id (0: host memory)
+    };
+    /// Only entries of the same owner are merged; GPU memory never merges
+    /// (two allocations cannot be one registration): entries of other owners
+    /// that overlap are stale and dropped by insert().
+    [[nodiscard]] Miss plan_miss(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) const {
+        Miss m{begin, end, access, owner};
+        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end; ++it) {
+            if (it->second.owner != owner) continue;
+            m.begin = std::min(m.begin, it->first);
+            m.end = std::max(m.end, it->second.end);
+            m.access = m.access | it->second.access;
+        }
+        return m;
+    }
+
+    /// Adds a registration made for `m`, dropping what it covers, then evicts
+    /// the least recently used entries beyond the limits (never this one).
+    void insert(const Miss& m, Handle handle) {
+        ++stats_.misses;
+        for (auto it = first_overlapping(m.begin); it != entries_.end() && it->first < m.end;) {
+            ++(it->second.owner == m.owner ? stats_.merges : stats_.stale);
+            it = erase(it);
+        }
+        lru_.push_front(m.begin);
+        entries_.emplace(m.begin, Entry{m.end, m.access, std::move(handle), lru_.begin(), m.owner});
+        bytes_ += m.end - m.begin;
+        while ((entries_.size() > limits_.max_regions || bytes_ > limits_.max_bytes) && entries_.size() > 1) {
+            erase(entries_.find(lru_.back()));
+            ++stats_.evictions;
+        }
+    }
+
+    /// Drops every entry overlapping [begin, end).
+    void invalidate(std::uint64_t begin, std::uint64_t end) {
+        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end;) {
+            it = erase(it);
+            ++stats_.invalidations;
+        }
+    }
+
+    [[nodiscard]] RegistrationCacheStatistics statistics() const {
+        RegistrationCacheStatistics s = stats_;
+        s.regions = entries_.size();
+        s.bytes_pinned = bytes_;
+        return s;
+    }
+
+private:
+    struct Entry {
+        std::uint64_t end;
+        Access access;
+        Handle handle;
+        std::list<std::uint64_t>::iterator lru;
+        std::uint64_t owner = 0;
+    };
+    using Map = std::map<std::uint64_t, Entry>;
+
+    // Entries never overlap each other, so the one before `begin` is the only
+    // earlier one that can reach into it.
+    typename Map::const_iterator first_overlapping(std::uint64_t begin) const {
+        auto it = entries_.upper_bound(begin);
+        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+        return it;
+    }
+    typename Map::iterator first_overlapping(std::uint64_t begin) {
+        auto it = entries_.upper_bound(begin);
+        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+        return it;
+    }
+    typename Map::iterator erase(typename Map::iterator it) {
+        bytes_ -= it->second.end - it->first;
+        lru_.erase(it->second.lru);
+        return entries_.erase(it);
+    }
+
+    RegistrationCacheOptions limits_;
+    Map entries_;
+    std::list<std::uint64_t> lru_; // most recent first
+    std::size_t bytes_ = 0;
+    RegistrationCacheStatistics stats_;
+};
+
+} // namespace detail
+
+/// Not thread-safe: one cache per thread, or a lock around it.
+class RegistrationCache {
+public:
+    /// Registers in `pd` (which must outlive the cache).
+    explicit RegistrationCache(const ProtectionDomain& pd, RegistrationCacheOptions limits = {})
+        : pd_(&pd), index_(limits) {}
+
+    /// A region covering `memory` with at least `access`: cached, or registered now.
+    /// Throws what MemoryRegion's constructor throws.
+    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access) {
+        auto begin = reinterpret_cast<std::uint64_t>(memory.data());
+        auto end = begin + memory.size();
+        if (auto hit = index_.find(begin, end, access)) return *hit;
+        auto miss = index_.plan_miss(begin, end, access);
+        // The union starts at or before `memory`, inside mapped memory the cache registered before.
+        auto* start = reinterpret_cast<std::byte*>(miss.begin); // NOLINT(performance-no-int-to-ptr)
+        auto mr = std::make_shared<const MemoryRegion>(*pd_, start, static_cast<std::size_t>(miss.end - miss.begin),
+                                                       miss.access);
+        index_.insert(miss, mr);
+        return mr;
+    }
+    /// A region covering GPU memory with at least `access`, registered with
+    /// register_gpu_memory(method) on a miss. The allocation's buffer id is
+    /// asked of the driver on every call, so a buffer freed and replaced at
+    /// the same address is never served the old registration. Throws what
+    /// GpuMemory::from_address and register_gpu_memory throw.
+    std::shared_ptr<const MemoryRegion> get(const GpuMemory& memory, Access access,
+                                            GpuRegistration method = GpuRegistration::automatic);
+
+    /// Forgets every region overlapping [address, address + length): call it
+    /// before freeing or unmapping host memory.
+    void invalidate(const void* address, std::size_t length) {
+        auto begin = reinterpret_cast<std::uint64_t>(address);
+        index_.invalidate(begin, begin + length);
+    }
+    [[nodiscard]] RegistrationCacheStatistics statistics() const { return index_.statistics(); }
+
+private:
+    const ProtectionDomain* pd_;
+    detail::RegistrationIndex<std::shared_ptr<const MemoryRegion>> index_;
+};
+
+} // namespace gpuverbs

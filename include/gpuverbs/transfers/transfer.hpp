@@ -1,0 +1,380 @@
+// Block-list transfers: move many scattered blocks in one operation — the
+// KV-cache hand-off of disaggregated inference (a request's blocks in one
+// paged pool land in another pool's, differently scattered blocks).
+//
+//   std::vector<gpuverbs::LocalBuffer> mine = {pool.slice(7 * B, B), pool.slice(2 * B, B)};
+//   std::vector<gpuverbs::RemoteBlock> theirs = {{peer_pool, 40 * B, B}, {peer_pool, 41 * B, B}};
+//   auto plan = gpuverbs::TransferPlan(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
+//   gpuverbs::async_transfer(qp, plan, {.notify = request_id, .failed_blocks = &why}, [](auto ec, std::size_t bytes)
+//   {});
+//   // the peer: a receive completes with immediate == request_id once every block has landed
+//
+// The two lists describe the same bytes in order, cut differently: any
+// lengths on either side. TransferPlan checks them (no zero-length block,
+// every block inside its region, equal totals, no two blocks writing the same
+// bytes), coalesces neighbours (contiguous blocks of one region become one
+// request) and cuts the result into work requests that respect the queue
+// pair's scatter/gather limit and the message size. Errors name the block.
+#pragma once
+
+#include "gpuverbs/data_path/work_request.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
+#include "gpuverbs/verbs/queue_pair_types.hpp"
+
+#include "gpuverbs/detail/async/async_op.hpp"
+#include "gpuverbs/detail/async/async_token.hpp"
+#include "gpuverbs/detail/transfers/transfer_stream.hpp"
+
+#include <boost/asio/append.hpp>
+#include <boost/asio/associated_allocator.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/recycling_allocator.hpp>
+#include <boost/asio/system_executor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpuverbs {
+
+enum class TransferDirection : std::uint8_t {
+    write, ///< local blocks → remote blocks (RDMA write)
+    read,  ///< remote blocks → local blocks (RDMA read)
+};
+
+/// What bounds one work request of a transfer.
+struct TransferLimits {
+    /// Local pieces one request may gather or scatter (the QP's max_send_sge).
+    std::uint32_t max_sge = 1;
+    /// The largest message (RoCE and InfiniBand allow 2^31 bytes).
+    std::uint64_t max_message = std::uint64_t{1} << 31;
+};
+
+class TransferPlan;
+namespace detail {
+TransferPlan make_transfer_plan(TransferDirection direction, std::span<const LocalBuffer> local,
+                                std::span<const RemoteBlock> remote, const TransferLimits& limits, Status& status);
+} // namespace detail
+
+/// A checked, coalesced, chunked transfer: the work requests to post.
+class TransferPlan {
+public:
+    /// One work request: a contiguous remote range and its local pieces.
+    struct Request {
+        RemoteMemory remote;           ///< the exact remote range (address, length, rkey)
+        std::uint32_t first_piece = 0; ///< into pieces()
+        std::uint32_t piece_count = 0;
+        std::uint32_t first_local = 0;  ///< the local block where it starts (for messages)
+        std::uint32_t first_remote = 0; ///< the remote block where it starts
+        std::uint32_t last_remote = 0;  ///< the remote block where it ends
+    };
+
+    /// An empty plan (nothing to move).
+    TransferPlan() = default;
+    /// Checks and plans; throws gpuverbs::Error (errc::invalid_argument) naming the block.
+    TransferPlan(TransferDirection direction, std::span<const LocalBuffer> local, std::span<const RemoteBlock> remote,
+                 const TransferLimits& limits = {});
+    /// … limits from a queue pair's capabilities (max_send_sge).
+    TransferPlan(TransferDirection direction, std::span<const LocalBuffer> local, std::span<const RemoteBlock> remote,
+                 const QueuePairCapabilities& caps)
+        : TransferPlan(direction, local, remote, TransferLimits{caps.max_send_sge}) {}
+    /// The error_code form: an empty plan on failure.
+    static TransferPlan create(TransferDirection direction, std::span<const LocalBuffer> local,
+                               std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec);
+    /// … with the words the exception would carry kept in `diagnostics`.
+    static TransferPlan create(TransferDirection direction, std::span<const LocalBuffer> local,
+                               std::span<const RemoteBlock> remote, const TransferLimits& limits, std::error_code& ec,
+                               Diagnostics& diagnostics);
+
+    [[nodiscard]] TransferDirection direction() const noexcept { return direction_; }
+    [[nodiscard]] std::span<const Request> requests() const noexcept { return requests_; }
+    [[nodiscard]] std::span<const LocalBuffer> pieces() const noexcept { return pieces_; }
+    /// The pieces as the device reads them (one ibv_sge each, the plan's keys).
+    [[nodiscard]] std::span<const ibv_sge> native_pieces() const noexcept { return sges_; }
+    [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+    [[nodiscard]] std::size_t local_blocks() const noexcept { return local_blocks_; }
+    [[nodiscard]] std::size_t remote_blocks() const noexcept { return remote_blocks_; }
+    /// The work request for request `i` (refers to this plan: keep it alive until posted).
+    [[nodiscard]] WorkRequest work_request(std::size_t i) const noexcept;
+    /// "remote block 17" or "remote blocks 17 to 19 (local block 4 onwards)", for request `i`.
+    [[nodiscard]] std::string blocks_of(std::size_t i) const;
+
+private:
+    friend TransferPlan detail::make_transfer_plan(TransferDirection, std::span<const LocalBuffer>,
+                                                   std::span<const RemoteBlock>, const TransferLimits&,
+                                                   detail::Status&);
+    TransferDirection direction_ = TransferDirection::write;
+    std::vector<Request> requests_;
+    std::vector<LocalBuffer> pieces_;
+    std::vector<ibv_sge> sges_;
+    std::uint64_t bytes_ = 0;
+    std::size_t local_blocks_ = 0;
+    std::size_t remote_blocks_ = 0;
+};
+
+/// One rail of a transfer: a queue pair on one device, and — when that
+/// device is not the one the plan's keys come from — the keys of the same
+/// memory on this rail (registrations of the same addresses on each device).
+///
+///   TransferRail rail{&qp1};
+///   rail.local(pool_mr0, pool_mr1).remote(peer_pool0, peer_pool1);
+struct TransferRail {
+    QueuePair* qp = nullptr;
+    std::vector<detail::KeyMap> local_keys;  ///< plan lkey → this rail's lkey (empty: the same)
+    std::vector<detail::KeyMap> remote_keys; ///< plan rkey → this rail's rkey (empty: the same)
+
+    /// The local region the plan names, and the same memory registered on this rail's device.
+    TransferRail& local(const MemoryRegion& in_plan, const MemoryRegion& on_rail) {
+        local_keys.push_back({in_plan.lkey(), on_rail.lkey()});
+        return *this;
+    }
+    /// The remote region the plan names, and the same memory as the peer registered it on this rail.
+    TransferRail& remote(const RemoteMemory& in_plan, const RemoteMemory& on_rail) {
+        remote_keys.push_back({in_plan.rkey, on_rail.rkey});
+        return *this;
+    }
+};
+
+/// How async_transfer posts, finishes and reports. (Every member has a
+/// default initializer: GCC 12's -Wextra warns about designated initializers
+/// that leave out a member without one.)
+struct TransferOptions {
+    /// Requests per doorbell (one ibv_post_send of a linked chain), 1 to 64;
+    /// only the last of each chain is signaled, so the CQ sees one completion
+    /// per chain. Chains are posted while the send queue has room for one.
+    std::uint32_t doorbell_batch = 32;
+    /// Receives the bytes each rail moved (one entry per rail; may be empty).
+    std::span<std::uint64_t> rail_bytes{};
+    /// Writes only: after the last block, a zero-byte write with this
+    /// immediate (a transfer id) consumes one receive at the peer. It is
+    /// posted (on the first rail) only once every request has completed
+    /// without error, so when the peer's receive completes every block has
+    /// landed, and a peer never hears of a transfer that did not land.
+    std::optional<std::uint32_t> notify{};
+    /// Receives plan.blocks_of() for the first request that failed (and the rail, with several).
+    std::string* failed_blocks = nullptr;
+};
+
+namespace detail {
+
+/// A plan cut into contiguous ranges of requests, one per rail.
+struct Stripes {
+    std::vector<std::uint32_t> bounds; ///< rail k runs requests [bounds[k], bounds[k + 1])
+    std::vector<std::uint64_t> bytes;  ///< … and moves this many bytes
+};
+/// Splits the plan's requests into `rails` contiguous ranges of about equal
+/// bytes: rail k ends at the first request boundary at or past k+1 shares of
+/// the total (a request is never split: bound one with TransferLimits::max_message);
+/// at most one boundary per request, so empty rails come only at the end.
+Stripes stripe(const TransferPlan& plan, std::size_t rails);
+
+/// A rail as a transfer holds it from when the operation is made: its queue
+/// pair weakly (a QueuePair destroyed before a deferred transfer is launched
+/// makes it complete with operation_aborted, never a dangling pointer).
+struct BoundRail {
+    std::weak_ptr<QpCore> qp;
+    bool given = false; ///< the TransferRail named a queue pair (not null, not empty)
+    std::vector<KeyMap> local_keys;
+    std::vector<KeyMap> remote_keys;
+};
+/// The rails of `rails`, bound as above.
+std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails);
+/// Their queue pairs, locked for the set-up (an empty pointer for one that is gone).
+struct LockedRail {
+    std::shared_ptr<QpCore> qp;
+    const BoundRail* rail = nullptr;
+};
+
+/// What a transfer shares between its rails: counts them down, keeps the
+/// first error and the bytes, sends the notification after the last one, and
+/// completes the handler once (typed part: TransferJob).
+class TransferJobBase {
+public:
+    TransferJobBase(const TransferJobBase&) = delete;
+    TransferJobBase& operator=(const TransferJobBase&) = delete;
+
+    /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot run.
+    bool setup(std::span<const BoundRail> rails, const TransferPlan& plan, const TransferOptions& options,
+               std::error_code& ec, std::string& why);
+    /// Submits every rail that has requests (after setup succeeded).
+    void start() noexcept;
+
+protected:
+    using Finish = void (*)(TransferJobBase*, bool destroy);
+    explicit TransferJobBase(Finish finish) noexcept : finish_(finish) {}
+    ~TransferJobBase() = default;
+
+    std::error_code error_;
+    std::uint64_t bytes_ = 0;
+
+private:
+    static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
+    void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
+
+    Finish finish_;
+    std::mutex mutex_;
+    const TransferPlan* plan_ = nullptr;
+    std::unique_ptr<RailStream[]> rails_;
+    std::size_t rail_count_ = 0;
+    std::size_t running_ = 0;
+    bool destroyed_ = false;
+    bool notified_ = false;
+    std::optional<std::uint32_t> notify_;
+    std::string* failed_blocks_ = nullptr;
+    std::span<std::uint64_t> rail_bytes_;
+};
+
+template <class Handler>
+class TransferJob final : public TransferJobBase {
+public:
+    using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
+    using Allocator = typename std::allocator_traits<boost::asio::associated_allocator_t<
+        Handler, boost::asio::recycling_allocator<void>>>::template rebind_alloc<TransferJob>;
+    using Traits = std::allocator_traits<Allocator>;
+
+    /// A job in memory from the handler's associated allocator (Asio's
+    /// recycling allocator when it has none), freed before the handler runs.
+    static TransferJob* create(Handler h, const boost::asio::any_io_executor& fallback) {
+        Allocator allocator(boost::asio::get_associated_allocator(h, boost::asio::recycling_allocator<void>()));
+        TransferJob* job = Traits::allocate(allocator, 1);
+        try {
+            Traits::construct(allocator, job, std::move(h), fallback);
+        } catch (...) {
+            Traits::deallocate(allocator, job, 1);
+            throw;
+        }
+        return job;
+    }
+    /// Frees a job that never started (a throwing set-up), without its handler.
+    static void discard(TransferJob* job) noexcept {
+        Allocator allocator(
+            boost::asio::get_associated_allocator(job->handler_, boost::asio::recycling_allocator<void>()));
+        Traits::destroy(allocator, job);
+        Traits::deallocate(allocator, job, 1);
+    }
+
+    TransferJob(Handler h, const boost::asio::any_io_executor& fallback)
+        : TransferJobBase(&TransferJob::finish),
+          handler_(std::move(h)),
+          work_(boost::asio::get_associated_executor(handler_, fallback)) {}
+
+    /// Completes the handler with `ec` without starting anything (posted, never inline).
+    void refuse(std::error_code ec) {
+        error_ = ec;
+        finish(this, false);
+    }
+
+private:
+    // Only std::bad_alloc from asio::post can escape: termination rather than a lost handler.
+    // NOLINTNEXTLINE(bugprone-exception-escape)
+    static void finish(TransferJobBase* base, bool destroy) noexcept {
+        auto* self = static_cast<TransferJob*>(base);
+        Handler handler(std::move(self->handler_));
+        boost::asio::executor_work_guard<Executor> work(std::move(self->work_));
+        const async_error_code ec = to_asio_error(self->error_);
+        const auto bytes = static_cast<std::size_t>(self->bytes_);
+        Allocator allocator(boost::asio::get_associated_allocator(handler, boost::asio::recycling_allocator<void>()));
+        Traits::destroy(allocator, self);
+        Traits::deallocate(allocator, self, 1);
+        if (destroy) return;
+        auto executor = work.get_executor();
+        work.reset();
+        boost::asio::post(executor, boost::asio::append(std::move(handler), ec, bytes));
+    }
+
+    Handler handler_;
+    boost::asio::executor_work_guard<Executor> work_;
+};
+
+/// The named initiation of async_transfer: the rails are bound when the
+/// operation is made; its executor is the first rail's CQ's, where a handler
+/// without one of its own completes.
+struct InitiateTransfer {
+    std::vector<BoundRail> rails;
+    const TransferPlan* plan;
+    TransferOptions options;
+    boost::asio::any_io_executor executor;
+
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
+
+    template <class Handler>
+    void operator()(Handler&& handler) const {
+        using Job = TransferJob<std::decay_t<Handler>>;
+        // Without an executor the refusal still completes, on the system executor.
+        const boost::asio::any_io_executor fallback =
+            executor ? executor : boost::asio::any_io_executor(boost::asio::system_executor());
+        Job* job = Job::create(std::forward<Handler>(handler), fallback);
+        std::error_code ec;
+        std::string why;
+        bool ready = false;
+        try {
+            ready = job->setup(rails, *plan, options, ec, why);
+        } catch (...) {
+            Job::discard(job);
+            throw;
+        }
+        if (!ready) {
+            if (options.failed_blocks != nullptr) *options.failed_blocks = why;
+            return job->refuse(ec);
+        }
+        job->start();
+    }
+};
+
+} // namespace detail
+
+/// Moves `plan` over one or several rails (asynchronously: every rail's CQ
+/// must be bound to an executor) and completes once:
+/// void(async_error_code, std::size_t bytes). Requests are striped
+/// over the rails by bytes (contiguous ranges), each rail posted in chains of
+/// options.doorbell_batch with the last signaled, refilled from its own
+/// completions. The error is the first that happened (a device status;
+/// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
+/// for an empty plan, no rail, a notification on a read or a key a rail cannot
+/// translate; errc::no_executor). `plan`, its memory and the options'
+/// outputs must live until completion; the rails' queue pairs are held
+/// weakly from when the operation is made (a deferred transfer launched after
+/// one was destroyed completes with operation_aborted; one destroyed while it
+/// runs aborts it). The job is allocated with the handler's associated
+/// allocator. Cancellation: not yet (a transfer ends when its requests do). When the execution
+/// context of one rail is destroyed with the transfer running, the handler
+/// is destroyed without being called (Asio's rule), whatever the other rails do.
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
+                    Token&& token = Token()) {
+    boost::asio::any_io_executor executor;
+    if (!rails.empty() && rails.front().qp != nullptr) executor = rails.front().qp->get_executor();
+    return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+        detail::InitiateTransfer{detail::bind_rails(rails), &plan, options, executor}, token);
+}
+
+/// … on one queue pair.
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token = Token()) {
+    const TransferRail rail{&qp, {}, {}};
+    return async_transfer(std::span<const TransferRail>(&rail, 1), plan, options, std::forward<Token>(token));
+}
+
+/// … on one queue pair, without options.
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token = Token()) {
+    return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));
+}
+
+} // namespace gpuverbs

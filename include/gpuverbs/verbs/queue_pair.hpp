@@ -1,0 +1,149 @@
+// Reliable-connected queue pairs, set up as a typed sequence that cannot be
+// misused:
+//
+//   gpuverbs::PreparedQueuePair prepared(pd, cq, cq);        // created, in INIT
+//   send_to_peer(prepared.endpoint());                       // QPN, PSN, LID, GID, MTU
+//   gpuverbs::QueuePair qp = std::move(prepared).connect(peer_endpoint);   // RTR, RTS
+//   qp.post_write(mr.slice(0, n), peer_memory, 0, {.context = 1});
+//
+// Only a connected QueuePair has a data path (it is a DataPath: data_path.hpp),
+// so posting on a QP that is not connected does not compile. This file is the
+// set-up; what runs per operation lives in detail/data_path/posting_path.hpp and
+// detail/data_path/completion_path.hpp.
+#pragma once
+
+#include "gpuverbs/data_path/data_path.hpp"
+#include "gpuverbs/detail/verbs/qp_transitions.hpp"
+#include "gpuverbs/detail/verbs/queue_cores.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/verbs/completion.hpp"
+#include "gpuverbs/verbs/completion_queue.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+#include "gpuverbs/verbs/protection_domain.hpp"
+#include "gpuverbs/verbs/queue_pair_types.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <system_error>
+
+namespace gpuverbs {
+
+class QueuePair;
+class SharedReceiveQueue;
+
+/// A reliable-connected queue pair that exists (in INIT) but is not connected.
+/// It has no data path: connect() it to a peer's Endpoint to get a QueuePair.
+class PreparedQueuePair {
+public:
+    PreparedQueuePair() noexcept = default;
+    /// Creates an RC queue pair using `send_cq` and `recv_cq` (may be the same CQ).
+    PreparedQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                      const QueuePairOptions& options = {});
+    /// … whose receives come from a shared receive queue.
+    PreparedQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
+                      const SharedReceiveQueue& srq, const QueuePairOptions& options = {});
+    static PreparedQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                    const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                    std::error_code& ec);
+
+    PreparedQueuePair(PreparedQueuePair&&) noexcept = default;
+    PreparedQueuePair& operator=(PreparedQueuePair&&) noexcept = default;
+    PreparedQueuePair(const PreparedQueuePair&) = delete;
+    PreparedQueuePair& operator=(const PreparedQueuePair&) = delete;
+    ~PreparedQueuePair() = default;
+
+    explicit operator bool() const noexcept { return core_ != nullptr; }
+    /// What the peer needs to connect to this QP.
+    [[nodiscard]] const Endpoint& endpoint() const noexcept { return local_; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
+
+    /// INIT → RTR → RTS against `remote`. On success this object is empty; on
+    /// failure (gpuverbs::Error naming the transition and its attributes) it is
+    /// left in INIT and can be connected again.
+    QueuePair connect(const Endpoint& remote, const ConnectOptions& options = {}) &&;
+    QueuePair connect(const Endpoint& remote, const ConnectOptions& options, std::error_code& ec) &&;
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    QueuePair connect(const Endpoint& remote, const ConnectOptions& options, std::error_code& ec,
+                      Diagnostics& diagnostics) &&;
+
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
+    [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
+
+private:
+    friend class QueuePair;
+    static PreparedQueuePair create_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                         const CompletionQueue& recv_cq, const SharedReceiveQueue* srq,
+                                         const QueuePairOptions& options, detail::Status& status);
+    QueuePair connect_impl(const Endpoint& remote, const ConnectOptions& options, detail::Status& status);
+
+    std::shared_ptr<detail::QpCore> core_;
+    detail::LocalPort port_;
+    Endpoint local_;
+};
+
+/// A connected reliable queue pair (RTS): set-up and state here, the data
+/// path — synchronous, batched and asynchronous — from DataPath (data_path.hpp).
+class QueuePair : public DataPath {
+public:
+    QueuePair() noexcept = default;
+    QueuePair(QueuePair&&) noexcept = default;
+    QueuePair& operator=(QueuePair&& other) noexcept {
+        if (this != &other) {
+            release();
+            core_ = std::move(other.core_);
+            port_ = other.port_;
+            local_ = other.local_;
+            remote_ = other.remote_;
+        }
+        return *this;
+    }
+    QueuePair(const QueuePair&) = delete;
+    QueuePair& operator=(const QueuePair&) = delete;
+    /// Outstanding asynchronous operations complete with operation_aborted.
+    ~QueuePair() { release(); }
+
+    explicit operator bool() const noexcept { return core_ != nullptr; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
+    [[nodiscard]] const Endpoint& local_endpoint() const noexcept { return local_; }
+    [[nodiscard]] const Endpoint& remote_endpoint() const noexcept { return remote_; }
+    /// The depths, SGE counts and inline size the device granted.
+    [[nodiscard]] const QueuePairCapabilities& capabilities() const noexcept { return core_->caps(); }
+    /// Send requests posted and not yet known to be finished.
+    [[nodiscard]] std::uint64_t outstanding_sends() const noexcept { return core_->send.outstanding(); }
+    /// Receives posted to this QP's own receive queue and not yet completed.
+    [[nodiscard]] std::uint64_t outstanding_receives() const noexcept { return core_->receive.outstanding(); }
+
+    /// The QP's state as the device reports it (ibv_query_qp).
+    [[nodiscard]] QpState state() const;
+    /// Moves the QP to the error state: outstanding requests complete with
+    /// IBV_WC_WR_FLUSH_ERR, new ones too. For shutdown and tests.
+    std::error_code force_error() noexcept;
+    /// Back to RESET and INIT with a new PSN, ready to connect again (e.g.
+    /// after an error). Poll the CQ empty of this QP's completions first; with
+    /// asynchronous operations still outstanding it throws
+    /// errc::invalid_argument and leaves the QueuePair as it was.
+    PreparedQueuePair reset() &&;
+
+    /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
+    [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
+    [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
+
+private:
+    friend class PreparedQueuePair;
+    friend class CmConnection;
+
+    /// With a driver, the QP is torn down under its lock, after its operations are aborted.
+    void release() noexcept {
+        if (core_ && core_->send_cq()->driver() != nullptr) release_async();
+        core_.reset();
+    }
+    void release_async() noexcept;
+
+    detail::LocalPort port_;
+    Endpoint local_;
+    Endpoint remote_;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,116 @@
+// The plain values around queue pairs: creation options, the Endpoint a peer
+// needs to connect, connection options and per-request send options.
+#pragma once
+
+#include "gpuverbs/verbs/device.hpp"
+#include "gpuverbs/verbs/gid.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace gpuverbs {
+
+/// What a queue pair is created with. The device may round the depths and
+/// inline size up; QueuePair::capabilities() reports the real values.
+struct QueuePairOptions {
+    std::uint32_t max_send_wr = 256;   ///< send queue depth
+    std::uint32_t max_recv_wr = 256;   ///< receive queue depth (unused with a SharedReceiveQueue)
+    std::uint32_t max_send_sge = 1;    ///< scatter/gather entries per send-side request
+    std::uint32_t max_recv_sge = 1;    ///< … per receive
+    std::uint32_t max_inline_data = 0; ///< bytes a send or write may carry inline
+    std::uint8_t port = 1;
+    /// GID table index to use on RoCE; default: Device::select_gid's choice.
+    std::optional<std::uint32_t> gid_index;
+    /// When gid_index is not given: restricts select_gid (e.g. to one IPv4 address).
+    GidPreference gid_preference;
+};
+
+/// What the device granted a queue pair: depths, scatter/gather entries and
+/// inline size (may exceed what QueuePairOptions asked for).
+struct QueuePairCapabilities {
+    std::uint32_t max_send_wr = 0;     ///< send requests outstanding at once
+    std::uint32_t max_recv_wr = 0;     ///< receives outstanding at once (0 with a SharedReceiveQueue)
+    std::uint32_t max_send_sge = 0;    ///< scatter/gather entries per send-side request
+    std::uint32_t max_recv_sge = 0;    ///< … per receive
+    std::uint32_t max_inline_data = 0; ///< bytes a send or write may carry inline
+};
+
+/// What the peer needs to connect to a queue pair; exchange it out of band
+/// (wire.hpp serializes it). gid is used on RoCE, lid on InfiniBand.
+struct Endpoint {
+    std::uint32_t qp_num = 0;
+    std::uint32_t psn = 0; ///< first packet sequence number (24 bits)
+    std::uint16_t lid = 0;
+    Gid gid;
+    Mtu mtu = Mtu::mtu_1024; ///< the port's active MTU
+    LinkLayer link_layer = LinkLayer::unspecified;
+
+    friend bool operator==(const Endpoint&, const Endpoint&) = default;
+};
+
+/// How connect() sets up the path. The defaults suit almost everyone.
+struct ConnectOptions {
+    /// Default: the smaller of both ports' active MTUs.
+    std::optional<Mtu> path_mtu;
+    /// Local ACK timeout, 4.096 µs × 2^timeout (14 ≈ 67 ms).
+    std::uint8_t timeout = 14;
+    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR
+    /// (0-7). Finite by default on every provider: 6 retries of the 67 ms
+    /// timeout fail a request to a peer that is gone in about half a second.
+    /// 7 means seven retries on hardware but "retry forever" on Soft-RoCE
+    /// (rxe never counts 7 down), so a dead peer would hang there.
+    std::uint8_t retry_count = 6;
+    /// Receiver-not-ready retries our sends make when the peer has no receive
+    /// posted, before failing with IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries
+    /// forever, as raw verbs examples usually set). Finite by default, as
+    /// CmOptions' is: about 7 × the peer's min_rnr_timer (~18 ms with the
+    /// defaults) of a peer not receiving is an error, not a silent stall.
+    /// Post receives before the peer may send (docs/concepts.md).
+    std::uint8_t rnr_retry_count = 6;
+    /// How long the peer waits before retrying a send we had no receive for,
+    /// in the InfiniBand encoding (16 = 2.56 ms; the same default as CmOptions).
+    std::uint8_t min_rnr_timer = 16;
+    /// RDMA reads/atomics outstanding as initiator; default: the device's limit (at most 16).
+    std::optional<std::uint8_t> max_rd_atomic;
+    /// … as target; default: the device's limit (at most 16).
+    std::optional<std::uint8_t> max_dest_rd_atomic;
+    std::uint8_t service_level = 0;
+    std::uint8_t traffic_class = 0;
+    std::uint8_t hop_limit = 64;
+    std::uint32_t flow_label = 0;
+    /// What the peer may do to our memory through this QP (the MR must allow it too).
+    Access remote_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+};
+
+/// Per-request options of the send-side data path.
+struct SendOptions {
+    /// Handed back in the Completion.
+    std::uint64_t context = 0;
+    /// Generate a completion. Unsignaled requests are finished when a later
+    /// signaled one completes: signal at least once per send-queue depth.
+    bool signaled = true;
+    /// Copy the payload into the request (up to max_inline_data): the buffer is
+    /// reusable when post returns and needs no memory region.
+    bool inline_data = false;
+    /// Wait for earlier reads and atomics to finish before starting this one.
+    bool fence = false;
+    /// Ask the peer's CQ to wake solicited-only waiters (sends, writes with immediate).
+    bool solicited = false;
+};
+
+/// A queue pair's state (ibv_qp_state).
+enum class QpState : std::uint8_t {
+    reset,
+    init,
+    ready_to_receive,
+    ready_to_send,
+    send_drained,
+    send_error,
+    error,
+    unknown
+};
+std::string_view to_string(QpState state) noexcept;
+
+} // namespace gpuverbs
