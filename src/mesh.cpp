@@ -171,7 +171,14 @@ Mesh::OfferProgress Mesh::complete_offers() {
                 ++it;
                 continue;
             }
-            progress.refused.emplace_back(q, e);
+            // The refusal as values: the code and the same words (no exception kept).
+            detail::Status status;
+            const std::string_view text = e.what();
+            status.fail(e.code(), e.verb(), std::string(text.substr(std::min(text.size(), e.verb().size() + 2))));
+            Refusal& r = progress.refused.emplace_back();
+            r.peer = q;
+            r.code = e.code();
+            status.report(r.diagnostics);
             it = offers_.erase(it);
             continue;
         }

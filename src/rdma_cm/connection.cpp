@@ -318,6 +318,11 @@ void CmConnection::connect(const CmOptions& options, std::span<const std::byte> 
                            std::chrono::milliseconds timeout, std::error_code& ec) {
     (void)detail::or_code(ec, [&](detail::Status& s) { return step_impl(false, options, private_data, timeout, s); });
 }
+void CmConnection::accept(const CmOptions& options, std::span<const std::byte> private_data,
+                          std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics,
+                          [&](detail::Status& s) { return step_impl(true, options, private_data, timeout, s); });
+}
 void CmConnection::connect(const CmOptions& options, std::span<const std::byte> private_data,
                            std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
     (void)detail::or_code(ec, diagnostics,

@@ -541,6 +541,17 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
         CHECK(ec == errc::invalid_argument); // no queue pair yet
         client.conn.accept({}, {}, 5s, ec);
         CHECK(ec == errc::invalid_argument); // accept is the server's step
+        // The Diagnostics form carries the words the throwing form throws.
+        Diagnostics diagnostics;
+        client.conn.accept({}, {}, 5s, ec, diagnostics);
+        CHECK(ec == errc::invalid_argument);
+        try {
+            client.conn.accept({}, {}, 5s);
+            FAIL("a client accepted");
+        } catch (const Error& e) {
+            CHECK(diagnostics.message() == e.what());
+            CHECK_FALSE(diagnostics.verb().empty());
+        }
         CHECK_THROWS_WITH_AS((void)client.conn.qp(),
                              "CmConnection::qp: the connection has no queue pair yet: call create_qp first", Error);
         client.conn.create_qp(client.pd, client.cq, client.cq);

@@ -177,8 +177,8 @@ int run(int argc, char** argv) {
         if (std::chrono::steady_clock::now() - last_look > std::chrono::milliseconds(20)) {
             gpuverbs::Mesh::OfferProgress progress = mesh.complete_offers();
             for (std::uint32_t q : progress.connected) worker.connected(q);
-            for (const auto& [q, error] : progress.refused)
-                say("error: rank " + std::to_string(q) + ": " + error.what());
+            for (const auto& refusal : progress.refused)
+                say("error: rank " + std::to_string(refusal.peer) + ": " + refusal.diagnostics.message());
             last_look = std::chrono::steady_clock::now();
         }
         worker.drain_completions();

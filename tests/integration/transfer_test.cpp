@@ -641,6 +641,33 @@ TEST_SUITE("the staged path" * doctest::skip(!test::rig_present())) {
 }
 
 TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_present())) {
+    TEST_CASE(
+        "a registration the device refuses: the error_code forms return no region and the words, the throwing "
+        "form throws them, the cache stays as it was") {
+        asio::io_context io;
+        Pair p(io.get_executor(), 1 << 20);
+        RegistrationCache cache(p.a.pd);
+        // An address range nothing is mapped at: ibv_reg_mr fails with EFAULT.
+        std::span<std::byte> unmapped(reinterpret_cast<std::byte*>(std::uintptr_t{0x10000}), 4096); // NOLINT
+        std::error_code ec;
+        CHECK(cache.get(unmapped, Access::local_write, ec) == nullptr);
+        CHECK(ec == std::errc::bad_address);
+        Diagnostics words;
+        CHECK(cache.get(unmapped, Access::local_write, ec, words) == nullptr);
+        CHECK(words.verb() == "ibv_reg_mr");
+        try {
+            (void)cache.get(unmapped, Access::local_write);
+            FAIL("registered unmapped memory");
+        } catch (const Error& e) {
+            CHECK(e.code() == ec);
+            CHECK(std::string(e.what()) == words.message());
+        }
+        CHECK(cache.statistics().regions == 0);
+        // and it still works.
+        CHECK(cache.get(std::span(p.a.memory).first(4096), Access::local_write) != nullptr);
+        CHECK(cache.statistics().regions == 1);
+    }
+
     TEST_CASE("hits hand back the same region; data moves through it; 10,000 mixed requests stay within the bounds") {
         asio::io_context io;
         Pair p(io.get_executor(), 32 << 20);

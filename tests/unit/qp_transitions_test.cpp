@@ -155,7 +155,7 @@ TEST_SUITE("queue pair transitions") {
         CHECK(defaults.responder_resources == 8);
         CHECK(defaults.initiator_depth == 16);
         CHECK(defaults.retry_count == 6);     // finite on every provider (7 is "forever" on rxe)
-        CHECK(defaults.rnr_retry_count == 6); // the same RNR policy as CmOptions
+        CHECK(defaults.rnr_retry_count == 7); // receives cannot be posted before connect (queue_pair_types.hpp)
 
         ConnectOptions o;
         o.retry_count = 99;

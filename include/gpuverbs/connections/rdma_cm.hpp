@@ -341,6 +341,9 @@ public:
                 std::chrono::milliseconds timeout = std::chrono::seconds(30));
     void accept(const CmOptions& options, std::span<const std::byte> private_data, std::chrono::milliseconds timeout,
                 std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    void accept(const CmOptions& options, std::span<const std::byte> private_data, std::chrono::milliseconds timeout,
+                std::error_code& ec, Diagnostics& diagnostics);
     /// Step 2, client: connects with `options` and up to
     /// private_data_limits().connect bytes, and waits for the answer. A refusal
     /// fails with errc::connection_rejected; rejection() then says why.

@@ -105,6 +105,12 @@ public:
     /// arrivals deadlocks.
     void offer(std::span<const std::uint32_t> peers);
     void offer(std::uint32_t peer) { offer(std::span<const std::uint32_t>(&peer, 1)); }
+    /// A peer whose record could not connect us, and why.
+    struct Refusal {
+        std::uint32_t peer = 0;
+        std::error_code code;    ///< errc::malformed_record or errc::unsupported_version
+        Diagnostics diagnostics; ///< the words: which peer, what was wrong
+    };
     /// What one complete_offers() did.
     struct OfferProgress {
         /// Connected by this call, ascending.
@@ -112,7 +118,7 @@ public:
         /// Peers whose record could not connect us (malformed, another
         /// version, another rank or world, no endpoint for us): their offer
         /// is dropped; the error names the peer and what was wrong.
-        std::vector<std::pair<std::uint32_t, Error>> refused;
+        std::vector<Refusal> refused;
     };
     /// Connects the offered peers whose records have appeared (one look each,
     /// through lookup with a zero timeout; PMIx rounds that up to its one-second

@@ -192,18 +192,12 @@ public:
 
     /// A region covering `memory` with at least `access`: cached, or registered now.
     /// Throws what MemoryRegion's constructor throws.
-    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access) {
-        auto begin = reinterpret_cast<std::uint64_t>(memory.data());
-        auto end = begin + memory.size();
-        if (auto hit = index_.find(begin, end, access)) return *hit;
-        auto miss = index_.plan_miss(begin, end, access);
-        // The union starts at or before `memory`, inside mapped memory the cache registered before.
-        auto* start = reinterpret_cast<std::byte*>(miss.begin); // NOLINT(performance-no-int-to-ptr)
-        auto mr = std::make_shared<const MemoryRegion>(*pd_, start, static_cast<std::size_t>(miss.end - miss.begin),
-                                                       miss.access);
-        index_.insert(miss, mr);
-        return mr;
-    }
+    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access);
+    /// The error_code form: an empty pointer on failure (the cache is unchanged).
+    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access, std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access, std::error_code& ec,
+                                            Diagnostics& diagnostics);
     /// A region covering GPU memory with at least `access`, registered with
     /// register_gpu_memory(method) on a miss. The allocation's buffer id is
     /// asked of the driver on every call, so a buffer freed and replaced at
@@ -211,6 +205,11 @@ public:
     /// GpuMemory::from_address and register_gpu_memory throw.
     std::shared_ptr<const MemoryRegion> get(const GpuMemory& memory, Access access,
                                             GpuRegistration method = GpuRegistration::automatic);
+    /// The error_code forms (register_gpu_memory's reasons in the words).
+    std::shared_ptr<const MemoryRegion> get(const GpuMemory& memory, Access access, GpuRegistration method,
+                                            std::error_code& ec);
+    std::shared_ptr<const MemoryRegion> get(const GpuMemory& memory, Access access, GpuRegistration method,
+                                            std::error_code& ec, Diagnostics& diagnostics);
 
     /// Forgets every region overlapping [address, address + length): call it
     /// before freeing or unmapping host memory.
@@ -221,6 +220,9 @@ public:
     [[nodiscard]] RegistrationCacheStatistics statistics() const { return index_.statistics(); }
 
 private:
+    std::shared_ptr<const MemoryRegion> host_impl(std::span<std::byte> memory, Access access, detail::Status& status);
+    std::shared_ptr<const MemoryRegion> gpu_impl(const GpuMemory& memory, Access access, GpuRegistration method,
+                                                 detail::Status& status, std::vector<Rejection>* rejections = nullptr);
     const ProtectionDomain* pd_;
     detail::RegistrationIndex<std::shared_ptr<const MemoryRegion>> index_;
 };

@@ -64,14 +64,16 @@ struct ConnectOptions {
     std::uint8_t retry_count = 6;
     /// Receiver-not-ready retries our sends make when the peer has no receive
     /// posted, before failing with IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries
-    /// forever, as raw verbs examples usually set). Finite by default, as
-    /// CmOptions' is: about 7 × the peer's min_rnr_timer (~18 ms with the
-    /// defaults) of a peer not receiving is an error, not a silent stall.
-    /// Post receives before the peer may send (docs/concepts.md).
-    std::uint8_t rnr_retry_count = 6;
+    /// for as long as the peer takes). 7 here, unlike CmOptions' 6: a
+    /// PreparedQueuePair cannot post receives before it is connected, so a
+    /// peer's first send can always arrive before our first receive (with a
+    /// finite count, the lazy mesh and the echo service failed that way in the
+    /// rig). A dead peer still fails a request: transport retries (above) are
+    /// finite.
+    std::uint8_t rnr_retry_count = 7;
     /// How long the peer waits before retrying a send we had no receive for,
-    /// in the InfiniBand encoding (16 = 2.56 ms; the same default as CmOptions).
-    std::uint8_t min_rnr_timer = 16;
+    /// in the InfiniBand encoding (12 ≈ 0.64 ms).
+    std::uint8_t min_rnr_timer = 12;
     /// RDMA reads/atomics outstanding as initiator; default: the device's limit (at most 16).
     std::optional<std::uint8_t> max_rd_atomic;
     /// … as target; default: the device's limit (at most 16).

@@ -58,7 +58,7 @@ struct CmConnectParameters {
     std::uint8_t responder_resources = 1; ///< as RTR's max_dest_rd_atomic
     std::uint8_t initiator_depth = 1;     ///< as RTS's max_rd_atomic
     std::uint8_t retry_count = 6;         ///< as RTS's retry_cnt
-    std::uint8_t rnr_retry_count = 6;     ///< as RTS's rnr_retry
+    std::uint8_t rnr_retry_count = 7;     ///< as RTS's rnr_retry
 };
 CmConnectParameters cm_connect_parameters(const LocalPort& local, const ConnectOptions& options);
 
