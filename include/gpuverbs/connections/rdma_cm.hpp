@@ -209,7 +209,7 @@ void run_cm_step(Handler&& handler, Step step) {
         set_cm_step_cancel(nullptr);
         auto ex = work.get_executor();
         // The slot is the handler's: cleared on the handler's executor, before it runs.
-        auto finish = [slot, cancelled](auto h2, auto&&... args) mutable {
+        auto finish = [slot](auto h2, auto&&... args) mutable {
             if (slot.is_connected()) slot.clear();
             std::move(h2)(std::forward<decltype(args)>(args)...);
         };

@@ -267,13 +267,9 @@ private:
 /// called from the initiating function.
 template <ResultKind K, class Handler>
 void refuse(Handler&& handler, std::error_code ec, const boost::asio::any_io_executor& fallback = {}) {
-    if (fallback) {
-        auto executor = boost::asio::get_associated_executor(handler, fallback);
-        boost::asio::post(executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec),
-                                                        typename ResultOf<K>::type{}));
-        return;
-    }
-    auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
+    const boost::asio::any_io_executor where =
+        fallback ? fallback : boost::asio::any_io_executor(boost::asio::system_executor());
+    auto executor = boost::asio::get_associated_executor(handler, where);
     boost::asio::post(
         executor, boost::asio::append(std::forward<Handler>(handler), to_asio_error(ec), typename ResultOf<K>::type{}));
 }
