@@ -10,6 +10,8 @@
 //   raw_batched         raw ibverbs: 32 linked WRs per ibv_post_send, the last signaled, then one poll
 //   sync                gpuverbs post_write + CompletionQueue::poll
 //   batched             gpuverbs SendBatch of 32, the last signaled, + poll
+//   raw_poll_one        as raw, each ibv_poll_cq asking for exactly one completion (as rdmapp polls)
+//   sync_poll_one       as sync, each CompletionQueue::poll asking for exactly one
 //   callback            async_write with a callback, event-driven CQ, a dependent chain
 //   coroutine           co_await async_write, event-driven CQ, a dependent chain
 //   callback_adaptive   as callback, adaptive CQ (polls from the executor)
@@ -144,7 +146,8 @@ int run_polled(Pair& p, const std::string& form, int ops) {
     ibv_qp* qp = p.qp.native_handle();
     ibv_cq* cq = p.cq0.native_handle();
     const gv::RemoteMemory dst = p.mr1.remote();
-    const bool raw = form == "raw" || form == "raw_batched";
+    const bool raw = form.starts_with("raw");
+    const int poll_max = form.ends_with("_poll_one") ? 1 : 4;
     const int per_round = form == "batched" || form == "raw_batched" ? batch_size : 1;
     // What a careful raw-ibverbs program writes: each field the request needs
     // set once (no zeroing of the whole ibv_send_wr), the same work gpuverbs does.
@@ -200,9 +203,10 @@ int run_polled(Pair& p, const std::string& form, int ops) {
         p.wait();
         if (measured) collect();
         if (raw) {
-            if (ibv_poll_cq(cq, 4, wc) != 1 || wc[0].status != IBV_WC_SUCCESS) std::abort();
+            if (ibv_poll_cq(cq, poll_max, wc) != 1 || wc[0].status != IBV_WC_SUCCESS) std::abort();
         } else {
-            if (p.cq0.poll(done) != 1 || !done[0].ok()) std::abort();
+            if (p.cq0.poll(std::span(done).first(static_cast<std::size_t>(poll_max))) != 1 || !done[0].ok())
+                std::abort();
         }
         if (measured) collect();
     };
@@ -313,7 +317,8 @@ int main(int argc, char** argv) {
     int ops = 1000;
     if (argc > 3 && std::strcmp(argv[2], "--ops") == 0) ops = std::atoi(argv[3]);
 
-    if (form == "raw" || form == "raw_batched" || form == "sync" || form == "batched") {
+    if (form == "raw" || form == "raw_batched" || form == "sync" || form == "batched" || form == "raw_poll_one" ||
+        form == "sync_poll_one") {
         Pair p(dev0, dev1,
                [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
         return run_polled(p, form, ops);

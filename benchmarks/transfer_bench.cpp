@@ -10,6 +10,8 @@
 //     FORM: raw      the raw loop (ibv_post_send, ibv_poll_cq, ibv_get_cq_event)
 //           gpuverbs async_transfer of a prepared TransferPlan
 //           plan     TransferPlan::make alone (what preparing the plan costs)
+//           gpuverbs_lists  as gpuverbs, but each transfer also builds its block
+//                    lists and its plan (what a KV-cache hand-off pays per request)
 //
 // Under callgrind (--collect-atstart=no) only the repeated transfers are
 // collected, not the set-up; waits in the kernel are never counted.
@@ -177,7 +179,8 @@ int run(const Args& a) {
     }
     asio::io_context io(1);
     const asio::any_io_executor ex = io.get_executor();
-    const bool ours = a.form == "gpuverbs";
+    const bool ours = a.form == "gpuverbs" || a.form == "gpuverbs_lists";
+    const bool lists = a.form == "gpuverbs_lists";
     // Pools of twice the blocks on both sides; blocks at shuffled slots.
     const std::size_t slots = 2 * a.blocks;
     // Not zeroed (under callgrind that alone takes minutes): only sampled bytes are written and read.
@@ -242,7 +245,24 @@ int run(const Args& a) {
         }
     };
     auto once = [&] {
-        if (ours) {
+        if (lists) {
+            // The request's blocks, as a service knows them (slot numbers), become lists and a plan.
+            std::vector<gv::LocalBuffer> mine;
+            std::vector<gv::RemoteBlock> theirs;
+            mine.reserve(a.blocks);
+            theirs.reserve(a.blocks);
+            const gv::RemoteMemory peer = rails[0]->mr1.remote();
+            for (std::size_t k = 0; k < a.blocks; ++k) {
+                mine.push_back(rails[0]->mr0.slice(from[k] * a.block, a.block));
+                theirs.push_back({peer, to[k] * a.block, a.block});
+            }
+            const gv::TransferPlan fresh(gv::TransferDirection::write, mine, theirs, limits);
+            gv::TransferOptions options;
+            options.rail_bytes = rail_bytes;
+            gv::async_transfer(std::span<const gv::TransferRail>(spec), fresh, options, Done{&failed});
+            io.restart();
+            io.run();
+        } else if (ours) {
             gv::TransferOptions options;
             options.rail_bytes = rail_bytes;
             gv::async_transfer(std::span<const gv::TransferRail>(spec), plan, options, Done{&failed});
@@ -291,7 +311,7 @@ int main(int argc, char** argv) {
     Args a;
     if (argc < 2) {
         std::fprintf(stderr,
-                     "usage: transfer_bench raw|gpuverbs|plan [--rails 1|2] [--blocks N] [--block BYTES] "
+                     "usage: transfer_bench raw|gpuverbs|gpuverbs_lists|plan [--rails 1|2] [--blocks N] [--block BYTES] "
                      "[--repeat N]\n");
         return 2;
     }
@@ -308,7 +328,7 @@ int main(int argc, char** argv) {
         else if (key == "--repeat")
             a.repeat = static_cast<int>(v);
     }
-    if (a.form != "raw" && a.form != "gpuverbs" && a.form != "plan") {
+    if (a.form != "raw" && a.form != "gpuverbs" && a.form != "gpuverbs_lists" && a.form != "plan") {
         std::fprintf(stderr, "unknown form '%s'\n", a.form.c_str());
         return 2;
     }
