@@ -214,3 +214,109 @@ TEST_SUITE("transfer plans") {
         CHECK(detail::stripe(big, 2).bytes == std::vector<std::uint64_t>{1 << 18, 1 << 18});
     }
 }
+
+namespace {
+
+// Plans `l` and `r` both ways: the one-pass planner (taken for paired lists)
+// and the general walk must give the same plan, or the same refusal.
+void same_plan_both_ways(TransferDirection d, const std::vector<LocalBuffer>& l, const std::vector<RemoteBlock>& r,
+                         const TransferLimits& limits) {
+    detail::Status fast_status;
+    detail::Status general_status;
+    const TransferPlan fast = detail::make_transfer_plan(d, l, r, limits, fast_status, detail::Planner::best);
+    const TransferPlan general = detail::make_transfer_plan(d, l, r, limits, general_status, detail::Planner::general);
+    REQUIRE(fast_status.code == general_status.code);
+    CHECK(fast_status.detail == general_status.detail);
+    REQUIRE(fast.requests().size() == general.requests().size());
+    for (std::size_t k = 0; k < fast.requests().size(); ++k) {
+        const auto& a = fast.requests()[k];
+        const auto& b = general.requests()[k];
+        CHECK(a.remote == b.remote);
+        CHECK(a.first_piece == b.first_piece);
+        CHECK(a.piece_count == b.piece_count);
+        CHECK(a.first_local == b.first_local);
+        CHECK(a.first_remote == b.first_remote);
+        CHECK(a.last_remote == b.last_remote);
+    }
+    REQUIRE(fast.pieces().size() == general.pieces().size());
+    REQUIRE(fast.native_pieces().size() == general.native_pieces().size());
+    for (std::size_t k = 0; k < fast.pieces().size(); ++k) {
+        const LocalBuffer& a = fast.pieces()[k];
+        const LocalBuffer& b = general.pieces()[k];
+        CHECK(a.address == b.address);
+        CHECK(a.length == b.length);
+        CHECK(a.lkey == b.lkey);
+        CHECK(a.region_begin == b.region_begin);
+        CHECK(a.region_end == b.region_end);
+        CHECK(fast.native_pieces()[k].addr == general.native_pieces()[k].addr);
+        CHECK(fast.native_pieces()[k].length == general.native_pieces()[k].length);
+        CHECK(fast.native_pieces()[k].lkey == general.native_pieces()[k].lkey);
+    }
+    CHECK(fast.bytes() == general.bytes());
+    CHECK(fast.local_blocks() == general.local_blocks());
+    CHECK(fast.remote_blocks() == general.remote_blocks());
+}
+
+} // namespace
+
+TEST_SUITE("transfer plans") {
+    TEST_CASE("the one-pass planner of paired lists plans exactly what the general walk plans, refusals included") {
+        // Pools of slots on both sides; each round picks a shape: in order or
+        // shuffled, one block size or several, slots or odd offsets, some
+        // neighbours, a second region or key, sometimes an overlap or a bad block.
+        std::uint64_t seed = 12345;
+        auto next = [&seed](std::uint64_t bound) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            return (seed >> 33) % bound;
+        };
+        const RemoteMemory other{0xa00000, 1u << 20, 78};
+        int rounds_with_refusal = 0;
+        for (int round = 0; round < 400; ++round) {
+            const std::size_t n = 1 + next(round % 10 == 0 ? 3000 : 40);
+            const std::uint64_t unit = std::uint64_t{1} << (3 + next(6)); // 8 … 256 bytes
+            const bool uniform = next(2) == 0;
+            const bool shuffled = next(2) == 0;
+            const bool neighbours = next(3) == 0;
+            const bool two_keys = next(8) == 0;
+            const bool odd_offsets = next(6) == 0;
+            std::vector<std::uint64_t> lslot(4 * n), rslot(4 * n);
+            for (std::size_t k = 0; k < lslot.size(); ++k) lslot[k] = rslot[k] = k;
+            if (shuffled) {
+                for (std::size_t k = lslot.size() - 1; k > 0; --k) {
+                    std::swap(lslot[k], lslot[next(k + 1)]);
+                    std::swap(rslot[k], rslot[next(k + 1)]);
+                }
+            }
+            std::vector<LocalBuffer> l;
+            std::vector<RemoteBlock> r;
+            for (std::size_t k = 0; k < n; ++k) {
+                const std::uint64_t length = uniform ? unit : unit / 2 + next(unit);
+                const std::uint64_t ls = neighbours ? k : lslot[k];
+                const std::uint64_t rs = neighbours ? k : rslot[k];
+                const std::uint64_t shift = odd_offsets ? next(3) : 0;
+                if (ls * 2 * unit + 2 * unit >= (1u << 20) || rs * 2 * unit + 2 * unit >= (1u << 20)) break;
+                l.push_back(local(ls * (neighbours ? unit : 2 * unit), static_cast<std::uint32_t>(length),
+                                  two_keys && k % 3 == 0 ? 6 : 5));
+                r.push_back(remote(rs * (neighbours ? unit : 2 * unit) + shift, length,
+                                   two_keys && k % 5 == 0 ? other : peer));
+            }
+            if (l.empty()) continue;
+            switch (next(12)) {
+                case 0: r.back().offset = r.front().offset; break; // an overlap on the remote side
+                case 1: l.back().address = l.front().address; break; // … on the local side
+                case 2: l[next(l.size())].length = 0; break;
+                case 3: r[next(r.size())].offset = (1u << 20); break;
+                default: break;
+            }
+            const TransferLimits limits{static_cast<std::uint32_t>(1 + next(4)),
+                                        next(4) == 0 ? 64 + next(1024) : std::uint64_t{1} << 31};
+            for (TransferDirection d : {TransferDirection::write, TransferDirection::read}) {
+                detail::Status s;
+                (void)detail::make_transfer_plan(d, l, r, limits, s, detail::Planner::general);
+                rounds_with_refusal += s.ok() ? 0 : 1;
+                same_plan_both_ways(d, l, r, limits);
+            }
+        }
+        CHECK(rounds_with_refusal > 50); // the refusals were exercised, not only the plans
+    }
+}

@@ -25,6 +25,7 @@
 
 #include "gpuverbs/detail/async/async_op.hpp"
 #include "gpuverbs/detail/async/async_token.hpp"
+#include "gpuverbs/detail/transfers/plan_array.hpp"
 #include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
 #include <boost/asio/append.hpp>
@@ -64,8 +65,12 @@ struct TransferLimits {
 
 class TransferPlan;
 namespace detail {
+/// How a plan is made: the one-pass planner for paired lists where it
+/// applies (the default), or always the general walk (tests compare the two).
+enum class Planner : std::uint8_t { best, general };
 TransferPlan make_transfer_plan(TransferDirection direction, std::span<const LocalBuffer> local,
-                                std::span<const RemoteBlock> remote, const TransferLimits& limits, Status& status);
+                                std::span<const RemoteBlock> remote, const TransferLimits& limits, Status& status,
+                                Planner planner = Planner::best);
 } // namespace detail
 
 /// A checked, coalesced, chunked transfer: the work requests to post.
@@ -99,10 +104,10 @@ public:
                                Diagnostics& diagnostics);
 
     [[nodiscard]] TransferDirection direction() const noexcept { return direction_; }
-    [[nodiscard]] std::span<const Request> requests() const noexcept { return requests_; }
-    [[nodiscard]] std::span<const LocalBuffer> pieces() const noexcept { return pieces_; }
+    [[nodiscard]] std::span<const Request> requests() const noexcept { return requests_.span(); }
+    [[nodiscard]] std::span<const LocalBuffer> pieces() const noexcept { return pieces_.span(); }
     /// The pieces as the device reads them (one ibv_sge each, the plan's keys).
-    [[nodiscard]] std::span<const ibv_sge> native_pieces() const noexcept { return sges_; }
+    [[nodiscard]] std::span<const ibv_sge> native_pieces() const noexcept { return sges_.span(); }
     [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
     [[nodiscard]] std::size_t local_blocks() const noexcept { return local_blocks_; }
     [[nodiscard]] std::size_t remote_blocks() const noexcept { return remote_blocks_; }
@@ -114,11 +119,11 @@ public:
 private:
     friend TransferPlan detail::make_transfer_plan(TransferDirection, std::span<const LocalBuffer>,
                                                    std::span<const RemoteBlock>, const TransferLimits&,
-                                                   detail::Status&);
+                                                   detail::Status&, detail::Planner);
     TransferDirection direction_ = TransferDirection::write;
-    std::vector<Request> requests_;
-    std::vector<LocalBuffer> pieces_;
-    std::vector<ibv_sge> sges_;
+    detail::PlanArray<Request> requests_;
+    detail::PlanArray<LocalBuffer> pieces_;
+    detail::PlanArray<ibv_sge> sges_;
     std::uint64_t bytes_ = 0;
     std::size_t local_blocks_ = 0;
     std::size_t remote_blocks_ = 0;
