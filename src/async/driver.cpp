@@ -118,33 +118,30 @@ void AsyncDriver::start_spinning() {
 }
 
 std::size_t AsyncDriver::drain(OpList& done) noexcept {
+    // The same poll as CompletionQueue::poll (completion_path.hpp); a slot's
+    // context is the operation the completion finishes.
     constexpr int batch = 32;
-    ibv_wc wc[batch];
     std::size_t total = 0;
     for (;;) {
-        const int n = ibv_poll_cq(cq_->cq(), batch, wc);
+        const int n = poll_completions(
+            cq_->cq(), cq_->registry(), batch, [this, &done](const ibv_wc& wc, WorkQueueState* queue, int) {
+                if (queue == nullptr) return; // a completion of a QP already destroyed (its operations were aborted)
+                const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc.wr_id));
+                auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
+                    static_cast<std::uintptr_t>(finished.context));
+                if (op == nullptr) return;
+                if (op->streaming) {
+                    if (op->state == OpState::posted) advance(stream_of(op), wc, finished.sequence, done);
+                    return;
+                }
+                if (!fsm_.finished(op)) return;
+                op->record(wc);
+                done.push_back(op);
+            });
         ++polls_;
         if (n <= 0) {
             if (total == 0) ++empty_polls_;
             break;
-        }
-        {
-            QpRegistry::PollGuard guard(cq_->registry());
-            for (int i = 0; i < n; ++i) {
-                WorkQueueState* queue = queue_of(wc[i], cq_->registry());
-                if (queue == nullptr) continue; // a completion of a QP already destroyed (its operations were aborted)
-                const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc[i].wr_id));
-                auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
-                    static_cast<std::uintptr_t>(finished.context));
-                if (op == nullptr) continue;
-                if (op->streaming) {
-                    if (op->state == OpState::posted) advance(stream_of(op), wc[i], finished.sequence, done);
-                    continue;
-                }
-                if (!fsm_.finished(op)) continue;
-                op->record(wc[i]);
-                done.push_back(op);
-            }
         }
         total += static_cast<std::size_t>(n);
         work_completions_ += static_cast<std::uint64_t>(n);

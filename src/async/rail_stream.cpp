@@ -106,33 +106,29 @@ void RailStream::reset_for_resubmit() noexcept {
 }
 
 void RailStream::post_some() noexcept {
-    WorkQueueState& q = qp->send;
     const auto context = reinterpret_cast<std::uintptr_t>(static_cast<AsyncOpBase*>(this));
-    const std::uint32_t tag = qp->send_tag();
     const auto requests = plan_->requests();
     std::array<ibv_send_wr, max_transfer_chain> wrs;
     for (;;) {
         const std::uint32_t n = needs();
-        if (n == 0 || chains_in_flight_ == ring_size_ || !q.has_room_for(n)) return;
-        const std::uint64_t base = q.posted();
+        SubmitChain<ibv_send_wr> chain(*qp);
+        if (n == 0 || chains_in_flight_ == ring_size_ || !chain.reserve(n)) return;
+        const std::uint64_t first_sequence = chain.next_sequence();
         if (notify_) {
             // The notification: zero bytes to the last remote byte the plan names.
             const TransferPlan::Request& last = requests.back();
             ibv_send_wr& wr = wrs[0];
-            q.record(0, context, Opcode::write_with_imm);
-            wr.wr_id = WrId::encode(QueueKind::send, tag, q.slot(0));
             wr.sg_list = nullptr;
             wr.num_sge = 0;
             wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.send_flags = IBV_SEND_SIGNALED;
             wr.imm_data = htonl(immediate_);
             wr.wr.rdma.remote_addr = last.remote.address + last.remote.length - 1;
             wr.wr.rdma.rkey = rkey_of(last.remote.rkey);
+            chain.push(wr, context, Opcode::write_with_imm);
         } else {
-            // The hot loop: what a raw loop writes per request, plus the slot
-            // that leads a completion (or an error) back here.
-            q.record_run(n, context, opcode);
-            const std::uint64_t id = WrId::encode(QueueKind::send, tag, 0);
-            const std::uint32_t mask = q.mask();
+            // The hot loop: what a raw loop writes per request; the chain adds
+            // the slots that lead a completion (or an error) back here.
             const TransferPlan::Request* r = requests.data() + next_;
             const bool translate = !remote_keys_.empty();
             const ibv_wr_opcode op = opcode_;
@@ -140,8 +136,6 @@ void RailStream::post_some() noexcept {
             const std::uint32_t first_piece = sge_offset_;
             for (std::uint32_t k = 0; k < n; ++k, ++r) {
                 ibv_send_wr& wr = wrs[k];
-                wr.wr_id = id | (static_cast<std::uint32_t>(base + k) & mask);
-                wr.next = &wrs[k + 1];
                 wr.sg_list = sges + (r->first_piece - first_piece);
                 wr.num_sge = static_cast<int>(r->piece_count);
                 wr.opcode = op;
@@ -149,42 +143,42 @@ void RailStream::post_some() noexcept {
                 wr.wr.rdma.remote_addr = r->remote.address;
                 wr.wr.rdma.rkey = translate ? rkey_of(r->remote.rkey) : r->remote.rkey;
             }
+            wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
+            chain.push_run(wrs.data(), n, context, opcode);
         }
-        wrs[n - 1].next = nullptr;
-        wrs[n - 1].send_flags = IBV_SEND_SIGNALED;
-        ibv_send_wr* bad = nullptr;
-        const int rc = ibv_post_send(qp->qp(), wrs.data(), &bad);
-        if (rc != 0) {
+        if (std::error_code ec = chain.submit()) {
             // The provider refused a request it was given room for. Those
             // before it went out unsignaled: close them with one signaled
             // zero-byte write so that this rail knows when they are done (and
             // stays alive until then); if even that is refused, their
             // completions are left without an owner.
-            const auto posted = bad != nullptr ? static_cast<std::uint32_t>(bad - wrs.data()) : 0U;
-            q.commit(posted);
-            post_error_ = std::error_code(rc, std::system_category());
+            const std::uint32_t posted = chain.taken();
+            post_error_ = ec;
             failed_request_ = notify_ ? static_cast<std::uint32_t>(requests.size()) : next_ + posted;
             if (posted == 0) return;
             ibv_send_wr close{};
-            q.record(0, context, Opcode::write);
-            close.wr_id = WrId::encode(QueueKind::send, tag, q.slot(0));
             close.opcode = IBV_WR_RDMA_WRITE;
             close.send_flags = IBV_SEND_SIGNALED;
             close.wr.rdma.remote_addr = wrs[0].wr.rdma.remote_addr;
             close.wr.rdma.rkey = wrs[0].wr.rdma.rkey;
-            ibv_send_wr* close_bad = nullptr;
-            if (!q.has_room_for(1) || ibv_post_send(qp->qp(), &close, &close_bad) != 0) {
-                q.forget_last(posted);
+            SubmitChain<ibv_send_wr> closing(*qp);
+            if (!closing.reserve(1)) {
+                qp->send.forget_last(posted);
                 return;
             }
-            q.commit(1);
-            ring_[(ring_head_ + chains_in_flight_) % ring_size_] = Chain{base + 1, base + posted + 1, next_, 0};
+            closing.push(close, context, Opcode::write);
+            if (closing.submit()) {
+                qp->send.forget_last(posted);
+                return;
+            }
+            ring_[(ring_head_ + chains_in_flight_) % ring_size_] =
+                Chain{first_sequence, first_sequence + posted, next_, 0};
             ++chains_in_flight_;
             return;
         }
-        q.commit(n);
         Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
-        c = Chain{base + 1, base + n, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, notify_ ? 0 : n};
+        c = Chain{first_sequence, first_sequence + n - 1,
+                  notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, notify_ ? 0 : n};
         ++chains_in_flight_;
         if (notify_) {
             notify_ = false;

@@ -95,23 +95,12 @@ public:
     /// On errc::send_queue_full nothing is posted and the batch is kept.
     GPUVERBS_HOT std::error_code post() noexcept {
         if (count_ == 0) return detail::no_error();
-        detail::QpCore& core = *qp_;
-        if (!core.send.has_room_for(count_)) return errc::send_queue_full;
-        const std::uint32_t tag = core.send_tag();
-        for (std::size_t i = 0; i < count_; ++i) {
-            const auto n = static_cast<std::uint32_t>(i);
-            core.send.record(n, contexts_[i], opcodes_[i]);
-            wrs_[i].wr_id = detail::WrId::encode(detail::QueueKind::send, tag, core.send.slot(n));
-            wrs_[i].next = wrs_.data() + i + 1; // the last one is cut below
-        }
-        wrs_[count_ - 1].next = nullptr;
-        ibv_send_wr* bad = nullptr;
-        const int rc = ibv_post_send(core.qp(), wrs_.data(), &bad);
-        // The requests before the one that failed were posted: account for them.
-        const auto posted = static_cast<std::uint32_t>(rc == 0 ? count_ : bad - wrs_.data());
-        core.send.commit(posted);
+        detail::SubmitChain<ibv_send_wr> chain(*qp_);
+        if (!chain.reserve(static_cast<std::uint32_t>(count_))) return errc::send_queue_full;
+        for (std::size_t i = 0; i < count_; ++i) chain.push(wrs_[i], contexts_[i], opcodes_[i]);
+        const std::error_code ec = chain.submit(); // a chain taken in part is accounted for up to the refusal
         clear();
-        return rc == 0 ? detail::no_error() : std::error_code(rc, std::system_category());
+        return ec;
     }
 
 private:

@@ -35,8 +35,8 @@ GPUVERBS_HOT std::error_code no_error() noexcept {
 GPUVERBS_HOT WorkQueueState* queue_of(const ibv_wc& wc, QpRegistry& registry) noexcept {
     const QueueKind kind = WrId::kind(wc.wr_id);
     if (kind == QueueKind::shared_receive) {
-        QpCore* qp = registry.find_by_qp_num(wc.qp_num);
-        return qp != nullptr && qp->srq() != nullptr ? &qp->srq()->receive : nullptr;
+        SrqCore* srq = registry.find_srq(WrId::index(wc.wr_id), WrId::generation(wc.wr_id));
+        return srq != nullptr ? &srq->receive : nullptr;
     }
     QpCore* qp = registry.find(WrId::index(wc.wr_id), WrId::generation(wc.wr_id));
     if (qp == nullptr) return nullptr;
@@ -68,22 +68,34 @@ GPUVERBS_HOT void translate(const ibv_wc& wc, WorkQueueState* queue, Completion&
     if (f.opcode == Opcode::receive && (wc.wc_flags & IBV_WC_WITH_IMM) != 0) c.immediate = ntohl(wc.imm_data);
 }
 
-GPUVERBS_HOT int CqCore::poll(Completion* out, int max) noexcept {
+/// The one poll, behind CompletionQueue::poll and the asynchronous driver:
+/// up to `max` work completions of `cq`, each handed to `on(wc, queue, i)`
+/// with its queue's state (nullptr: its QP or SRQ is gone), inside the
+/// registry's guard. Returns how many, or a negative errno when the first
+/// ibv_poll_cq failed.
+template <class OnCompletion>
+GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnCompletion&& on) noexcept {
     constexpr int batch = 32;
     ibv_wc wc[batch];
     int total = 0;
     do {
         const int want = max - total < batch ? max - total : batch;
-        const int got = ibv_poll_cq(cq_, want, wc);
+        const int got = ibv_poll_cq(cq, want, wc);
         if (got <= 0) return got < 0 && total == 0 ? got : total;
         {
-            QpRegistry::PollGuard guard(registry_);
-            for (int i = 0; i < got; ++i) translate(wc[i], queue_of(wc[i], registry_), out[total + i]);
+            QpRegistry::PollGuard guard(registry);
+            for (int i = 0; i < got; ++i) on(wc[i], queue_of(wc[i], registry), total + i);
         }
         total += got;
         if (got < want) break;
     } while (total < max);
     return total;
+}
+
+GPUVERBS_HOT int CqCore::poll(Completion* out, int max) noexcept {
+    return poll_completions(cq_, registry_, max, [out](const ibv_wc& wc, WorkQueueState* queue, int i) {
+        translate(wc, queue, out[i]);
+    });
 }
 
 } // namespace gpuverbs::detail

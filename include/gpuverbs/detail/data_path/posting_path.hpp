@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <span>
 #include <system_error>
+#include <type_traits>
 
 namespace gpuverbs::detail {
 
@@ -133,33 +134,129 @@ inline std::error_code receive_target(QpCore& qp, ReceiveTarget& out) noexcept {
     return no_error();
 }
 inline ReceiveTarget receive_target(SrqCore& srq) noexcept {
-    return {&srq.receive, QueueKind::shared_receive, 0, srq.max_sge, nullptr, srq.srq()};
+    return {&srq.receive, QueueKind::shared_receive, srq.tag(), srq.max_sge, nullptr, srq.srq()};
 }
+
+/// The one way gpuverbs hands lowered requests to a work queue — post,
+/// SendBatch, the asynchronous driver and the transfer engine all use it:
+///
+///   SubmitChain chain(...);
+///   if (!chain.reserve(n)) → queue full (nothing recorded);
+///   chain.push(wr, context, opcode) …   // slot recorded, wr_id set, linked
+///   chain.submit()                        // one doorbell
+///
+/// submit() accounts for a chain the provider took only in part: the
+/// requests before the one it refused are committed (their completions will
+/// come), the rest are not. `Wr` is ibv_send_wr or ibv_recv_wr.
+template <class Wr>
+class SubmitChain {
+public:
+    /// A send queue's chain.
+    explicit SubmitChain(QpCore& qp) noexcept
+        requires std::is_same_v<Wr, ibv_send_wr>
+        : queue_(&qp.send), qp_(qp.qp()), id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
+    /// A receive queue's chain (the QP's own or an SRQ).
+    explicit SubmitChain(const ReceiveTarget& target) noexcept
+        requires std::is_same_v<Wr, ibv_recv_wr>
+        : queue_(target.queue), qp_(target.qp), srq_(target.srq), id_(WrId::encode(target.kind, target.tag, 0)) {}
+
+    /// Whether the queue has room for `n` more requests of this chain.
+    [[nodiscard]] bool reserve(std::uint32_t n) const noexcept { return queue_->has_room_for(count_ + n); }
+
+    /// Appends one lowered request (room reserved): its slot records
+    /// `context` and `opcode`, its wr_id names the slot.
+    GPUVERBS_HOT void push(Wr& wr, std::uint64_t context, Opcode opcode) noexcept {
+        queue_->record(count_, context, opcode);
+        wr.wr_id = id_ | queue_->slot(count_);
+        link(&wr);
+        ++count_;
+    }
+    /// Appends `n` lowered requests laid out one after another, all for one
+    /// owner (a transfer's chain): one record per slot, wr_ids and links set.
+    GPUVERBS_HOT void push_run(Wr* wrs, std::uint32_t n, std::uint64_t context, Opcode opcode) noexcept {
+        queue_->record_run(count_, n, context, opcode);
+        const std::uint64_t first = queue_->posted() + count_;
+        const std::uint32_t mask = queue_->mask();
+        for (std::uint32_t k = 0; k < n; ++k) {
+            wrs[k].wr_id = id_ | (static_cast<std::uint32_t>(first + k) & mask);
+            wrs[k].next = wrs + k + 1;
+        }
+        wrs[n - 1].next = nullptr;
+        if (last_ != nullptr) {
+            last_->next = wrs;
+        } else {
+            first_ = wrs;
+        }
+        last_ = wrs + n - 1;
+        count_ += n;
+    }
+
+    /// The sequence number the next pushed request will have (1 for a queue's first).
+    [[nodiscard]] std::uint64_t next_sequence() const noexcept { return queue_->posted() + count_ + 1; }
+    [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
+
+    /// Rings the doorbell once for the whole chain and commits what the
+    /// provider took (taken()); the chain is empty afterwards.
+    GPUVERBS_HOT std::error_code submit() noexcept {
+        taken_ = 0;
+        if (count_ == 0) return no_error();
+        Wr* bad = nullptr;
+        int rc = 0;
+        if constexpr (std::is_same_v<Wr, ibv_send_wr>) {
+            rc = ibv_post_send(qp_, first_, &bad);
+        } else {
+            rc = srq_ != nullptr ? ibv_post_srq_recv(srq_, first_, &bad) : ibv_post_recv(qp_, first_, &bad);
+        }
+        if (rc == 0) {
+            taken_ = count_;
+        } else {
+            // The requests before the refused one were posted: count them.
+            for (const Wr* w = first_; w != nullptr && w != bad; w = w->next) ++taken_;
+        }
+        queue_->commit(taken_);
+        count_ = 0;
+        first_ = last_ = nullptr;
+        return rc == 0 ? no_error() : std::error_code(rc, std::system_category());
+    }
+    /// How many requests the last submit() handed to the device.
+    [[nodiscard]] std::uint32_t taken() const noexcept { return taken_; }
+
+private:
+    void link(Wr* wr) noexcept {
+        wr->next = nullptr;
+        if (last_ != nullptr) {
+            last_->next = wr;
+        } else {
+            first_ = wr;
+        }
+        last_ = wr;
+    }
+
+    WorkQueueState* queue_;
+    ibv_qp* qp_ = nullptr;
+    ibv_srq* srq_ = nullptr;
+    std::uint64_t id_; ///< the wr_id without its slot
+    Wr* first_ = nullptr;
+    Wr* last_ = nullptr;
+    std::uint32_t count_ = 0;
+    std::uint32_t taken_ = 0;
+};
 
 /// Posts one lowered send request: takes a slot (or errc::send_queue_full),
 /// records `context` and `opcode` in it, rings the doorbell, commits.
 GPUVERBS_HOT std::error_code submit_send(QpCore& qp, ibv_send_wr& wr, std::uint64_t context, Opcode opcode) noexcept {
-    if (!qp.send.has_room_for(1)) return errc::send_queue_full;
-    qp.send.record(0, context, opcode);
-    wr.wr_id = WrId::encode(QueueKind::send, qp.send_tag(), qp.send.slot(0));
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp.qp(), &wr, &bad); rc != 0) return {rc, std::system_category()};
-    qp.send.commit(1);
-    return no_error();
+    SubmitChain<ibv_send_wr> chain(qp);
+    if (!chain.reserve(1)) return errc::send_queue_full;
+    chain.push(wr, context, opcode);
+    return chain.submit();
 }
 
 /// Posts one lowered receive to `target` (errc::receive_queue_full when it has no room).
 inline std::error_code submit_receive(const ReceiveTarget& target, ibv_recv_wr& wr, std::uint64_t context) noexcept {
-    WorkQueueState& queue = *target.queue;
-    if (!queue.has_room_for(1)) return errc::receive_queue_full;
-    queue.record(0, context, Opcode::receive);
-    wr.wr_id = WrId::encode(target.kind, target.tag, queue.slot(0));
-    ibv_recv_wr* bad = nullptr;
-    const int rc =
-        target.srq != nullptr ? ibv_post_srq_recv(target.srq, &wr, &bad) : ibv_post_recv(target.qp, &wr, &bad);
-    if (rc != 0) return {rc, std::system_category()};
-    queue.commit(1);
-    return no_error();
+    SubmitChain<ibv_recv_wr> chain(target);
+    if (!chain.reserve(1)) return errc::receive_queue_full;
+    chain.push(wr, context, Opcode::receive);
+    return chain.submit();
 }
 
 /// The synchronous form: lower, then submit.
@@ -191,24 +288,15 @@ inline std::error_code post_receives(const ReceiveTarget& target, std::span<cons
     const std::size_t n = buffers.size();
     if (n == 0) return no_error();
     if (n > max_receives_per_post) return errc::batch_full;
-    WorkQueueState& queue = *target.queue;
-    if (!queue.has_room_for(static_cast<std::uint32_t>(n))) return errc::receive_queue_full;
+    SubmitChain<ibv_recv_wr> chain(target);
+    if (!chain.reserve(static_cast<std::uint32_t>(n))) return errc::receive_queue_full;
     std::array<ibv_recv_wr, max_receives_per_post> wrs;
     std::array<ibv_sge, max_receives_per_post> sges;
     for (std::size_t i = 0; i < n; ++i) {
         if (std::error_code ec = lower_receive(buffers.subspan(i, 1), target.max_sge, wrs[i], &sges[i])) return ec;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-        const auto k = static_cast<std::uint32_t>(i);
-        queue.record(k, first_context + i, Opcode::receive);
-        wrs[i].wr_id = WrId::encode(target.kind, target.tag, queue.slot(k));
-        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
-    }
-    ibv_recv_wr* bad = nullptr;
-    const int rc = target.srq != nullptr ? ibv_post_srq_recv(target.srq, wrs.data(), &bad)
-                                         : ibv_post_recv(target.qp, wrs.data(), &bad);
-    queue.commit(static_cast<std::uint32_t>(rc == 0 ? n : static_cast<std::size_t>(bad - wrs.data())));
-    return rc == 0 ? no_error() : std::error_code(rc, std::system_category());
+    for (std::size_t i = 0; i < n; ++i) chain.push(wrs[i], first_context + i, Opcode::receive);
+    return chain.submit();
 }
 
 } // namespace gpuverbs::detail

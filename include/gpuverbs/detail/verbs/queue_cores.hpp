@@ -47,10 +47,50 @@ private:
     ibv_comp_channel* channel_;
 };
 
+/// Process-wide numbers for shared receive queues: an SRQ's receives carry
+/// its number in their wr_id (an SRQ completion cannot name the QP that
+/// consumed it), and each CQ finds the SRQ by that number in its registry.
+class SrqNumbers {
+public:
+    /// A free number and its next generation, as a WrId tag. Throws
+    /// std::length_error past 65,536 SRQs alive at once.
+    static std::uint32_t take() {
+        SrqNumbers& n = instance();
+        std::lock_guard lock(n.mutex_);
+        std::uint32_t index = 0;
+        if (!n.free_.empty()) {
+            index = n.free_.back();
+            n.free_.pop_back();
+        } else {
+            if (n.generations_.size() == 0x10000) throw std::length_error("more than 65536 shared receive queues");
+            index = static_cast<std::uint32_t>(n.generations_.size());
+            n.generations_.push_back(0);
+        }
+        n.free_.reserve(n.generations_.size()); // so that give_back() never allocates
+        const std::uint32_t generation = (n.generations_[index] + 1) & WrId::generation_mask;
+        n.generations_[index] = generation;
+        return WrId::tag(index, generation);
+    }
+    static void give_back(std::uint32_t tag) noexcept {
+        SrqNumbers& n = instance();
+        std::lock_guard lock(n.mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
+        n.free_.push_back(tag & 0xffff); // reserved in take()
+    }
+
+private:
+    static SrqNumbers& instance() {
+        static SrqNumbers* n = new SrqNumbers; // never destroyed: SRQs may outlive static destruction
+        return *n;
+    }
+    std::mutex mutex_;
+    std::vector<std::uint16_t> generations_;
+    std::vector<std::uint32_t> free_;
+};
+
 class SrqCore {
 public:
     SrqCore(std::shared_ptr<PdCore> pd, ibv_srq* srq, std::uint32_t capacity, std::uint32_t max_sge)
-        : pd_(std::move(pd)), srq_(srq), receive(capacity), max_sge(max_sge) {
+        : pd_(std::move(pd)), srq_(srq), tag_(SrqNumbers::take()), receive(capacity), max_sge(max_sge) {
         pd_->device()->subjects().add(srq_, id_);
     }
     SrqCore(const SrqCore&) = delete;
@@ -58,14 +98,18 @@ public:
     ~SrqCore() {
         destroyed(ibv_destroy_srq(srq_));
         pd_->device()->subjects().remove(srq_, id_);
+        SrqNumbers::give_back(tag_);
     }
     [[nodiscard]] ibv_srq* srq() const noexcept { return srq_; }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+    /// What its receives' wr_ids carry (its number and generation).
+    [[nodiscard]] std::uint32_t tag() const noexcept { return tag_; }
 
 private:
     std::shared_ptr<PdCore> pd_;
     ibv_srq* srq_;
     std::uint64_t id_ = next_object_id();
+    std::uint32_t tag_;
 
 public:
     WorkQueueState receive;
@@ -88,6 +132,7 @@ public:
     QpRegistry& operator=(const QpRegistry&) = delete;
     ~QpRegistry() {
         for (auto& c : chunks_) delete c.load(std::memory_order_relaxed);
+        for (auto& c : srq_chunks_) delete c.load(std::memory_order_relaxed);
     }
 
     /// Registers `qp`; returns its tag (WrId::tag). Throws std::bad_alloc, or
@@ -133,9 +178,37 @@ public:
         QpCore* qp = e.qp.load(std::memory_order_seq_cst);
         return qp != nullptr && e.generation.load(std::memory_order_relaxed) == generation ? qp : nullptr;
     }
-    /// The live QP with this QP number (for shared-receive-queue completions,
-    /// whose wr_id cannot name the QP that will consume the receive).
-    [[nodiscard]] QpCore* find_by_qp_num(std::uint32_t qp_num) noexcept;
+    /// A QP of this CQ receives through `srq`: completions naming the SRQ's
+    /// number find it here (counted: several QPs may share it). Throws std::bad_alloc.
+    void add_srq(SrqCore* srq) {
+        std::lock_guard lock(mutex_);
+        const std::uint32_t index = srq->tag() & 0xffff;
+        auto& chunk = srq_chunks_[index / chunk_size];
+        if (chunk.load(std::memory_order_relaxed) == nullptr) chunk.store(new SrqChunk, std::memory_order_release);
+        SrqEntry& e = chunk.load(std::memory_order_relaxed)->entries[index % chunk_size];
+        if (e.users++ == 0) {
+            e.generation.store(srq->tag() >> 16, std::memory_order_relaxed);
+            e.srq.store(srq, std::memory_order_release);
+        }
+    }
+    /// One QP less receives through `srq`; the last one waits until no poll can still see it.
+    void remove_srq(SrqCore* srq) noexcept {
+        std::lock_guard lock(mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
+        const std::uint32_t index = srq->tag() & 0xffff;
+        SrqEntry& e = srq_chunks_[index / chunk_size].load(std::memory_order_relaxed)->entries[index % chunk_size];
+        if (--e.users != 0) return;
+        e.srq.store(nullptr, std::memory_order_seq_cst);
+        while (pollers_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    }
+    /// The SRQ a shared-receive completion names, or nullptr (no QP of this
+    /// CQ uses it any more). Only inside a PollGuard. No search.
+    [[nodiscard]] SrqCore* find_srq(std::uint32_t index, std::uint32_t generation) const noexcept {
+        const SrqChunk* c = srq_chunks_[(index / chunk_size) % max_chunks].load(std::memory_order_acquire);
+        if (c == nullptr) return nullptr;
+        const SrqEntry& e = c->entries[index % chunk_size];
+        SrqCore* srq = e.srq.load(std::memory_order_seq_cst);
+        return srq != nullptr && e.generation.load(std::memory_order_relaxed) == generation ? srq : nullptr;
+    }
 
     /// Marks a poll in progress (see remove()).
     class PollGuard {
@@ -161,9 +234,18 @@ private:
         return chunks_[index / chunk_size].load(std::memory_order_relaxed)->entries[index % chunk_size];
     }
 
+    struct SrqEntry {
+        std::atomic<SrqCore*> srq{nullptr};
+        std::atomic<std::uint32_t> generation{0};
+        std::uint32_t users = 0; ///< QPs of this CQ receiving through it (under mutex_)
+    };
+    struct SrqChunk {
+        std::array<SrqEntry, chunk_size> entries;
+    };
+
     std::array<std::atomic<Chunk*>, max_chunks> chunks_{};
+    std::array<std::atomic<SrqChunk*>, max_chunks> srq_chunks_{};
     std::atomic<int> pollers_{0};
-    std::uint32_t last_srq_index_ = 0; ///< find_by_qp_num's last hit (the poller's own)
     std::mutex mutex_;
     std::vector<std::uint32_t> free_;
     std::atomic<std::uint32_t> next_{0}; ///< indices below were handed out at least once
@@ -254,6 +336,15 @@ public:
                 throw;
             }
         }
+        if (srq_ != nullptr) {
+            try {
+                recv_cq_->registry().add_srq(srq_.get());
+            } catch (...) {
+                send_cq_->registry().remove(send_tag_);
+                if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
+                throw;
+            }
+        }
         pd_->device()->subjects().add(qp_, id_);
     }
     QpCore(const QpCore&) = delete;
@@ -263,6 +354,7 @@ public:
         owner_.reset(); // destroys an rdma_cm QP, while the CQs and PD are still alive
         send_cq_->registry().remove(send_tag_);
         if (recv_cq_ != send_cq_) recv_cq_->registry().remove(recv_tag_);
+        if (srq_ != nullptr) recv_cq_->registry().remove_srq(srq_.get());
         pd_->device()->subjects().remove(qp_, id_);
     }
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
@@ -297,22 +389,5 @@ public:
     AsyncWorkQueue async_send;
     AsyncWorkQueue async_receive;
 };
-
-inline QpCore* QpRegistry::find_by_qp_num(std::uint32_t qp_num) noexcept {
-    // Usually the same QP as last time; else a scan of the registered range.
-    const std::uint32_t end = next_.load(std::memory_order_acquire);
-    if (end == 0) return nullptr;
-    for (std::uint32_t n = 0; n < end; ++n) {
-        const std::uint32_t index = (last_srq_index_ + n) % end;
-        const Chunk* c = chunks_[index / chunk_size].load(std::memory_order_acquire);
-        if (c == nullptr) continue;
-        QpCore* qp = c->entries[index % chunk_size].qp.load(std::memory_order_seq_cst);
-        if (qp != nullptr && qp->qp_num() == qp_num) {
-            last_srq_index_ = index;
-            return qp;
-        }
-    }
-    return nullptr;
-}
 
 } // namespace gpuverbs::detail

@@ -45,9 +45,10 @@ public:
     void record(std::uint32_t i, std::uint64_t context, Opcode opcode) noexcept {
         slots_[slot(i)] = Slot{context, posted_ + i + 1, opcode};
     }
-    /// Records the next n requests for one owner at once (a transfer's chain).
-    void record_run(std::uint32_t n, std::uint64_t context, Opcode opcode) noexcept {
-        for (std::uint32_t i = 0; i < n; ++i) slots_[(posted_ + i) & mask_] = Slot{context, posted_ + i + 1, opcode};
+    /// Records requests first … first + n - 1 of the next post for one owner (a transfer's chain).
+    void record_run(std::uint32_t first, std::uint32_t n, std::uint64_t context, Opcode opcode) noexcept {
+        const std::uint64_t base = posted_ + first;
+        for (std::uint32_t i = 0; i < n; ++i) slots_[(base + i) & mask_] = Slot{context, base + i + 1, opcode};
     }
     /// Slot numbers wrap with this mask (ring size - 1).
     [[nodiscard]] std::uint32_t mask() const noexcept { return mask_; }
