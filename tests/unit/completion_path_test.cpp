@@ -105,11 +105,28 @@ TEST_SUITE("completions") {
         ibv_wc wc{};
         wc.status = IBV_WC_SUCCESS;
         Completion c;
-        c.status = make_wc_error(IBV_WC_GENERAL_ERR);
+        c.status = CompletionStatus(IBV_WC_GENERAL_ERR);
         detail::translate(wc, nullptr, c);
         CHECK(c.ok());
         CHECK(c.status == std::error_code());
         CHECK(c.status.category() == std::system_category());
+        CHECK_FALSE(static_cast<bool>(c.status));
+    }
+
+    TEST_CASE("a failed status keeps the device's value and becomes the work-completion error code on demand") {
+        ibv_wc wc{};
+        wc.status = IBV_WC_RETRY_EXC_ERR;
+        Completion c;
+        detail::translate(wc, nullptr, c);
+        CHECK_FALSE(c.ok());
+        CHECK(c.status.raw() == IBV_WC_RETRY_EXC_ERR);
+        const std::error_code ec = c.status;
+        CHECK(ec == make_wc_error(IBV_WC_RETRY_EXC_ERR));
+        CHECK(ec.category() == wc_category());
+        CHECK(c.status.value() == static_cast<int>(IBV_WC_RETRY_EXC_ERR));
+        CHECK(c.status.message() == ec.message());
+        CHECK(c.status == CompletionStatus(IBV_WC_RETRY_EXC_ERR));
+        CHECK_FALSE(c.status == std::error_code());
     }
 
     TEST_CASE("a receive completed by a write with immediate is reported as receive_with_imm") {

@@ -97,7 +97,7 @@ public:
         if (count_ == 0) return detail::no_error();
         detail::SubmitChain<ibv_send_wr> chain(*qp_);
         if (!chain.reserve(static_cast<std::uint32_t>(count_))) return errc::send_queue_full;
-        for (std::size_t i = 0; i < count_; ++i) chain.push(wrs_[i], contexts_[i], opcodes_[i]);
+        chain.push_array(wrs_.data(), static_cast<std::uint32_t>(count_), contexts_.data(), opcodes_.data());
         const std::error_code ec = chain.submit(); // a chain taken in part is accounted for up to the refusal
         clear();
         return ec;

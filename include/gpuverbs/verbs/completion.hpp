@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <system_error>
 
@@ -35,11 +36,38 @@ inline std::error_code make_wc_error(ibv_wc_status status) noexcept {
     return status == IBV_WC_SUCCESS ? std::error_code() : std::error_code(static_cast<int>(status), wc_category());
 }
 
+/// A work completion's status as the device reported it (ibv_wc_status),
+/// made into a std::error_code only when asked: polling a successful
+/// completion costs a 4-byte store, not an error_code. Converts to
+/// std::error_code (empty on success, else a wc_category() code such as
+/// IBV_WC_REM_ACCESS_ERR) and compares with one.
+class CompletionStatus {
+public:
+    constexpr CompletionStatus() noexcept = default;
+    constexpr explicit CompletionStatus(ibv_wc_status raw) noexcept : raw_(raw) {}
+
+    /// The device's own value.
+    [[nodiscard]] constexpr ibv_wc_status raw() const noexcept { return raw_; }
+    [[nodiscard]] std::error_code code() const noexcept { return make_wc_error(raw_); }
+    operator std::error_code() const noexcept { return code(); } // NOLINT(google-explicit-constructor): a status is an error code
+    /// True when the request failed.
+    constexpr explicit operator bool() const noexcept { return raw_ != IBV_WC_SUCCESS; }
+    [[nodiscard]] int value() const noexcept { return code().value(); }
+    [[nodiscard]] const std::error_category& category() const noexcept { return code().category(); }
+    [[nodiscard]] std::string message() const { return code().message(); }
+
+    friend bool operator==(const CompletionStatus& a, const std::error_code& b) noexcept { return a.code() == b; }
+    friend constexpr bool operator==(CompletionStatus a, CompletionStatus b) noexcept { return a.raw_ == b.raw_; }
+
+private:
+    ibv_wc_status raw_ = IBV_WC_SUCCESS;
+};
+
 /// A finished work request. Plain value; no allocation.
 struct Completion {
     Opcode opcode = Opcode::unknown;
-    /// Empty on success; else a wc_category() code (e.g. IBV_WC_REM_ACCESS_ERR).
-    std::error_code status;
+    /// Success, or why the request failed (converts to std::error_code).
+    CompletionStatus status;
     /// The context the request was posted with.
     std::uint64_t context = 0;
     /// Bytes received (receives) or transferred (reads, atomics: 8).

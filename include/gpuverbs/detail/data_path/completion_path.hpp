@@ -47,7 +47,7 @@ GPUVERBS_HOT WorkQueueState* queue_of(const ibv_wc& wc, QpRegistry& registry) no
 /// operation come from the slot the wr_id names (ibv_wc.opcode is undefined
 /// on errors). Pure apart from the slot's retirement.
 GPUVERBS_HOT void translate(const ibv_wc& wc, WorkQueueState* queue, Completion& c) noexcept {
-    c.status = wc.status == IBV_WC_SUCCESS ? no_error() : make_wc_error(wc.status);
+    c.status = CompletionStatus(wc.status);
     c.byte_length = wc.byte_len;
     c.qp_num = wc.qp_num;
     c.source_qp = wc.src_qp;

@@ -191,6 +191,25 @@ public:
         count_ += n;
     }
 
+    /// Appends `n` lowered requests laid out one after another, request k
+    /// with contexts[k] and opcodes[k] (a SendBatch): one pass, no per-request link branch.
+    GPUVERBS_HOT void push_array(Wr* wrs, std::uint32_t n, const std::uint64_t* contexts,
+                                 const Opcode* opcodes) noexcept {
+        for (std::uint32_t k = 0; k < n; ++k) {
+            queue_->record(count_ + k, contexts[k], opcodes[k]);
+            wrs[k].wr_id = id_ | queue_->slot(count_ + k);
+            wrs[k].next = wrs + k + 1;
+        }
+        wrs[n - 1].next = nullptr;
+        if (last_ != nullptr) {
+            last_->next = wrs;
+        } else {
+            first_ = wrs;
+        }
+        last_ = wrs + n - 1;
+        count_ += n;
+    }
+
     /// The sequence number the next pushed request will have (1 for a queue's first).
     [[nodiscard]] std::uint64_t next_sequence() const noexcept { return queue_->posted() + count_ + 1; }
     [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
