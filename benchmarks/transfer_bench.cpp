@@ -310,9 +310,10 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
     Args a;
     if (argc < 2) {
-        std::fprintf(stderr,
-                     "usage: transfer_bench raw|gpuverbs|gpuverbs_lists|plan [--rails 1|2] [--blocks N] [--block BYTES] "
-                     "[--repeat N]\n");
+        std::fprintf(
+            stderr,
+            "usage: transfer_bench raw|gpuverbs|gpuverbs_lists|plan [--rails 1|2] [--blocks N] [--block BYTES] "
+            "[--repeat N]\n");
         return 2;
     }
     a.form = argv[1];

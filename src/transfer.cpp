@@ -174,8 +174,9 @@ FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBl
     if (ordered) return FastPlan::planned;
     const std::uint64_t slots = (dest_max - dest_min) / unit + 1;
     if (uniform && slots / 64 <= n) {
-        const bool one_each = std::has_single_bit(unit) ? one_per_slot<Write, true>(local, remote, dest_min, unit, slots)
-                                                        : one_per_slot<Write, false>(local, remote, dest_min, unit, slots);
+        const bool one_each = std::has_single_bit(unit)
+                                  ? one_per_slot<Write, true>(local, remote, dest_min, unit, slots)
+                                  : one_per_slot<Write, false>(local, remote, dest_min, unit, slots);
         if (one_each) return FastPlan::planned;
     }
     // Out of order and not slots (or two blocks in one slot): the sort decides, and names them.
@@ -212,12 +213,11 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         std::min<std::uint32_t>(limits.max_sge, static_cast<std::uint32_t>(detail::max_sge_per_request));
     if (planner == Planner::best) {
         TransferPlan fast;
-        const FastPlan how =
-            direction == TransferDirection::write
-                ? plan_pairs<true>(local, remote, max_sge, limits.max_message, fast.requests_, fast.pieces_,
-                                   fast.sges_, fast.bytes_, status)
-                : plan_pairs<false>(local, remote, max_sge, limits.max_message, fast.requests_, fast.pieces_,
-                                    fast.sges_, fast.bytes_, status);
+        const FastPlan how = direction == TransferDirection::write
+                                 ? plan_pairs<true>(local, remote, max_sge, limits.max_message, fast.requests_,
+                                                    fast.pieces_, fast.sges_, fast.bytes_, status)
+                                 : plan_pairs<false>(local, remote, max_sge, limits.max_message, fast.requests_,
+                                                     fast.pieces_, fast.sges_, fast.bytes_, status);
         if (how == FastPlan::planned) {
             if (!status.ok()) return {};
             fast.direction_ = direction;

@@ -177,8 +177,8 @@ void RailStream::post_some() noexcept {
             return;
         }
         Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
-        c = Chain{first_sequence, first_sequence + n - 1,
-                  notify_ ? static_cast<std::uint32_t>(requests.size()) : next_, notify_ ? 0 : n};
+        c = Chain{first_sequence, first_sequence + n - 1, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_,
+                  notify_ ? 0 : n};
         ++chains_in_flight_;
         if (notify_) {
             notify_ = false;

@@ -297,12 +297,12 @@ TEST_SUITE("transfer plans") {
                 if (ls * 2 * unit + 2 * unit >= (1u << 20) || rs * 2 * unit + 2 * unit >= (1u << 20)) break;
                 l.push_back(local(ls * (neighbours ? unit : 2 * unit), static_cast<std::uint32_t>(length),
                                   two_keys && k % 3 == 0 ? 6 : 5));
-                r.push_back(remote(rs * (neighbours ? unit : 2 * unit) + shift, length,
-                                   two_keys && k % 5 == 0 ? other : peer));
+                r.push_back(
+                    remote(rs * (neighbours ? unit : 2 * unit) + shift, length, two_keys && k % 5 == 0 ? other : peer));
             }
             if (l.empty()) continue;
             switch (next(12)) {
-                case 0: r.back().offset = r.front().offset; break; // an overlap on the remote side
+                case 0: r.back().offset = r.front().offset; break;   // an overlap on the remote side
                 case 1: l.back().address = l.front().address; break; // … on the local side
                 case 2: l[next(l.size())].length = 0; break;
                 case 3: r[next(r.size())].offset = (1u << 20); break;

@@ -118,8 +118,8 @@ public:
 
 private:
     friend TransferPlan detail::make_transfer_plan(TransferDirection, std::span<const LocalBuffer>,
-                                                   std::span<const RemoteBlock>, const TransferLimits&,
-                                                   detail::Status&, detail::Planner);
+                                                   std::span<const RemoteBlock>, const TransferLimits&, detail::Status&,
+                                                   detail::Planner);
     TransferDirection direction_ = TransferDirection::write;
     detail::PlanArray<Request> requests_;
     detail::PlanArray<LocalBuffer> pieces_;

@@ -49,7 +49,9 @@ public:
     /// The device's own value.
     [[nodiscard]] constexpr ibv_wc_status raw() const noexcept { return raw_; }
     [[nodiscard]] std::error_code code() const noexcept { return make_wc_error(raw_); }
-    operator std::error_code() const noexcept { return code(); } // NOLINT(google-explicit-constructor): a status is an error code
+    operator std::error_code() const noexcept {
+        return code();
+    } // NOLINT(google-explicit-constructor): a status is an error code
     /// True when the request failed.
     constexpr explicit operator bool() const noexcept { return raw_ != IBV_WC_SUCCESS; }
     [[nodiscard]] int value() const noexcept { return code().value(); }

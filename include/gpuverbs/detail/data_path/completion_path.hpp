@@ -93,9 +93,8 @@ GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnC
 }
 
 GPUVERBS_HOT int CqCore::poll(Completion* out, int max) noexcept {
-    return poll_completions(cq_, registry_, max, [out](const ibv_wc& wc, WorkQueueState* queue, int i) {
-        translate(wc, queue, out[i]);
-    });
+    return poll_completions(cq_, registry_, max,
+                            [out](const ibv_wc& wc, WorkQueueState* queue, int i) { translate(wc, queue, out[i]); });
 }
 
 } // namespace gpuverbs::detail

@@ -152,12 +152,10 @@ template <class Wr>
 class SubmitChain {
 public:
     /// A send queue's chain.
-    explicit SubmitChain(QpCore& qp) noexcept
-        requires std::is_same_v<Wr, ibv_send_wr>
+    explicit SubmitChain(QpCore& qp) noexcept requires std::is_same_v<Wr, ibv_send_wr>
         : queue_(&qp.send), qp_(qp.qp()), id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
     /// A receive queue's chain (the QP's own or an SRQ).
-    explicit SubmitChain(const ReceiveTarget& target) noexcept
-        requires std::is_same_v<Wr, ibv_recv_wr>
+    explicit SubmitChain(const ReceiveTarget& target) noexcept requires std::is_same_v<Wr, ibv_recv_wr>
         : queue_(target.queue), qp_(target.qp), srq_(target.srq), id_(WrId::encode(target.kind, target.tag, 0)) {}
 
     /// Whether the queue has room for `n` more requests of this chain.

@@ -73,7 +73,7 @@ public:
     }
     static void give_back(std::uint32_t tag) noexcept {
         SrqNumbers& n = instance();
-        std::lock_guard lock(n.mutex_); // NOLINT(bugprone-exception-escape): an owned mutex
+        std::lock_guard lock(n.mutex_);  // NOLINT(bugprone-exception-escape): an owned mutex
         n.free_.push_back(tag & 0xffff); // reserved in take()
     }
 
