@@ -130,10 +130,14 @@ template <class Inner, class After, class Signature>
 struct boost::asio::async_result<settled_t<Inner, After>, Signature> {
     template <class Initiation, class RawToken, class... Args>
     static auto initiate(Initiation&& initiation, RawToken&& token, Args&&... args) {
+        // The initiation by reference: it is invoked within this full
+        // expression (a callback at once, an awaitable by the co_await that
+        // encloses the call), so the adapter adds no copy of its own to the
+        // count — the operation costs what it costs without the adapter.
         return boost::asio::async_initiate<Inner, Signature>(
-            [initiation = std::forward<Initiation>(initiation), after = token.after](auto&& handler,
-                                                                                     auto&&... a) mutable {
-                std::move(initiation)(std::forward<decltype(handler)>(handler), std::forward<decltype(a)>(a)...);
+            [&initiation, after = token.after](auto&& handler, auto&&... a) mutable {
+                std::forward<Initiation>(initiation)(std::forward<decltype(handler)>(handler),
+                                                     std::forward<decltype(a)>(a)...);
                 after();
             },
             token.inner, std::forward<Args>(args)...);

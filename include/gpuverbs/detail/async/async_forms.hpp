@@ -20,12 +20,6 @@ namespace gpuverbs::detail {
 /// The token of an async_* called without one: the executor's default token.
 struct default_async_token {};
 
-/// The executor of `qp`'s completion queue (empty if it is not bound).
-inline boost::asio::any_io_executor queue_executor(const std::shared_ptr<QpCore>& qp) noexcept {
-    AsyncDriver* d = qp ? qp->send_cq()->driver() : nullptr;
-    return d != nullptr ? d->executor() : boost::asio::any_io_executor();
-}
-
 template <class Token>
 struct AsyncForms<Token, void> {
     static constexpr bool is_default = std::is_same_v<Token, default_async_token>;
@@ -49,7 +43,7 @@ struct AsyncForms<Token, void> {
     template <ResultKind K, class T>
     static auto send(const std::shared_ptr<QpCore>& core, T&& token, const WorkRequest& request) {
         using Sig = void(async_error_code, typename ResultOf<K>::type);
-        return initiate<Sig>(InitiateSend<K>{{core, queue_executor(core)}}, std::forward<T>(token), request);
+        return initiate<Sig>(InitiateSend<K>(core), std::forward<T>(token), request);
     }
 
     /// `buffers` is a LocalBuffer (kept by value until a deferred operation
@@ -57,7 +51,7 @@ struct AsyncForms<Token, void> {
     template <class T, class Buffers>
     static auto receive(const std::shared_ptr<QpCore>& core, T&& token, const Buffers& buffers) {
         using Sig = void(async_error_code, Received);
-        return initiate<Sig>(InitiateReceive{{core, queue_executor(core)}}, std::forward<T>(token), buffers);
+        return initiate<Sig>(InitiateReceive(core), std::forward<T>(token), buffers);
     }
 };
 

@@ -39,6 +39,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
 
 namespace gpuverbs::detail {
 
@@ -335,42 +336,83 @@ void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> l
 /// The named initiations QueuePair's async_* pass to asio::async_initiate: they
 /// expose the I/O executor, so asio::bind_executor, cancel_after and friends see it.
 ///
-/// They hold the queue pair's core weakly: an operation made now and launched
-/// later (asio::deferred, a coroutine's operator co_await) finds out then
-/// whether the QueuePair still exists, and completes with operation_aborted
-/// if it was destroyed meanwhile, as the async rules promise (async.hpp).
-/// The initiation never keeps a destroyed QueuePair's queue pair alive.
-/// The I/O executor is taken when the operation is made: a handler without
-/// an associated executor runs there, also when the QueuePair is gone.
-struct InitiationBase {
+/// An operation made now and launched later (asio::deferred, a coroutine's
+/// operator co_await) must find out then whether the QueuePair still exists,
+/// and complete with operation_aborted if it was destroyed meanwhile, as the
+/// async rules promise (async.hpp); the initiation never keeps a destroyed
+/// QueuePair's queue pair alive. That check costs a weak reference (atomic
+/// counts) and a copy of the executor, which an operation started at once
+/// does not need: the initiation made by the async_* call refers to the
+/// QueuePair's own core, alive for the whole call, and only a copy or a move
+/// — what a token that launches later does with it, still inside the call —
+/// turns it into a weak reference plus the executor taken then.
+class InitiationBase {
+public:
     using executor_type = boost::asio::any_io_executor;
-    std::weak_ptr<QpCore> core;
-    executor_type executor;
-    [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
+
+    /// The async_* call's own initiation: `core` is the QueuePair's.
+    explicit InitiationBase(const std::shared_ptr<QpCore>& core) noexcept : live_(&core) {}
+    InitiationBase(const InitiationBase& other) noexcept : weak_(other.weak()), executor_(other.get_executor()) {}
+    InitiationBase(InitiationBase&& other) noexcept
+        : weak_(other.live_ != nullptr ? other.weak() : std::move(other.weak_)),
+          executor_(other.live_ != nullptr ? other.get_executor() : std::move(other.executor_)) {}
+    InitiationBase& operator=(const InitiationBase&) = delete;
+    InitiationBase& operator=(InitiationBase&&) = delete;
+    ~InitiationBase() = default;
+
+    [[nodiscard]] executor_type get_executor() const noexcept {
+        if (live_ == nullptr) return executor_;
+        AsyncDriver* d = *live_ ? (*live_)->send_cq()->driver() : nullptr;
+        return d != nullptr ? d->executor() : executor_type();
+    }
+
+protected:
+    /// The queue pair's core, or nullptr when it is gone (`hold` keeps a
+    /// weakly held one alive while the operation is started).
+    [[nodiscard]] QpCore* acquire(std::shared_ptr<QpCore>& hold) const noexcept {
+        if (live_ != nullptr) return live_->get();
+        hold = weak_.lock();
+        return hold.get();
+    }
+
+private:
+    [[nodiscard]] std::weak_ptr<QpCore> weak() const noexcept {
+        return live_ != nullptr ? std::weak_ptr<QpCore>(*live_) : weak_;
+    }
+
+    const std::shared_ptr<QpCore>* live_ = nullptr; ///< set only in the call's own initiation
+    std::weak_ptr<QpCore> weak_;
+    executor_type executor_;
 };
 
 template <ResultKind K>
 struct InitiateSend : InitiationBase {
+    using InitiationBase::InitiationBase;
+
     template <class Handler>
     void operator()(Handler&& handler, const WorkRequest& request) const {
-        const std::shared_ptr<QpCore> qp = core.lock();
-        if (qp == nullptr) return refuse<K>(std::forward<Handler>(handler), aborted_error(), executor);
-        start_send<K>(std::forward<Handler>(handler), qp.get(), request);
+        std::shared_ptr<QpCore> hold;
+        QpCore* qp = acquire(hold);
+        if (qp == nullptr) return refuse<K>(std::forward<Handler>(handler), aborted_error(), get_executor());
+        start_send<K>(std::forward<Handler>(handler), qp, request);
     }
 };
 
 struct InitiateReceive : InitiationBase {
+    using InitiationBase::InitiationBase;
+
     template <class Handler>
     void operator()(Handler&& handler, const LocalBuffer& one) const {
         (*this)(std::forward<Handler>(handler), std::span<const LocalBuffer>(&one, 1));
     }
     template <class Handler>
     void operator()(Handler&& handler, std::span<const LocalBuffer> list) const {
-        const std::shared_ptr<QpCore> qp = core.lock();
+        std::shared_ptr<QpCore> hold;
+        QpCore* qp = acquire(hold);
         if (qp == nullptr) {
-            return refuse<ResultKind::received>(std::forward<Handler>(handler), aborted_error(), executor);
+            return refuse<ResultKind::received>(std::forward<Handler>(handler), aborted_error(), get_executor());
         }
-        start_receive(std::forward<Handler>(handler), qp.get(), list);
+        start_receive(std::forward<Handler>(handler), qp, list);
     }
 };
 
