@@ -17,6 +17,7 @@
 //   callback_adaptive   as callback, adaptive CQ (polls from the executor)
 //   coroutine_adaptive  as coroutine, adaptive CQ
 //   callback_pipelined  callbacks, event-driven, 32 writes in flight (each completion starts the next)
+//   FORM_single         any async form above with AsyncOptions::single_threaded (no lock, no poll guard)
 //
 // How waits are kept out of the counts:
 // - raw, raw_batched, sync, batched: the CQ's event is armed before posting and
@@ -253,11 +254,13 @@ struct Chain {
 
 int run_async(const char* dev0, const char* dev1, const std::string& form, int ops) {
     asio::io_context io(1);
-    const bool adaptive = form.ends_with("_adaptive");
-    const bool pipelined = form.ends_with("_pipelined");
-    const bool coroutine = form.starts_with("coroutine");
+    const bool single = form.ends_with("_single");
+    const std::string shape = single ? form.substr(0, form.size() - 7) : form;
+    const bool adaptive = shape.ends_with("_adaptive");
+    const bool pipelined = shape.ends_with("_pipelined");
+    const bool coroutine = shape.starts_with("coroutine");
     gv::AsyncOptions options{adaptive ? gv::CompletionMode::adaptive : gv::CompletionMode::event_driven,
-                             std::chrono::microseconds(adaptive ? 100000 : 0)};
+                             std::chrono::microseconds(adaptive ? 100000 : 0), single};
     Pair p(dev0, dev1, [&](const gv::Device& d, const gv::CompletionChannel&) {
         return gv::CompletionQueue(d, 256, io.get_executor(), options);
     });
@@ -327,8 +330,9 @@ int main(int argc, char** argv) {
                [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
         return run_polled(p, form, ops);
     }
-    if (form == "callback" || form == "coroutine" || form == "callback_adaptive" || form == "coroutine_adaptive" ||
-        form == "callback_pipelined") {
+    const std::string shape = form.ends_with("_single") ? form.substr(0, form.size() - 7) : form;
+    if (shape == "callback" || shape == "coroutine" || shape == "callback_adaptive" || shape == "coroutine_adaptive" ||
+        shape == "callback_pipelined") {
         return run_async(dev0, dev1, form, ops);
     }
     std::fprintf(stderr, "unknown form '%s'\n", form.c_str());

@@ -44,6 +44,14 @@ struct AsyncOptions {
     CompletionMode mode = CompletionMode::event_driven;
     /// Adaptive mode: how long to keep polling after the last completion.
     std::chrono::microseconds spin{50};
+    /// The CQ's executor runs on one thread (an io_context made with
+    /// concurrency hint 1 and run by one thread, or a strand), and every
+    /// async_* of its queue pairs is started, cancelled and destroyed there:
+    /// the engine then takes no lock and its polls no atomic guard
+    /// (docs/concepts.md, "Single-threaded mode"). Starting an operation or
+    /// destroying a QueuePair or the CompletionQueue from another thread is a
+    /// data race. Default: any thread (a spin lock around the engine).
+    bool single_threaded = false;
 };
 
 /// What an asynchronous receive hands back.

@@ -29,6 +29,7 @@ RailStream* stream_of(AsyncOpBase* op) noexcept {
 
 AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, CqCore& cq, const AsyncOptions& options)
     : executor_(executor),
+      mutex_(options.single_threaded),
       cq_(&cq),
       channel_(cq.channel_core()),
       descriptor_(executor, channel_->channel()->fd),
@@ -123,8 +124,7 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
     constexpr int batch = 32;
     std::size_t total = 0;
     for (;;) {
-        const int n = poll_completions(
-            cq_->cq(), cq_->registry(), batch, [this, &done](const ibv_wc& wc, WorkQueueState* queue, int) {
+        auto on = [this, &done](const ibv_wc& wc, WorkQueueState* queue, int) {
                 if (queue == nullptr) return; // a completion of a QP already destroyed (its operations were aborted)
                 const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc.wr_id));
                 auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
@@ -137,7 +137,10 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
                 if (!fsm_.finished(op)) return;
                 op->record(wc);
                 done.push_back(op);
-            });
+        };
+        // One thread: no QP can be destroyed during this poll, no guard needed.
+        const int n = options_.single_threaded ? poll_completions<false>(cq_->cq(), cq_->registry(), batch, on)
+                                               : poll_completions<true>(cq_->cq(), cq_->registry(), batch, on);
         ++polls_;
         if (n <= 0) {
             if (total == 0) ++empty_polls_;

@@ -44,17 +44,23 @@ namespace gpuverbs::detail {
 /// A test-and-test-and-set lock that yields when it cannot get in quickly.
 class SpinMutex {
 public:
+    /// `off`: the engine runs on one thread (AsyncOptions::single_threaded), lock and unlock do nothing.
+    explicit SpinMutex(bool off = false) noexcept : off_(off) {}
     void lock() noexcept {
+        if (off_) return;
         for (int tries = 0; locked_.exchange(true, std::memory_order_acquire); ++tries) {
             while (locked_.load(std::memory_order_relaxed)) {
                 if (++tries > 64) std::this_thread::yield();
             }
         }
     }
-    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+    void unlock() noexcept {
+        if (!off_) locked_.store(false, std::memory_order_release);
+    }
 
 private:
     std::atomic<bool> locked_{false};
+    bool off_;
 };
 
 struct AsyncOpBase;

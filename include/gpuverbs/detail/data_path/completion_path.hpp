@@ -71,9 +71,10 @@ GPUVERBS_HOT void translate(const ibv_wc& wc, WorkQueueState* queue, Completion&
 /// The one poll, behind CompletionQueue::poll and the asynchronous driver:
 /// up to `max` work completions of `cq`, each handed to `on(wc, queue, i)`
 /// with its queue's state (nullptr: its QP or SRQ is gone), inside the
-/// registry's guard. Returns how many, or a negative errno when the first
-/// ibv_poll_cq failed.
-template <class OnCompletion>
+/// registry's guard (`Guarded` false: the caller knows no QP or SRQ of this
+/// CQ can be destroyed meanwhile — one thread does both). Returns how many,
+/// or a negative errno when the first ibv_poll_cq failed.
+template <bool Guarded = true, class OnCompletion>
 GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnCompletion&& on) noexcept {
     constexpr int batch = 32;
     ibv_wc wc[batch];
@@ -82,8 +83,10 @@ GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnC
         const int want = max - total < batch ? max - total : batch;
         const int got = ibv_poll_cq(cq, want, wc);
         if (got <= 0) return got < 0 && total == 0 ? got : total;
-        {
+        if constexpr (Guarded) {
             QpRegistry::PollGuard guard(registry);
+            for (int i = 0; i < got; ++i) on(wc[i], queue_of(wc[i], registry), total + i);
+        } else {
             for (int i = 0; i < got; ++i) on(wc[i], queue_of(wc[i], registry), total + i);
         }
         total += got;
