@@ -18,6 +18,7 @@
 //   coroutine_adaptive  as coroutine, adaptive CQ
 //   callback_pipelined  callbacks, event-driven, 32 writes in flight (each completion starts the next)
 //   FORM_single         any async form above with AsyncOptions::single_threaded (no lock, no poll guard)
+//   FORM_unsafe         … and an io_context made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE (Asio's own locks off)
 //
 // How waits are kept out of the counts:
 // - raw, raw_batched, sync, batched: the CQ's event is armed before posting and
@@ -253,9 +254,11 @@ struct Chain {
 };
 
 int run_async(const char* dev0, const char* dev1, const std::string& form, int ops) {
-    asio::io_context io(1);
-    const bool single = form.ends_with("_single");
+    // _unsafe: the io_context itself without locks (BOOST_ASIO_CONCURRENCY_HINT_UNSAFE), single-threaded engine.
+    const bool unsafe = form.ends_with("_unsafe");
+    const bool single = unsafe || form.ends_with("_single");
     const std::string shape = single ? form.substr(0, form.size() - 7) : form;
+    asio::io_context io(unsafe ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE : 1);
     const bool adaptive = shape.ends_with("_adaptive");
     const bool pipelined = shape.ends_with("_pipelined");
     const bool coroutine = shape.starts_with("coroutine");
@@ -330,7 +333,8 @@ int main(int argc, char** argv) {
                [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
         return run_polled(p, form, ops);
     }
-    const std::string shape = form.ends_with("_single") ? form.substr(0, form.size() - 7) : form;
+    const std::string shape =
+        form.ends_with("_single") || form.ends_with("_unsafe") ? form.substr(0, form.size() - 7) : form;
     if (shape == "callback" || shape == "coroutine" || shape == "callback_adaptive" || shape == "coroutine_adaptive" ||
         shape == "callback_pipelined") {
         return run_async(dev0, dev1, form, ops);
