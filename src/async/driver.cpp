@@ -22,9 +22,6 @@ namespace {
 AsyncOpBase* op_of(AsyncOpLinks* links) noexcept {
     return static_cast<AsyncOpBase*>(links);
 }
-RailStream* stream_of(AsyncOpBase* op) noexcept {
-    return static_cast<RailStream*>(op);
-}
 } // namespace
 
 AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, CqCore& cq, const AsyncOptions& options)
@@ -43,26 +40,40 @@ AsyncDriver::~AsyncDriver() {
     destroy_all();
 }
 
-bool AsyncDriver::has_room(const AsyncOpBase* op) const noexcept {
-    if (op->streaming) return op->qp->send.has_room_for(static_cast<const RailStream*>(op)->needs());
-    return op->receive ? op->qp->receive.has_room_for(1) : op->qp->send.has_room_for(1);
-}
+// --- the behaviours of single operations --------------------------------------
 
-std::error_code AsyncDriver::post_now(AsyncOpBase* op) noexcept {
-    if (op->streaming) {
-        // Posts what fits; a stream that could post nothing and has nothing in flight failed.
-        RailStream* s = stream_of(op);
-        s->post_some();
-        return s->finished() ? (s->error() ? s->error() : std::error_code(errc::invalid_argument)) : no_error();
-    }
-    // The slot's context is the operation: the completion leads back to it.
-    const auto context = reinterpret_cast<std::uintptr_t>(op);
-    if (op->receive) {
-        ReceiveTarget target{};
-        if (std::error_code ec = receive_target(*op->qp, target)) return ec; // also checked at initiation
-        return submit_receive(target, op->recv_wr, context);
-    }
-    return submit_send(*op->qp, op->send_wr, context, op->opcode);
+namespace {
+// The slot's context is the operation: the completion leads back to it.
+std::uint64_t context_of(AsyncOpBase& op) noexcept {
+    return reinterpret_cast<std::uintptr_t>(&op);
+}
+bool send_has_room(const AsyncOpBase& op) noexcept {
+    return op.qp->send.has_room_for(1);
+}
+std::error_code send_post(AsyncOpBase& op) noexcept {
+    return submit_send(*op.qp, op.send_wr, context_of(op), op.opcode);
+}
+bool receive_has_room(const AsyncOpBase& op) noexcept {
+    return op.qp->receive.has_room_for(1);
+}
+std::error_code receive_post(AsyncOpBase& op) noexcept {
+    ReceiveTarget target{};
+    if (std::error_code ec = receive_target(*op.qp, target)) return ec; // also checked at initiation
+    return submit_receive(target, op.recv_wr, context_of(op));
+}
+void single_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t /*sequence*/,
+                      OpList& done) noexcept {
+    driver.finish(op, wc, done);
+}
+} // namespace
+
+const OpBehaviour send_behaviour{&send_has_room, &send_post, &single_completed};
+const OpBehaviour receive_behaviour{&receive_has_room, &receive_post, &single_completed};
+
+void AsyncDriver::finish(AsyncOpBase& op, const ibv_wc& wc, OpList& done) noexcept {
+    if (!fsm_.finished(&op)) return;
+    op.record(wc);
+    done.push_back(&op);
 }
 
 // Only std::bad_alloc from Asio (the wait's or the spin's handler) can escape
@@ -72,7 +83,7 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
     std::error_code refused;
     {
         std::lock_guard lock(mutex_);
-        switch (fsm_.submit(op, has_room(op))) {
+        switch (fsm_.submit(op, op->behaviour->has_room(*op))) {
             case AsyncFsm::Submit::abort: refused = aborted_error(); break;
             case AsyncFsm::Submit::wait: break;
             case AsyncFsm::Submit::post: {
@@ -80,7 +91,7 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
                 // cannot slip in before the CQ is armed (and no poll is needed).
                 const bool arm_first = options_.mode == CompletionMode::event_driven && !waiting_;
                 if (arm_first) (void)ibv_req_notify_cq(cq_->cq(), 0);
-                if (std::error_code ec = post_now(op)) {
+                if (std::error_code ec = op->behaviour->post(*op)) {
                     fsm_.post_failed(op);
                     refused = ec;
                     break;
@@ -125,18 +136,11 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
     std::size_t total = 0;
     for (;;) {
         auto on = [this, &done](const ibv_wc& wc, WorkQueueState* queue, int) {
-                if (queue == nullptr) return; // a completion of a QP already destroyed (its operations were aborted)
-                const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc.wr_id));
-                auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
-                    static_cast<std::uintptr_t>(finished.context));
-                if (op == nullptr) return;
-                if (op->streaming) {
-                    if (op->state == OpState::posted) advance(stream_of(op), wc, finished.sequence, done);
-                    return;
-                }
-                if (!fsm_.finished(op)) return;
-                op->record(wc);
-                done.push_back(op);
+            if (queue == nullptr) return; // a completion of a QP already destroyed (its operations were aborted)
+            const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc.wr_id));
+            auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
+                static_cast<std::uintptr_t>(finished.context));
+            if (op != nullptr) op->behaviour->completed(*this, *op, wc, finished.sequence, done);
         };
         // One thread: no QP can be destroyed during this poll, no guard needed.
         const int n = options_.single_threaded ? poll_completions<false>(cq_->cq(), cq_->registry(), batch, on)
@@ -153,7 +157,9 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
     return total;
 }
 
-void AsyncDriver::advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
+void AsyncDriver::advance(RailStream& stream, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
+    RailStream* s = &stream;
+    if (s->state != OpState::posted) return; // aborted with its queue pair: the rest of its completions lead nowhere
     s->completed(wc, sequence);
     // Refill from the room this completion freed; with nothing in flight and
     // no room (other operations hold the queue), wait again like any operation.
@@ -171,9 +177,10 @@ void AsyncDriver::advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequenc
 void AsyncDriver::post_ready(OpList& done) noexcept {
     if (fsm_.waiting_count() == 0) return;
     fsm_.begin_pass();
-    while (AsyncOpLinks* links = fsm_.next_ready([this](AsyncOpLinks* l) { return has_room(op_of(l)); })) {
+    while (AsyncOpLinks* links =
+               fsm_.next_ready([](AsyncOpLinks* l) { return op_of(l)->behaviour->has_room(*op_of(l)); })) {
         AsyncOpBase* op = op_of(links);
-        if (std::error_code ec = post_now(op)) {
+        if (std::error_code ec = op->behaviour->post(*op)) {
             fsm_.post_failed(op);
             op->failure = ec; // deliver() hands it to the handler
             done.push_back(op);

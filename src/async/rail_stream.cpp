@@ -22,6 +22,23 @@ const KeyMap* find_key(std::span<const KeyMap> keys, std::uint32_t plan_key) noe
     }
     return nullptr;
 }
+// The rail's behaviour in the driver (OpBehaviour, async_driver.hpp).
+bool rail_has_room(const AsyncOpBase& op) noexcept {
+    return op.qp->send.has_room_for(static_cast<const RailStream&>(op).needs());
+}
+std::error_code rail_post(AsyncOpBase& op) noexcept {
+    // Posts what fits; a stream that could post nothing and has nothing in flight failed.
+    auto& s = static_cast<RailStream&>(op);
+    s.post_some();
+    if (!s.finished()) return no_error();
+    return s.error() ? s.error() : std::error_code(errc::invalid_argument);
+}
+void rail_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
+                    OpList& done) noexcept {
+    driver.advance(static_cast<RailStream&>(op), wc, sequence, done);
+}
+const OpBehaviour rail_behaviour{&rail_has_room, &rail_post, &rail_completed};
+
 } // namespace
 
 std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
@@ -30,7 +47,7 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     qp = &core;
     owner = &core;
     queue = &core.async_send;
-    streaming = true;
+    behaviour = &rail_behaviour;
     opcode = plan.direction() == TransferDirection::write ? Opcode::write : Opcode::read;
     opcode_ = plan.direction() == TransferDirection::write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     plan_ = &plan;

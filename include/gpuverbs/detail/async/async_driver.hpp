@@ -65,6 +65,24 @@ private:
 
 struct AsyncOpBase;
 class RailStream;
+class AsyncDriver;
+
+/// What an operation does, chosen when it is made (Asio's reactor_op idiom):
+/// the driver calls through these and never branches on the kind of
+/// operation. A single send or receive, and a transfer's rail
+/// (transfer_stream.hpp), are the behaviours there are. All run under the driver's lock.
+struct OpBehaviour {
+    /// Whether its work queue has room for what it posts next.
+    bool (*has_room)(const AsyncOpBase& op) noexcept;
+    /// Posts it (or its next part); an error means it is finished with that error.
+    std::error_code (*post)(AsyncOpBase& op) noexcept;
+    /// A completion of one of its requests (`sequence`: the request's place in its queue).
+    void (*completed)(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
+                      OpList& done) noexcept;
+};
+/// The behaviours of a single asynchronous send-side operation and receive.
+extern const OpBehaviour send_behaviour;
+extern const OpBehaviour receive_behaviour;
 
 class AsyncDriver : public std::enable_shared_from_this<AsyncDriver> {
     friend class AsyncDriverService;
@@ -99,13 +117,15 @@ public:
 
     [[nodiscard]] AsyncStatistics statistics() noexcept;
 
+    // For the behaviours' completed() (under the lock).
+    /// A single operation's completion: it is finished, its result recorded, queued in `done`.
+    void finish(AsyncOpBase& op, const ibv_wc& wc, OpList& done) noexcept;
+    /// A completion of a transfer's rail: record it, refill, finish it when it is done.
+    void advance(RailStream& s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
+
 private:
-    bool has_room(const AsyncOpBase* op) const noexcept;
-    std::error_code post_now(AsyncOpBase* op) noexcept;
     /// Posts waiting operations that have room now; failures go to `done`.
     void post_ready(OpList& done) noexcept;
-    /// A completion of a transfer's rail: record it, refill, finish it when it is done.
-    void advance(RailStream* s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
     /// Polls until the CQ is empty; completed operations go to `done`. Returns how many completions.
     std::size_t drain(OpList& done) noexcept;
     /// Arms the CQ, polls once more (a completion that came before arming raises no event), waits on the fd.

@@ -95,11 +95,10 @@ struct AsyncOpBase : AsyncOpLinks {
     using Fn = void (*)(AsyncOpBase*, How, std::error_code);
 
     Fn fn = nullptr;
+    /// What it does (send, receive, a transfer's rail): set when it is made.
+    const OpBehaviour* behaviour = &send_behaviour;
     QpCore* qp = nullptr;
     AsyncDriver* driver = nullptr;
-    bool receive = false;
-    /// A transfer's rail (RailStream): posted in parts, finished by its last completion.
-    bool streaming = false;
     /// The handler's executor is the CQ's: it may run directly from the completion processing.
     bool direct_ok = false;
     Opcode opcode = Opcode::send;
@@ -328,7 +327,7 @@ void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> l
     op->qp = qp;
     op->owner = qp;
     op->queue = &qp->async_receive;
-    op->receive = true;
+    op->behaviour = &receive_behaviour;
     op->opcode = Opcode::receive;
     driver.submit(op);
 }
