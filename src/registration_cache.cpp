@@ -29,13 +29,7 @@ std::shared_ptr<const MemoryRegion> RegistrationCache::host_impl(std::span<std::
     Diagnostics words;
     MemoryRegion mr =
         MemoryRegion::create(*pd_, start, static_cast<std::size_t>(miss.end - miss.begin), miss.access, ec, words);
-    if (ec) {
-        keep(status, ec, words);
-        return nullptr;
-    }
-    auto shared = std::make_shared<const MemoryRegion>(std::move(mr));
-    index_.insert(miss, shared);
-    return shared;
+    return adopt(miss, std::move(mr), ec, words, status);
 }
 
 std::shared_ptr<const MemoryRegion> RegistrationCache::gpu_impl(const GpuMemory& memory, Access access,
@@ -68,6 +62,12 @@ std::shared_ptr<const MemoryRegion> RegistrationCache::gpu_impl(const GpuMemory&
     whole.size = static_cast<std::size_t>(miss.end - miss.begin);
     Diagnostics words;
     MemoryRegion mr = register_gpu_memory(*pd_, whole, miss.access, method, ec, words, rejections);
+    return adopt(miss, std::move(mr), ec, words, status);
+}
+
+std::shared_ptr<const MemoryRegion> RegistrationCache::adopt(const Index::Miss& miss, MemoryRegion mr,
+                                                             const std::error_code& ec, const Diagnostics& words,
+                                                             detail::Status& status) {
     if (ec) {
         keep(status, ec, words);
         return nullptr;

@@ -157,21 +157,20 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
     return total;
 }
 
-void AsyncDriver::advance(RailStream& stream, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
-    RailStream* s = &stream;
-    if (s->state != OpState::posted) return; // aborted with its queue pair: the rest of its completions lead nowhere
-    s->completed(wc, sequence);
+void AsyncDriver::advance(RailStream& s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
+    if (s.state != OpState::posted) return; // aborted with its queue pair: the rest of its completions lead nowhere
+    s.completed(wc, sequence);
     // Refill from the room this completion freed; with nothing in flight and
     // no room (other operations hold the queue), wait again like any operation.
-    if (!s->finished() && s->needs() > 0) {
-        if (s->qp->send.has_room_for(s->needs())) {
-            s->post_some();
-        } else if (!s->in_flight()) {
-            fsm_.wait_again(s);
+    if (!s.finished() && s.needs() > 0) {
+        if (s.qp->send.has_room_for(s.needs())) {
+            s.post_some();
+        } else if (!s.in_flight()) {
+            fsm_.wait_again(&s);
             return;
         }
     }
-    if (s->finished() && fsm_.finished(s)) done.push_back(s);
+    if (s.finished() && fsm_.finished(&s)) done.push_back(&s);
 }
 
 void AsyncDriver::post_ready(OpList& done) noexcept {

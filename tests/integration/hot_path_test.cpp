@@ -141,6 +141,56 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
         CHECK(*contexts.begin() == 1000);
     }
 
+    TEST_CASE("one shared receive queue serving QPs on two CQs: each CQ routes its completions to the SRQ's contexts") {
+        // The SRQ's receives carry its number; each CQ knows the SRQ through
+        // its own QPs. Dropping one CQ's QP leaves the other CQ's routing intact.
+        Device dev0 = Device::open(gpuverbs::test::rig_devices()->dev0);
+        Device dev1 = Device::open(gpuverbs::test::rig_devices()->dev1);
+        ProtectionDomain pd0(dev0), pd1(dev1);
+        CompletionQueue cq0(dev0, 64), cq1(dev1, 64), cq2(dev1, 64);
+        SharedReceiveQueue srq(pd1, 32);
+        std::vector<std::byte> m0(64), m1(std::size_t{32} * 64);
+        MemoryRegion mr0(pd0, m0, access_all), mr1(pd1, m1, access_all);
+        auto connect = [&](CompletionQueue& receiving_cq) {
+            PreparedQueuePair a(pd0, cq0, cq0), b(pd1, receiving_cq, receiving_cq, srq);
+            Endpoint ea = a.endpoint(), eb = b.endpoint();
+            return std::pair{std::move(a).connect(eb), std::move(b).connect(ea)};
+        };
+        auto [s1, r1] = connect(cq1);
+        auto [s2, r2] = connect(cq2);
+        for (std::size_t i = 0; i < 32; ++i) REQUIRE_FALSE(srq.post_receive(mr1.slice(i * 64, 64), 2000 + i));
+        auto send_from = [&](QueuePair& s, int n) {
+            for (int i = 0; i < n; ++i) REQUIRE_FALSE(s.post_send(mr0.slice(0, 8)));
+        };
+        send_from(s1, 4);
+        send_from(s2, 4);
+        std::set<std::uint64_t> contexts;
+        for (CompletionQueue* cq : {&cq1, &cq2}) {
+            auto got = poll_for(*cq, 4);
+            REQUIRE(got.size() == 4);
+            for (const Completion& c : got) {
+                CHECK(c.ok());
+                CHECK(c.opcode == Opcode::receive);
+                CHECK(c.qp_num == (cq == &cq1 ? r1.qp_num() : r2.qp_num()));
+                contexts.insert(c.context);
+            }
+        }
+        CHECK(contexts.size() == 8);
+        CHECK(*contexts.begin() >= 2000);
+        CHECK(*contexts.rbegin() < 2032);
+        // The QP on cq1 goes; cq2 still finds the SRQ.
+        { QueuePair gone = std::move(r1); }
+        send_from(s2, 4);
+        auto later = poll_for(cq2, 4);
+        REQUIRE(later.size() == 4);
+        for (const Completion& c : later) {
+            CHECK(c.ok());
+            CHECK(c.context >= 2000);
+            CHECK(c.context < 2032);
+            CHECK(contexts.insert(c.context).second); // never a receive reported twice
+        }
+    }
+
     TEST_CASE("post, SendBatch and the shorthands refuse the same bad request with the same error") {
         QueuePairOptions options;
         options.max_inline_data = 32;

@@ -224,7 +224,11 @@ private:
     std::shared_ptr<const MemoryRegion> gpu_impl(const GpuMemory& memory, Access access, GpuRegistration method,
                                                  detail::Status& status, std::vector<Rejection>* rejections = nullptr);
     const ProtectionDomain* pd_;
-    detail::RegistrationIndex<std::shared_ptr<const MemoryRegion>> index_;
+    using Index = detail::RegistrationIndex<std::shared_ptr<const MemoryRegion>>;
+    /// The registration a miss made, cached under `miss` (or the failure kept in `status`).
+    std::shared_ptr<const MemoryRegion> adopt(const Index::Miss& miss, MemoryRegion mr, const std::error_code& ec,
+                                              const Diagnostics& words, detail::Status& status);
+    Index index_;
 };
 
 } // namespace gpuverbs

@@ -166,8 +166,7 @@ public:
     GPUVERBS_HOT void push(Wr& wr, std::uint64_t context, Opcode opcode) noexcept {
         queue_->record(count_, context, opcode);
         wr.wr_id = id_ | queue_->slot(count_);
-        link(&wr);
-        ++count_;
+        attach(&wr, 1);
     }
     /// Appends `n` lowered requests laid out one after another, all for one
     /// owner (a transfer's chain): one record per slot, wr_ids and links set.
@@ -179,14 +178,7 @@ public:
             wrs[k].wr_id = id_ | (static_cast<std::uint32_t>(first + k) & mask);
             wrs[k].next = wrs + k + 1;
         }
-        wrs[n - 1].next = nullptr;
-        if (last_ != nullptr) {
-            last_->next = wrs;
-        } else {
-            first_ = wrs;
-        }
-        last_ = wrs + n - 1;
-        count_ += n;
+        attach(wrs, n);
     }
 
     /// Appends `n` lowered requests laid out one after another, request k
@@ -198,14 +190,7 @@ public:
             wrs[k].wr_id = id_ | queue_->slot(count_ + k);
             wrs[k].next = wrs + k + 1;
         }
-        wrs[n - 1].next = nullptr;
-        if (last_ != nullptr) {
-            last_->next = wrs;
-        } else {
-            first_ = wrs;
-        }
-        last_ = wrs + n - 1;
-        count_ += n;
+        attach(wrs, n);
     }
 
     /// The sequence number the next pushed request will have (1 for a queue's first).
@@ -239,14 +224,16 @@ public:
     [[nodiscard]] std::uint32_t taken() const noexcept { return taken_; }
 
 private:
-    void link(Wr* wr) noexcept {
-        wr->next = nullptr;
+    /// Links wrs[0 .. n) (each already linked to the next) after the chain.
+    void attach(Wr* wrs, std::uint32_t n) noexcept {
+        wrs[n - 1].next = nullptr;
         if (last_ != nullptr) {
-            last_->next = wr;
+            last_->next = wrs;
         } else {
-            first_ = wr;
+            first_ = wrs;
         }
-        last_ = wr;
+        last_ = wrs + n - 1;
+        count_ += n;
     }
 
     WorkQueueState* queue_;
