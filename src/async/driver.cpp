@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 
 #include <array>
+#include <atomic>
 #include <mutex>
 
 namespace gpuverbs::detail {
@@ -51,7 +52,7 @@ bool send_has_room(const AsyncOpBase& op) noexcept {
     return op.qp->send.has_room_for(1);
 }
 std::error_code send_post(AsyncOpBase& op) noexcept {
-    return submit_send(*op.qp, op.send_wr, context_of(op), op.opcode);
+    return submit_send(*op.qp, static_cast<SingleOp&>(op).send_wr, context_of(op), op.opcode);
 }
 bool receive_has_room(const AsyncOpBase& op) noexcept {
     return op.qp->receive.has_room_for(1);
@@ -59,7 +60,7 @@ bool receive_has_room(const AsyncOpBase& op) noexcept {
 std::error_code receive_post(AsyncOpBase& op) noexcept {
     ReceiveTarget target{};
     if (std::error_code ec = receive_target(*op.qp, target)) return ec; // also checked at initiation
-    return submit_receive(target, op.recv_wr, context_of(op));
+    return submit_receive(target, static_cast<SingleOp&>(op).recv_wr, context_of(op));
 }
 void single_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t /*sequence*/,
                       OpList& done) noexcept {
@@ -89,8 +90,7 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
             case AsyncFsm::Submit::post: {
                 // Event-driven and idle: arm before posting, so the completion
                 // cannot slip in before the CQ is armed (and no poll is needed).
-                const bool arm_first = options_.mode == CompletionMode::event_driven && !waiting_;
-                if (arm_first) (void)ibv_req_notify_cq(cq_->cq(), 0);
+                if (options_.mode == CompletionMode::event_driven && !waiting_) arm();
                 if (std::error_code ec = op->behaviour->post(*op)) {
                     fsm_.post_failed(op);
                     refused = ec;
@@ -191,11 +191,12 @@ void AsyncDriver::post_ready(OpList& done) noexcept {
 
 void AsyncDriver::arm_and_wait(OpList& done) {
     if (closed_ || waiting_) return;
-    for (;;) {
-        (void)ibv_req_notify_cq(cq_->cq(), 0);
-        if (drain(done) == 0) break;
-        post_ready(done);
-    }
+    // Armed once: a completion that arrives after this raises an event; one
+    // that came before is found by the drain. A drain that finds completions
+    // needs no second arm — those that came after arming raised an event
+    // already (at worst the wake-up finds the CQ empty and arms again).
+    arm();
+    if (drain(done) > 0) post_ready(done);
     if (fsm_.outstanding() == 0) return;
     waiting_ = true;
     descriptor_.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -219,6 +220,7 @@ void AsyncDriver::on_readable(const boost::system::error_code& ec) {
         while (ibv_get_cq_event(channel_->channel(), &cq, &context) == 0) {
             static_cast<CqCore*>(context)->count_event();
             ++wakeups_;
+            armed_ = false; // an event disarms the CQ
         }
         drain(done);
         post_ready(done);
@@ -341,44 +343,39 @@ AsyncStatistics AsyncDriver::statistics() noexcept {
 // --- operation memory -------------------------------------------------------
 
 namespace {
-struct Pool {
-    std::mutex mutex;
-    void* free = nullptr;
-    std::size_t cached = 0;
+struct SharedBlocks {
+    std::atomic<void*> head{nullptr};
+    std::atomic<std::size_t> count{0}; ///< approximate: only bounds the stack
 };
-Pool& pool() {
+SharedBlocks& shared_blocks() noexcept {
     // Never destroyed: operations may be freed during static destruction.
-    static Pool* p = new Pool;
-    return *p;
+    static auto* s = new SharedBlocks;
+    return *s;
 }
 } // namespace
 
-void* OpMemory::pool_get() {
-    {
-        Pool& p = pool();
-        std::lock_guard lock(p.mutex);
-        if (p.free != nullptr) {
-            void* block = p.free;
-            p.free = *static_cast<void**>(block);
-            --p.cached;
-            return block;
-        }
-    }
-    return ::operator new(block_size);
+void OpMemory::refill(Cache& c) noexcept {
+    SharedBlocks& s = shared_blocks();
+    if (s.head.load(std::memory_order_relaxed) == nullptr) return;
+    void* list = s.head.exchange(nullptr, std::memory_order_acquire);
+    std::size_t n = 0;
+    for (void* b = list; b != nullptr; b = next_of(b)) ++n;
+    s.count.fetch_sub(n, std::memory_order_relaxed);
+    c.head = list; // called only when the thread's list is empty
+    c.count = static_cast<unsigned>(n);
 }
 
-void OpMemory::pool_put(void* block) noexcept {
-    {
-        Pool& p = pool();
-        std::lock_guard lock(p.mutex);
-        if (p.cached < max_pooled) {
-            *static_cast<void**>(block) = p.free;
-            p.free = block;
-            ++p.cached;
-            return;
-        }
+void OpMemory::share(void* block) noexcept {
+    SharedBlocks& s = shared_blocks();
+    if (s.count.load(std::memory_order_relaxed) >= max_pooled) {
+        ::operator delete(block);
+        return;
     }
-    ::operator delete(block);
+    s.count.fetch_add(1, std::memory_order_relaxed);
+    void* head = s.head.load(std::memory_order_relaxed);
+    do {
+        next_of(block) = head;
+    } while (!s.head.compare_exchange_weak(head, block, std::memory_order_release, std::memory_order_relaxed));
 }
 
 boost::system::error_code to_asio_error(const std::error_code& ec) noexcept {

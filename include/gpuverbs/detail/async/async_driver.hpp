@@ -128,6 +128,13 @@ private:
     void post_ready(OpList& done) noexcept;
     /// Polls until the CQ is empty; completed operations go to `done`. Returns how many completions.
     std::size_t drain(OpList& done) noexcept;
+    /// Requests the CQ's next completion event, unless it is armed and no
+    /// event was taken since (a completion will raise one already).
+    void arm() noexcept {
+        if (armed_) return;
+        (void)ibv_req_notify_cq(cq_->cq(), 0);
+        armed_ = true;
+    }
     /// Arms the CQ, polls once more (a completion that came before arming raises no event), waits on the fd.
     void arm_and_wait(OpList& done);
     void start_spinning();
@@ -147,6 +154,7 @@ private:
     AsyncOptions options_;
     AsyncFsm fsm_;
     bool waiting_ = false;
+    bool armed_ = false; ///< the CQ is armed and no event was taken since
     bool spinning_ = false;
     bool closed_ = false;
     bool spin_deadline_set_ = false;

@@ -3,12 +3,13 @@
 // named initiations QueuePair's async_* hand to asio::async_initiate.
 //
 // An operation is lowered (every local check of the posting path) when it is
-// initiated, and carries its verbs request, so posting it later — when a slot
-// frees — needs no further checks. Its memory comes from a per-thread cache
-// of blocks (then a process-wide pool), from the handler's own associated
-// allocator when it has one, or — for an operation larger than a block (a
-// handler carrying more than about 80 bytes) — from Asio's recycling
-// allocator: a steady stream of operations allocates nothing.
+// initiated, and carries its verbs request and exactly its scatter/gather
+// entries, so posting it later — when a slot frees — needs no further checks.
+// Its memory comes from a per-thread list of blocks (then a process-wide
+// lock-free stack), from the handler's own associated allocator when it has
+// one, or — for an operation larger than a block (a handler of more than
+// about 700 bytes, or many entries) — from Asio's recycling allocator: a
+// steady stream of operations allocates nothing.
 // The operation is freed before its handler runs.
 #pragma once
 
@@ -33,7 +34,9 @@
 #include <boost/asio/recycling_allocator.hpp>
 #include <boost/asio/system_executor.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -44,44 +47,63 @@
 namespace gpuverbs::detail {
 
 /// Memory for operations: blocks of block_size bytes, recycled through a
-/// small per-thread cache and a process-wide pool behind a mutex.
+/// per-thread free list and, between threads (an operation freed on another
+/// thread than the one that made it), a process-wide lock-free stack: a block
+/// is pushed alone (compare-and-swap) and a thread whose list ran dry takes
+/// the whole stack at once (one exchange), so no pop can meet an ABA and no
+/// path takes a lock.
 class OpMemory {
 public:
     static constexpr std::size_t block_size = 1024;
+    /// Blocks kept in the process-wide stack at most (more are freed).
     static constexpr std::size_t max_pooled = 1024;
+    /// Blocks one thread keeps for itself at most before sharing them.
+    static constexpr unsigned thread_capacity = 16;
 
     static void* get() {
         Cache& c = cache();
-        if (c.count > 0) return c.blocks[--c.count];
-        return pool_get();
+        if (c.head == nullptr) refill(c);
+        if (c.head == nullptr) return ::operator new(block_size);
+        void* block = c.head;
+        c.head = next_of(block);
+        --c.count;
+        return block;
     }
     static void put(void* block) noexcept {
         Cache& c = cache();
-        if (c.count < Cache::capacity) {
-            c.blocks[c.count++] = block;
+        if (c.count < thread_capacity) {
+            next_of(block) = c.head;
+            c.head = block;
+            ++c.count;
             return;
         }
-        pool_put(block);
+        share(block);
     }
 
 private:
     struct Cache {
-        static constexpr unsigned capacity = 8;
-        void* blocks[capacity] = {};
+        void* head = nullptr;
         unsigned count = 0;
         Cache() = default;
         Cache(const Cache&) = delete;
         Cache& operator=(const Cache&) = delete;
         ~Cache() {
-            while (count > 0) pool_put(blocks[--count]);
+            while (head != nullptr) {
+                void* block = head;
+                head = next_of(block);
+                share(block);
+            }
         }
     };
+    static void*& next_of(void* block) noexcept { return *static_cast<void**>(block); }
     static Cache& cache() noexcept {
         thread_local Cache c;
         return c;
     }
-    static void* pool_get();
-    static void pool_put(void* block) noexcept;
+    /// Takes the process-wide stack into `c` (nothing when it is empty).
+    static void refill(Cache& c) noexcept;
+    /// Pushes `block` on the process-wide stack (frees it when the stack is full).
+    static void share(void* block) noexcept;
 };
 
 /// The untyped operation: what the driver and the machine handle.
@@ -111,10 +133,6 @@ struct AsyncOpBase : AsyncOpLinks {
     // What the result is made of.
     std::uint64_t bytes = 0;          ///< bytes the request moves (send side)
     std::uint64_t result_address = 0; ///< an atomic's local buffer, where the old value lands
-    // The lowered request, posted as it is when a slot frees.
-    ibv_send_wr send_wr;
-    ibv_recv_wr recv_wr;
-    std::array<ibv_sge, max_sge_per_request> sges;
 
     void record(const ibv_wc& wc) noexcept {
         wc_status = wc.status;
@@ -122,6 +140,30 @@ struct AsyncOpBase : AsyncOpLinks {
         if ((wc.wc_flags & IBV_WC_WITH_IMM) != 0) immediate = ntohl(wc.imm_data);
     }
     void complete(How how, std::error_code ec = {}) noexcept { fn(this, how, ec); }
+};
+
+/// A single send or receive: its lowered request, posted as it is when a slot
+/// frees. Sized for what it carries — one request (a send's or a receive's,
+/// never both) and exactly the scatter/gather entries it has, stored right
+/// after the typed operation in the same memory (AsyncOp::entries(); the
+/// request's sg_list points there).
+struct SingleOp : AsyncOpBase {
+    union {
+        ibv_send_wr send_wr;
+        ibv_recv_wr recv_wr;
+    };
+
+    // The request is left unset: lower() or lower_receive() writes every
+    // field the verbs read (as for a request on the stack).
+    SingleOp() noexcept {} // NOLINT(cppcoreguidelines-pro-type-member-init,hicpp-member-init)
+    SingleOp(const SingleOp&) = delete;
+    SingleOp& operator=(const SingleOp&) = delete;
+    ~SingleOp() = default;
+
+    /// Bytes an operation of `size` bytes needs with `entries` scatter/gather entries after it.
+    static constexpr std::size_t bytes_with_sges(std::size_t size, std::size_t entries) noexcept {
+        return (size + alignof(ibv_sge) - 1) / alignof(ibv_sge) * alignof(ibv_sge) + entries * sizeof(ibv_sge);
+    }
 };
 
 template <ResultKind K>
@@ -144,31 +186,54 @@ inline constexpr bool has_own_executor =
     !std::is_same_v<boost::asio::associated_executor_t<Handler, NoExecutor>, NoExecutor>;
 
 template <class Handler, ResultKind K>
-class AsyncOp final : public AsyncOpBase {
+class AsyncOp final : public SingleOp {
 public:
     using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
     using Slot = boost::asio::associated_cancellation_slot_t<Handler>;
     /// A handler's own allocator; without one, Asio's recycling allocator (a
     /// per-thread cache) for operations too large for a block.
     using DefaultAllocator = boost::asio::recycling_allocator<void>;
+    /// What the operation and its entries are allocated in (aligned for either).
+    struct alignas(std::max(alignof(std::max_align_t), alignof(Handler))) Unit {
+        unsigned char bytes[alignof(std::max_align_t)];
+    };
     using Allocator = typename std::allocator_traits<
-        boost::asio::associated_allocator_t<Handler, DefaultAllocator>>::template rebind_alloc<AsyncOp>;
-    /// Handlers without an allocator of their own get a recycled block.
-    static constexpr bool uses_blocks =
-        std::is_same_v<boost::asio::associated_allocator_t<Handler>, std::allocator<void>> &&
-        sizeof(AsyncOp) <= OpMemory::block_size;
+        boost::asio::associated_allocator_t<Handler, DefaultAllocator>>::template rebind_alloc<Unit>;
+    /// Handlers without an allocator of their own may get a recycled block…
+    static constexpr bool may_use_blocks =
+        std::is_same_v<boost::asio::associated_allocator_t<Handler>, std::allocator<void>>;
+    /// … when the operation and its entries fit in one.
+    static constexpr std::size_t entries_in_block = SingleOp::bytes_with_sges(sizeof(AsyncOp), 0) > OpMemory::block_size
+                                                        ? 0
+                                                        : (OpMemory::block_size -
+                                                           SingleOp::bytes_with_sges(sizeof(AsyncOp), 0)) /
+                                                              sizeof(ibv_sge);
 
-    explicit AsyncOp(Handler&& handler) : handler_(std::move(handler)) { fn = &AsyncOp::run; }
+    AsyncOp(Handler&& handler, std::uint32_t units) : handler_(std::move(handler)), units_(units) {
+        fn = &AsyncOp::run;
+    }
 
-    static AsyncOp* create(Handler&& handler) {
+    /// Its scatter/gather entries: right after it, at a fixed offset (no pointer to load).
+    [[nodiscard]] ibv_sge* entries() noexcept {
+        return reinterpret_cast<ibv_sge*>( // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+            reinterpret_cast<unsigned char*>(this) + SingleOp::bytes_with_sges(sizeof(AsyncOp), 0));
+    }
+
+    /// An operation with room for `entries` scatter/gather entries (at most max_sge_per_request).
+    static AsyncOp* create(Handler&& handler, std::size_t entries) {
         void* memory = nullptr;
-        if constexpr (uses_blocks) {
+        std::uint32_t units = 0; // 0: a block
+        if (may_use_blocks && entries <= entries_in_block) {
             memory = OpMemory::get();
         } else {
+            const std::size_t bytes =
+                SingleOp::bytes_with_sges(sizeof(AsyncOp), std::min(entries, max_sge_per_request));
+            units = static_cast<std::uint32_t>((bytes + sizeof(Unit) - 1) / sizeof(Unit));
             Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
-            memory = std::allocator_traits<Allocator>::allocate(alloc, 1);
+            memory = std::allocator_traits<Allocator>::allocate(alloc, units);
         }
-        return ::new (memory) AsyncOp(std::move(handler)); // moving a handler does not throw (Asio's requirement)
+        // Moving a handler does not throw (Asio's requirement).
+        return ::new (memory) AsyncOp(std::move(handler), units);
     }
 
     /// Where the handler will run, and its cancellation slot.
@@ -232,8 +297,9 @@ private:
                             sizeof result);
             }
         }
+        const std::uint32_t units = self->units_;
         self->~AsyncOp();
-        release(self, handler);
+        release(self, units, handler);
         if (how == How::destroy) return;
         if (direct) {
             std::move(handler)(status, std::move(result));
@@ -247,17 +313,17 @@ private:
 #pragma GCC diagnostic pop
 #endif
 
-    static void release(void* memory, Handler& handler) noexcept {
-        if constexpr (uses_blocks) {
-            (void)handler;
+    static void release(void* memory, std::uint32_t units, Handler& handler) noexcept {
+        if (units == 0) {
             OpMemory::put(memory);
         } else {
             Allocator alloc(boost::asio::get_associated_allocator(handler, DefaultAllocator()));
-            std::allocator_traits<Allocator>::deallocate(alloc, static_cast<AsyncOp*>(memory), 1);
+            std::allocator_traits<Allocator>::deallocate(alloc, static_cast<Unit*>(memory), units);
         }
     }
 
     Handler handler_;
+    std::uint32_t units_; ///< allocator units it was allocated in; 0 for a recycled block
     Slot slot_;
     std::optional<boost::asio::executor_work_guard<Executor>> work_;
 };
@@ -288,10 +354,11 @@ void start_send(Handler&& handler, QpCore* qp, const WorkRequest& request) {
     if (std::error_code ec = async_refusal(qp)) return refuse<K>(std::forward<Handler>(handler), ec);
     using Op = AsyncOp<std::decay_t<Handler>, K>;
     std::decay_t<Handler> own(std::forward<Handler>(handler)); // lvalue handlers are copied
-    Op* op = Op::create(std::move(own));
+    Op* op = Op::create(std::move(own), request.local().size());
     AsyncDriver& driver = *qp->send_cq()->driver();
     op->bind(driver);
-    if (std::error_code ec = lower(request, qp->caps(), op->send_wr, op->sges.data())) {
+    ibv_sge* sges = op->entries();
+    if (std::error_code ec = lower(request, qp->caps(), op->send_wr, sges, &op->bytes)) {
         op->complete(AsyncOpBase::How::post, ec);
         return;
     }
@@ -299,10 +366,7 @@ void start_send(Handler&& handler, QpCore* qp, const WorkRequest& request) {
     op->owner = qp;
     op->queue = &qp->async_send;
     op->opcode = request.opcode();
-    std::uint64_t total = 0;
-    for (int i = 0; i < op->send_wr.num_sge; ++i) total += op->sges[static_cast<std::size_t>(i)].length;
-    op->bytes = total;
-    op->result_address = op->send_wr.num_sge > 0 ? op->sges[0].addr : 0;
+    op->result_address = op->send_wr.num_sge > 0 ? sges[0].addr : 0;
     op->send_wr.send_flags |= IBV_SEND_SIGNALED; // the completion is what completes the handler
     driver.submit(op);
 }
@@ -314,12 +378,15 @@ void start_receive(Handler&& handler, QpCore* qp, std::span<const LocalBuffer> l
     if (std::error_code ec = async_refusal(qp)) return refuse<K>(std::forward<Handler>(handler), ec);
     using Op = AsyncOp<std::decay_t<Handler>, K>;
     std::decay_t<Handler> own(std::forward<Handler>(handler));
-    Op* op = Op::create(std::move(own));
+    Op* op = Op::create(std::move(own), local.size());
     AsyncDriver& driver = *qp->send_cq()->driver();
     op->bind(driver);
     ReceiveTarget target{};
     std::error_code ec = receive_target(*qp, target);
-    if (!ec) ec = lower_receive(local, target.max_sge, op->recv_wr, op->sges.data());
+    if (!ec) {
+        op->recv_wr = ibv_recv_wr{}; // the union's receive member from now on
+        ec = lower_receive(local, target.max_sge, op->recv_wr, op->entries());
+    }
     if (ec) {
         op->complete(AsyncOpBase::How::post, ec);
         return;

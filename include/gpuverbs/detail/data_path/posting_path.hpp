@@ -53,9 +53,11 @@ inline constexpr std::array<OpcodeTraits, 10> opcode_traits = [] {
 }();
 
 /// Checks `r` against the QP's capabilities and fills `wr` and `sges` (room
-/// for max_sge_per_request entries) — everything but wr_id. Pure.
+/// for r.local().size() entries, written only when at most
+/// max_sge_per_request) — everything but wr_id; `bytes`, when given,
+/// receives the bytes the request moves. Pure.
 GPUVERBS_HOT std::error_code lower(const WorkRequest& r, const QueuePairCapabilities& caps, ibv_send_wr& wr,
-                                   ibv_sge* sges) noexcept {
+                                   ibv_sge* sges, std::uint64_t* bytes = nullptr) noexcept {
     const auto op = static_cast<std::size_t>(r.opcode());
     if (op >= opcode_traits.size() || !opcode_traits[op].send_side) return errc::invalid_argument;
     const OpcodeTraits& t = opcode_traits[op];
@@ -98,6 +100,7 @@ GPUVERBS_HOT std::error_code lower(const WorkRequest& r, const QueuePairCapabili
     wr.send_flags = (o.signaled ? unsigned{IBV_SEND_SIGNALED} : 0U) | (o.inline_data ? unsigned{IBV_SEND_INLINE} : 0U) |
                     (o.fence ? unsigned{IBV_SEND_FENCE} : 0U) | (o.solicited ? unsigned{IBV_SEND_SOLICITED} : 0U);
     wr.imm_data = htonl(r.immediate());
+    if (bytes != nullptr) *bytes = total;
     return no_error();
 }
 
