@@ -12,6 +12,9 @@
 //   batched             gpuverbs SendBatch of 32, the last signaled, + poll
 //   raw_poll_one        as raw, each ibv_poll_cq asking for exactly one completion (as rdmapp polls)
 //   sync_poll_one       as sync, each CompletionQueue::poll asking for exactly one
+//   FORM_ex             raw, raw_batched, sync or batched on a queue pair made with the extended
+//                       verbs (QueuePairOptions::extended_verbs): raw_ex posts with ibv_wr_start,
+//                       ibv_wr_rdma_write, ibv_wr_set_sge, ibv_wr_complete
 //   callback            async_write with a callback, event-driven CQ, a dependent chain
 //   coroutine           co_await async_write, event-driven CQ, a dependent chain
 //   callback_adaptive   as callback, adaptive CQ (polls from the executor)
@@ -78,10 +81,11 @@ struct Pair {
     gv::QueuePair qp, peer;
 
     template <class MakeCq>
-    Pair(const char* dev0, const char* dev1, MakeCq make)
+    Pair(const char* dev0, const char* dev1, MakeCq make, bool extended = false)
         : d0(gv::Device::open(dev0)), d1(gv::Device::open(dev1)), cq0(make(d0, channel)), cq1(d1, 64) {
         gv::QueuePairOptions options;
         options.max_send_wr = 256;
+        options.extended_verbs = extended;
         gv::PreparedQueuePair a(pd0, cq0, cq0, options), b(pd1, cq1, cq1);
         auto ea = a.endpoint(), eb = b.endpoint();
         qp = std::move(a).connect(eb);
@@ -153,8 +157,15 @@ int run_polled(Pair& p, const std::string& form, int ops) {
     ibv_cq* cq = p.cq0.native_handle();
     const gv::RemoteMemory dst = p.mr1.remote();
     const bool raw = form.starts_with("raw");
+    const bool extended = form.ends_with("_ex");
+    const std::string shape = extended ? form.substr(0, form.size() - 3) : form;
     const int poll_max = form.ends_with("_poll_one") ? 1 : 4;
-    const int per_round = form == "batched" || form == "raw_batched" ? batch_size : 1;
+    const int per_round = shape == "batched" || shape == "raw_batched" ? batch_size : 1;
+    ibv_qp_ex* qpx = extended ? ibv_qp_to_qp_ex(qp) : nullptr;
+    if (extended && !p.qp.uses_extended_verbs()) {
+        std::fprintf(stderr, "%s: the provider has no extended verbs\n", form.c_str());
+        std::exit(1);
+    }
     // What a careful raw-ibverbs program writes: each field the request needs
     // set once (no zeroing of the whole ibv_send_wr), the same work gpuverbs does.
     std::array<ibv_sge, batch_size> sges;
@@ -172,7 +183,20 @@ int run_polled(Pair& p, const std::string& form, int ops) {
         wr.wr.rdma.remote_addr = dst.address;
         wr.wr.rdma.rkey = dst.rkey;
     };
+    // The same requests through ibv_wr_*: what a raw program on the extended verbs writes.
+    auto raw_post_ex = [&](int n) {
+        ibv_wr_start(qpx);
+        for (int k = 0; k < n; ++k) {
+            qpx->wr_id = static_cast<std::uint64_t>(k);
+            qpx->wr_flags = k + 1 == n ? IBV_SEND_SIGNALED : 0;
+            ibv_wr_rdma_write(qpx, dst.rkey, dst.address);
+            ibv_wr_set_sge(qpx, p.mr0.lkey(), reinterpret_cast<std::uintptr_t>(p.m0.data()),
+                           static_cast<std::uint32_t>(size));
+        }
+        if (ibv_wr_complete(qpx) != 0) std::abort();
+    };
     auto raw_post = [&](int n) {
+        if (qpx != nullptr) return raw_post_ex(n);
         ibv_send_wr* bad = nullptr;
         if (n == 1) { // one request on the stack, as a plain loop writes it
             ibv_sge sge;
@@ -327,10 +351,13 @@ int main(int argc, char** argv) {
     int ops = 1000;
     if (argc > 3 && std::strcmp(argv[2], "--ops") == 0) ops = std::atoi(argv[3]);
 
-    if (form == "raw" || form == "raw_batched" || form == "sync" || form == "batched" || form == "raw_poll_one" ||
-        form == "sync_poll_one") {
-        Pair p(dev0, dev1,
-               [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
+    const std::string polled = form.ends_with("_ex") ? form.substr(0, form.size() - 3) : form;
+    if (polled == "raw" || polled == "raw_batched" || polled == "sync" || polled == "batched" ||
+        form == "raw_poll_one" || form == "sync_poll_one") {
+        Pair p(
+            dev0, dev1,
+            [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); },
+            form.ends_with("_ex"));
         return run_polled(p, form, ops);
     }
     const std::string shape =

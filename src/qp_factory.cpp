@@ -63,14 +63,43 @@ QueuePairCapabilities granted(const ibv_qp_cap& cap) noexcept {
     return {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
 }
 
+// An RC queue pair with the extended send verbs (every opcode gpuverbs posts),
+// or nullptr when the provider has none (the caller then makes a classic one).
+ibv_qp* create_extended(ibv_pd* pd, ibv_qp_init_attr& init) noexcept {
+    ibv_qp_init_attr_ex ex{};
+    ex.qp_context = init.qp_context;
+    ex.send_cq = init.send_cq;
+    ex.recv_cq = init.recv_cq;
+    ex.srq = init.srq;
+    ex.cap = init.cap;
+    ex.qp_type = init.qp_type;
+    ex.sq_sig_all = init.sq_sig_all;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ex.pd = pd;
+    ex.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                        IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    ibv_qp* qp = ibv_create_qp_ex(pd->context, &ex);
+    if (qp != nullptr) init.cap = ex.cap; // what the device granted
+    return qp;
+}
+
 // Creates the ibv_qp (ibv_create_qp, or `make` when given) and wraps it in its QpCore.
 std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const QueuePairOptions& options,
                                   const char* verb, const QpMaker* make, std::shared_ptr<void> owner, Status& status) {
     ibv_qp_init_attr init = qp_init_attr(type, *parts.send_cq, *parts.recv_cq, options,
                                          parts.srq != nullptr ? parts.srq->native_handle() : nullptr);
+    ibv_qp* qp = nullptr;
+    bool extended = false;
+    if (options.extended_verbs && make == nullptr && type == IBV_QPT_RC) {
+        qp = create_extended(parts.pd->native_handle(), init);
+        extended = qp != nullptr; // else: the provider has no extended verbs (or refused): classic below
+    }
     errno = 0;
-    ibv_qp* qp =
-        make != nullptr ? (*make)(parts.pd->native_handle(), init) : ibv_create_qp(parts.pd->native_handle(), &init);
+    if (qp == nullptr) {
+        qp = make != nullptr ? (*make)(parts.pd->native_handle(), init)
+                             : ibv_create_qp(parts.pd->native_handle(), &init);
+    }
     if (qp == nullptr) {
         int err = errno != 0 ? errno : ENOMEM;
         status.fail_errno(err, verb,
@@ -85,9 +114,11 @@ std::shared_ptr<QpCore> make_core(ibv_qp_type type, const QpParts& parts, const 
     }
     const bool owned_here = owner == nullptr;
     try {
-        return std::make_shared<QpCore>(
+        auto core = std::make_shared<QpCore>(
             access::core(*parts.pd), access::core(*parts.send_cq), access::core(*parts.recv_cq),
             parts.srq != nullptr ? access::core(*parts.srq) : nullptr, qp, granted(init.cap), std::move(owner));
+        if (extended) core->use_extended(ibv_qp_to_qp_ex(qp));
+        return core;
     } catch (const std::length_error&) {
         // The completion queue's registry is full: an error the caller can act on, not an exception.
         if (owned_here) destroyed(ibv_destroy_qp(qp));

@@ -40,7 +40,7 @@ struct AsyncSide {
           cq(device, 4096, ex, mode),
           memory(bytes),
           mr(pd, memory, access_all),
-          prepared(pd, cq, cq, options) {}
+          prepared(pd, cq, cq, gpuverbs::test::test_qp_options(options)) {}
 };
 
 struct AsyncPair {

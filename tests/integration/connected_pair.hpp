@@ -28,7 +28,7 @@ struct Side {
           cq(device, 4096),
           memory(bytes),
           mr(pd, memory, access_all),
-          prepared(pd, cq, cq, options) {}
+          prepared(pd, cq, cq, test_qp_options(options)) {}
 };
 
 struct ConnectedPair {

@@ -37,7 +37,7 @@ struct Side {
           mr(pd, memory, Access::local_write | Access::remote_write | Access::remote_read),
           prepared(pd, cq, cq, options()) {}
     static QueuePairOptions options() {
-        QueuePairOptions o;
+        QueuePairOptions o = test::test_qp_options();
         o.max_send_wr = 128;
         o.max_send_sge = 4;
         return o;

@@ -70,6 +70,9 @@ public:
     /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
     [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
+    /// Whether send-side requests go through the extended verbs (QueuePairOptions::extended_verbs
+    /// asked for them and the provider has them).
+    [[nodiscard]] bool uses_extended_verbs() const noexcept { return core_ && core_->extended() != nullptr; }
 
 private:
     friend class QueuePair;
@@ -129,6 +132,9 @@ public:
     /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
     [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
     [[nodiscard]] ibv_qp* native_handle() const noexcept { return core_ ? core_->qp() : nullptr; }
+    /// Whether send-side requests go through the extended verbs (QueuePairOptions::extended_verbs
+    /// asked for them and the provider has them).
+    [[nodiscard]] bool uses_extended_verbs() const noexcept { return core_ && core_->extended() != nullptr; }
 
 private:
     friend class PreparedQueuePair;

@@ -25,6 +25,16 @@ struct QueuePairOptions {
     std::optional<std::uint32_t> gid_index;
     /// When gid_index is not given: restricts select_gid (e.g. to one IPv4 address).
     GidPreference gid_preference;
+    /// Post send-side requests through the extended verbs (ibv_qp_ex and
+    /// ibv_wr_*) where the provider has them, the classic ibv_post_send
+    /// elsewhere; QueuePair::uses_extended_verbs() says which it got. RC
+    /// queue pairs made with ibv_create_qp (PreparedQueuePair, the TCP
+    /// bootstrap) only; rdma_cm's and UD queue pairs stay classic. Off by
+    /// default: on Soft-RoCE it costs more instructions than the classic
+    /// path (docs/performance.md, "Extended verbs"). Requests with several
+    /// scatter/gather entries always take the classic path (rxe before
+    /// rdma-core 64 mis-sums ibv_wr_set_sge_list's lengths).
+    bool extended_verbs = false;
 };
 
 /// What the device granted a queue pair: depths, scatter/gather entries and

@@ -140,6 +140,45 @@ inline ReceiveTarget receive_target(SrqCore& srq) noexcept {
     return {&srq.receive, QueueKind::shared_receive, srq.tag(), srq.max_sge, nullptr, srq.srq()};
 }
 
+/// Posts a chain of lowered send requests, each with at most one
+/// scatter/gather entry, through the extended verbs: one ibv_wr_start …
+/// ibv_wr_complete (one doorbell), all or nothing. An opcode outside what
+/// gpuverbs lowers aborts the whole chain with EINVAL.
+inline int post_extended(ibv_qp_ex* qpx, const ibv_send_wr* first) noexcept {
+    ibv_wr_start(qpx);
+    for (const ibv_send_wr* w = first; w != nullptr; w = w->next) {
+        qpx->wr_id = w->wr_id;
+        qpx->wr_flags = w->send_flags;
+        switch (w->opcode) {
+            case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qpx, w->wr.rdma.rkey, w->wr.rdma.remote_addr); break;
+            case IBV_WR_RDMA_WRITE_WITH_IMM:
+                ibv_wr_rdma_write_imm(qpx, w->wr.rdma.rkey, w->wr.rdma.remote_addr, w->imm_data);
+                break;
+            case IBV_WR_SEND: ibv_wr_send(qpx); break;
+            case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qpx, w->imm_data); break;
+            case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qpx, w->wr.rdma.rkey, w->wr.rdma.remote_addr); break;
+            case IBV_WR_ATOMIC_CMP_AND_SWP:
+                ibv_wr_atomic_cmp_swp(qpx, w->wr.atomic.rkey, w->wr.atomic.remote_addr, w->wr.atomic.compare_add,
+                                      w->wr.atomic.swap);
+                break;
+            case IBV_WR_ATOMIC_FETCH_AND_ADD:
+                ibv_wr_atomic_fetch_add(qpx, w->wr.atomic.rkey, w->wr.atomic.remote_addr, w->wr.atomic.compare_add);
+                break;
+            default: ibv_wr_abort(qpx); return EINVAL;
+        }
+        if (w->num_sge == 1) {
+            const ibv_sge& s = w->sg_list[0];
+            if ((w->send_flags & IBV_SEND_INLINE) != 0) {
+                ibv_wr_set_inline_data(qpx, reinterpret_cast<void*>(s.addr), // NOLINT(performance-no-int-to-ptr)
+                                       s.length);
+            } else {
+                ibv_wr_set_sge(qpx, s.lkey, s.addr, s.length);
+            }
+        }
+    }
+    return ibv_wr_complete(qpx);
+}
+
 /// The one way gpuverbs hands lowered requests to a work queue — post,
 /// SendBatch, the asynchronous driver and the transfer engine all use it:
 ///
@@ -156,7 +195,7 @@ class SubmitChain {
 public:
     /// A send queue's chain.
     explicit SubmitChain(QpCore& qp) noexcept requires std::is_same_v<Wr, ibv_send_wr>
-        : queue_(&qp.send), qp_(qp.qp()), id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
+        : queue_(&qp.send), qp_(qp.qp()), qpx_(qp.extended()), id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
     /// A receive queue's chain (the QP's own or an SRQ).
     explicit SubmitChain(const ReceiveTarget& target) noexcept requires std::is_same_v<Wr, ibv_recv_wr>
         : queue_(target.queue), qp_(target.qp), srq_(target.srq), id_(WrId::encode(target.kind, target.tag, 0)) {}
@@ -208,7 +247,12 @@ public:
         Wr* bad = nullptr;
         int rc = 0;
         if constexpr (std::is_same_v<Wr, ibv_send_wr>) {
-            rc = ibv_post_send(qp_, first_, &bad);
+            if (qpx_ != nullptr && one_entry_each()) {
+                rc = post_extended(qpx_, first_);
+                bad = rc == 0 ? nullptr : first_; // all or nothing
+            } else {
+                rc = ibv_post_send(qp_, first_, &bad);
+            }
         } else {
             rc = srq_ != nullptr ? ibv_post_srq_recv(srq_, first_, &bad) : ibv_post_recv(qp_, first_, &bad);
         }
@@ -227,6 +271,16 @@ public:
     [[nodiscard]] std::uint32_t taken() const noexcept { return taken_; }
 
 private:
+    /// Whether every request has at most one scatter/gather entry (the
+    /// extended path then needs no ibv_wr_set_sge_list, which rxe before
+    /// rdma-core 64 gets wrong).
+    [[nodiscard]] bool one_entry_each() const noexcept {
+        for (const Wr* w = first_; w != nullptr; w = w->next) {
+            if (w->num_sge > 1) return false;
+        }
+        return true;
+    }
+
     /// Links wrs[0 .. n) (each already linked to the next) after the chain.
     void attach(Wr* wrs, std::uint32_t n) noexcept {
         wrs[n - 1].next = nullptr;
@@ -241,6 +295,7 @@ private:
 
     WorkQueueState* queue_;
     ibv_qp* qp_ = nullptr;
+    ibv_qp_ex* qpx_ = nullptr; ///< set when the QP posts through the extended verbs
     ibv_srq* srq_ = nullptr;
     std::uint64_t id_; ///< the wr_id without its slot
     Wr* first_ = nullptr;

@@ -360,6 +360,9 @@ public:
     [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
     [[nodiscard]] ibv_qp* qp() const noexcept { return qp_; }
+    /// The extended-verbs view of the QP when it was made with them (QueuePairOptions::extended_verbs).
+    [[nodiscard]] ibv_qp_ex* extended() const noexcept { return qpx_; }
+    void use_extended(ibv_qp_ex* qpx) noexcept { qpx_ = qpx; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
     [[nodiscard]] const Caps& caps() const noexcept { return caps_; }
     [[nodiscard]] SrqCore* srq() const noexcept { return srq_.get(); }
@@ -376,6 +379,7 @@ private:
     std::shared_ptr<CqCore> recv_cq_;
     std::shared_ptr<SrqCore> srq_;
     ibv_qp* qp_;
+    ibv_qp_ex* qpx_ = nullptr;
     std::uint32_t qp_num_;
     std::uint64_t id_ = next_object_id();
     Caps caps_;
