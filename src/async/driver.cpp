@@ -347,10 +347,11 @@ struct SharedBlocks {
     std::atomic<void*> head{nullptr};
     std::atomic<std::size_t> count{0}; ///< approximate: only bounds the stack
 };
+// Constant-initialized and trivially destructible: usable from any static
+// constructor or destructor (operations may be freed during static destruction).
+constinit SharedBlocks shared_blocks_state;
 SharedBlocks& shared_blocks() noexcept {
-    // Never destroyed: operations may be freed during static destruction.
-    static auto* s = new SharedBlocks;
-    return *s;
+    return shared_blocks_state;
 }
 } // namespace
 
