@@ -471,6 +471,7 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     notify_ = options.notify;
     failed_blocks_ = options.failed_blocks;
     rail_bytes_ = options.rail_bytes;
+    report_ = options.report;
     auto refuse = [&](std::error_code code, std::string text) {
         ec = code;
         why = std::move(text);
@@ -558,6 +559,45 @@ void TransferJobBase::rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::erro
     rail->job->finished_one(*rail, how, ec);
 }
 
+void summarize_blocks(const TransferPlan& plan, TransferReport& r) {
+    const auto requests = plan.requests();
+    r.requests.resize(requests.size(), BlockState::not_posted); // one state per request, whatever was given
+    // A block takes the state of its requests: all landed, none posted, or else uncertain.
+    constexpr std::uint8_t unseen = 0xff;
+    std::vector<std::uint8_t> seen(plan.remote_blocks(), unseen);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        const auto s = static_cast<std::uint8_t>(r.requests[i]);
+        for (std::uint32_t b = requests[i].first_remote; b <= requests[i].last_remote; ++b) {
+            std::uint8_t& v = seen[b];
+            v = v == unseen || v == s ? s : static_cast<std::uint8_t>(BlockState::uncertain);
+        }
+    }
+    r.remote_blocks.resize(seen.size());
+    r.landed = r.not_posted = r.uncertain = 0;
+    for (std::size_t b = 0; b < seen.size(); ++b) {
+        const auto s = seen[b] == unseen ? BlockState::uncertain : static_cast<BlockState>(seen[b]);
+        r.remote_blocks[b] = s;
+        (s == BlockState::landed ? r.landed : s == BlockState::not_posted ? r.not_posted : r.uncertain) += 1;
+    }
+}
+
+void TransferJobBase::fill_report() const {
+    const auto requests = plan_->requests();
+    TransferReport& r = *report_;
+    r.requests.assign(requests.size(), BlockState::not_posted);
+    for (std::size_t k = 0; k < rail_count_; ++k) {
+        const RailStream& rail = rails_[k];
+        const std::uint32_t landed = rail.landed_end();
+        const std::uint32_t posted = rail.posted_end();
+        for (std::uint32_t i = rail.first(); i < rail.end(); ++i) {
+            r.requests[i] = i < landed   ? BlockState::landed
+                            : i < posted ? BlockState::uncertain
+                                         : BlockState::not_posted;
+        }
+    }
+    summarize_blocks(*plan_, r);
+}
+
 void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
     const std::size_t k = rail.index;
     bool finish = false;
@@ -595,6 +635,7 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
             }
         }
     }
+    if (finish && !destroy && report_ != nullptr) fill_report();
     if (notify != nullptr) {
         notify->reset_for_resubmit();
         notify->arm_notification(*notify_);

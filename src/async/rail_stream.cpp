@@ -222,14 +222,30 @@ void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
 }
 
 std::uint64_t RailStream::bytes() const noexcept {
-    // The requests of every chain that completed before the first error (summed once, not per request).
+    // The requests known to have completed without error (landed_end()), summed once, not per request.
     std::uint64_t total = total_bytes_;
-    if (done_until_ != end_) {
+    if (const std::uint32_t landed = landed_end(); landed != end_) {
         total = 0;
         const auto requests = plan_->requests();
-        for (std::uint32_t i = first_; i < done_until_; ++i) total += requests[i].remote.length;
+        for (std::uint32_t i = first_; i < landed; ++i) total += requests[i].remote.length;
     }
     return total - counted_;
+}
+
+std::uint32_t RailStream::landed_end() const noexcept {
+    // The notification failed: every request of the plan had completed before it was posted.
+    if (failed() && failed_request_ >= plan_->requests().size()) return end_;
+    // A completion error names the first request that failed; a queue pair's
+    // completions come in order, so every request before it completed.
+    if (wc_error_ != IBV_WC_SUCCESS) return failed_request_;
+    return done_until_;
+}
+
+std::uint32_t RailStream::posted_end() const noexcept {
+    if (failed() && failed_request_ >= plan_->requests().size()) return end_;
+    // A refused post: the refused request and those after it never went out.
+    if (post_error_) return failed_request_;
+    return next_;
 }
 
 std::error_code RailStream::error() const noexcept {

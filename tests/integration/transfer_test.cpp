@@ -147,7 +147,11 @@ std::size_t move_blocks(TransferDirection direction, std::size_t blocks, std::si
     boost::system::error_code result;
     std::size_t moved = 0;
     int calls = 0;
-    async_transfer(p.a.qp, plan, [&](boost::system::error_code ec, std::size_t n) {
+    TransferReport report;
+    report.landed = 12345; // overwritten
+    TransferOptions options;
+    options.report = &report;
+    async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t n) {
         ++calls;
         result = ec;
         moved = n;
@@ -157,6 +161,10 @@ std::size_t move_blocks(TransferDirection direction, std::size_t blocks, std::si
     CHECK_MESSAGE(!result, result.message());
     CHECK(moved == l.bytes);
     CHECK(wrong_bytes(l, to, seed) == 0);
+    // Success: the report says every block landed.
+    CHECK(report.landed == blocks);
+    CHECK(report.uncertain + report.not_posted == 0);
+    CHECK(report.requests.size() == plan.requests().size());
     std::string kind = direction == TransferDirection::write ? "write" : "read";
     MESSAGE(blocks << " blocks, " << l.bytes << " bytes, " << plan.requests().size() << " requests (" << kind << ")");
     return moved;
@@ -324,11 +332,15 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             local.push_back(p.a.mr.slice(k * 100, 100));
             remote.push_back({k == 23 ? wrong : p.b.mr.remote(), k * 200, 100});
         }
+        for (std::size_t i = 0; i < 40 * 100; ++i) p.a.memory[i] = pattern(i, 5);
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         std::string failed;
         boost::system::error_code result;
         int calls = 0;
-        async_transfer(p.a.qp, plan, options_of(std::nullopt, &failed), [&](boost::system::error_code ec, std::size_t) {
+        TransferReport report;
+        TransferOptions options = options_of(std::nullopt, &failed);
+        options.report = &report;
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
             ++calls;
             result = ec;
         });
@@ -336,6 +348,21 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK(calls == 1);
         CHECK(result == detail::to_asio_error(make_wc_error(IBV_WC_REM_ACCESS_ERR)));
         CHECK_MESSAGE(failed.find("remote block 23 ") == 0, failed);
+        // What is known: blocks 0 to 22 completed before the refused one (a
+        // queue pair's completions come in order), 23 and the rest were posted
+        // and flushed — uncertain; none was left unposted (one chain of 32, one of 8).
+        REQUIRE(report.remote_blocks.size() == 40);
+        CHECK(report.landed == 23);
+        CHECK(report.uncertain == 17);
+        CHECK(report.not_posted == 0);
+        for (std::size_t k = 0; k < 40; ++k) {
+            CAPTURE(k);
+            CHECK(report.remote_blocks[k] == (k < 23 ? BlockState::landed : BlockState::uncertain));
+        }
+        // Every block reported landed is at the peer, byte for byte.
+        for (std::size_t k = 0; k < 23; ++k) {
+            for (std::size_t i = 0; i < 100; ++i) REQUIRE(p.b.memory[k * 200 + i] == pattern(k * 100 + i, 5));
+        }
 
         remote[17].offset = p.b.mr.remote().length - 50; // 100 bytes from 50 before the end
         try {
@@ -355,7 +382,10 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         boost::system::error_code result;
         int calls = 0;
-        async_transfer(p.a.qp, plan, [&](boost::system::error_code ec, std::size_t) {
+        TransferReport report;
+        TransferOptions options;
+        options.report = &report;
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
             ++calls;
             result = ec;
         });
@@ -367,6 +397,14 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         io.run_for(5s);
         CHECK(calls == 1);
         CHECK(result == asio::error::operation_aborted);
+        // Nothing completed before the queue pair went; what was posted is
+        // uncertain, the rest never moved, and the three add up to the plan.
+        REQUIRE(report.remote_blocks.size() == l.lengths.size());
+        CHECK(report.landed == 0);
+        CHECK(report.landed + report.uncertain + report.not_posted == l.lengths.size());
+        CHECK(report.uncertain > 0);
+        CHECK(report.not_posted > 0);
+        CHECK(report.remote_blocks.back() == BlockState::not_posted);
     }
 
     TEST_CASE(
@@ -531,13 +569,16 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
                 local.push_back(r.rail0.mr0.slice(k * block, block));
                 remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
             }
+            for (std::size_t i = 0; i < blocks * block; ++i) r.m0[i] = pattern(i, 77);
             TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
             std::vector<TransferRail> rails = r.spec();
             std::array<std::uint64_t, 2> per_rail{};
             std::string failed;
+            TransferReport report;
             TransferOptions options;
             options.rail_bytes = per_rail;
             options.failed_blocks = &failed;
+            options.report = &report;
             int calls = 0;
             boost::system::error_code result;
             async_transfer(std::span<const TransferRail>(rails), plan, options,
@@ -560,6 +601,22 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             CHECK(result);
             CHECK_MESSAGE(failed.find("on rail 1") != std::string::npos, failed);
             CHECK(per_rail[0] + per_rail[1] < blocks * block);
+            // Some blocks may or may not have landed: the report adds up to the
+            // plan, its landed blocks are the bytes reported, and every block
+            // it calls landed is at the peer, byte for byte.
+            CHECK(report.landed + report.uncertain + report.not_posted == blocks);
+            CHECK(report.landed > 0);
+            CHECK(report.uncertain > 0);
+            CHECK(report.landed * block == per_rail[0] + per_rail[1]); // bytes count what landed
+            std::size_t wrong = 0;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                if (report.remote_blocks[k] != BlockState::landed) continue;
+                const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+                for (std::size_t i = 0; i < block; ++i) wrong += r.m1[at + i] != pattern(k * block + i, 77) ? 1 : 0;
+            }
+            CHECK(wrong == 0);
+            MESSAGE("report: " << report.landed << " blocks landed, " << report.uncertain << " uncertain, "
+                               << report.not_posted << " not posted");
             MESSAGE("rail 1 down: the transfer failed after " << waited.count() << " ms with '" << result.message()
                                                               << "' (" << failed << "); rail 0 moved " << per_rail[0]
                                                               << " bytes, rail 1 " << per_rail[1]);

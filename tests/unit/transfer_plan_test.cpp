@@ -97,6 +97,36 @@ TEST_SUITE("transfer plans") {
         CHECK(cut.pieces()[2].address == base + 8192);
     }
 
+    TEST_CASE("a report's blocks: landed when all their requests landed, not posted when none was, else uncertain") {
+        // Blocks 0 and 1 are contiguous on both sides: one request carries
+        // both. Blocks 2 and 3 (scattered) are 10,000 bytes each, cut into
+        // 4,096-byte messages: three requests each.
+        std::vector l{local(0, 100), local(100, 100), local(1000, 10000), local(20000, 10000)};
+        std::vector r{remote(0, 100), remote(100, 100), remote(50000, 10000), remote(90000, 10000)};
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{1, 4096});
+        REQUIRE(plan.requests().size() == 7);
+        REQUIRE(plan.requests()[0].last_remote == 1);
+        using S = BlockState;
+        TransferReport report;
+        report.requests = {S::landed, S::landed, S::uncertain, S::landed, S::landed, S::not_posted, S::not_posted};
+        detail::summarize_blocks(plan, report);
+        CHECK(report.remote_blocks == std::vector{S::landed, S::landed, S::uncertain, S::uncertain});
+        CHECK(report.landed == 2);
+        CHECK(report.uncertain == 2); // block 3: part landed, part never posted — not whole either way
+        CHECK(report.not_posted == 0);
+        report.requests = {S::landed,     S::landed,     S::not_posted, S::not_posted,
+                           S::not_posted, S::not_posted, S::not_posted};
+        detail::summarize_blocks(plan, report);
+        CHECK(report.remote_blocks == std::vector{S::landed, S::landed, S::uncertain, S::not_posted});
+        CHECK(report.landed == 2);
+        CHECK(report.uncertain == 1);
+        CHECK(report.not_posted == 1);
+        report.requests.assign(7, S::landed);
+        detail::summarize_blocks(plan, report);
+        CHECK(report.landed == 4);
+        CHECK(report.uncertain + report.not_posted == 0);
+    }
+
     TEST_CASE("blocks of different regions never share a request or a piece") {
         RemoteMemory other{peer.address + peer.length, 4096, 78}; // right after, another rkey
         std::vector l{local(0, 100), local(100, 100, 6)};         // right after, another lkey

@@ -152,6 +152,32 @@ struct TransferRail {
     }
 };
 
+/// Where a block stands when a transfer has ended (TransferReport).
+enum class BlockState : std::uint8_t {
+    landed,     ///< every request that carries it completed without error
+    not_posted, ///< none of its requests was handed to the device: nothing of it moved
+    uncertain,  ///< some of it was posted and not known to have completed: it may or may
+                ///< not have landed, in part (a write: the peer must not trust those bytes;
+                ///< a read: nor may we). Moving it again is safe: writes and reads of the
+                ///< same ranges are idempotent.
+};
+
+/// What a transfer knows of its blocks when it ends — after a failure, an
+/// abort, or success (then every block landed). Filled before the handler
+/// runs, when TransferOptions::report points here.
+struct TransferReport {
+    /// Per request of the plan (plan.requests()).
+    std::vector<BlockState> requests;
+    /// Per remote block of the plan, in the order the list gave them: landed
+    /// only when every request that carries part of it landed; not_posted
+    /// only when none was posted; otherwise uncertain.
+    std::vector<BlockState> remote_blocks;
+    /// Remote blocks in each state.
+    std::size_t landed = 0;
+    std::size_t not_posted = 0;
+    std::size_t uncertain = 0;
+};
+
 /// How async_transfer posts, finishes and reports. (Every member has a
 /// default initializer: GCC 12's -Wextra warns about designated initializers
 /// that leave out a member without one.)
@@ -170,9 +196,17 @@ struct TransferOptions {
     std::optional<std::uint32_t> notify{};
     /// Receives plan.blocks_of() for the first request that failed (and the rail, with several).
     std::string* failed_blocks = nullptr;
+    /// Receives, before the handler runs, which blocks landed, which never
+    /// moved and which may or may not have landed (TransferReport).
+    TransferReport* report = nullptr;
 };
 
 namespace detail {
+
+/// Fills report.remote_blocks and the counts from report.requests (one state
+/// per request of `plan`): a block is landed when every request carrying
+/// part of it landed, not_posted when none was posted, else uncertain.
+void summarize_blocks(const TransferPlan& plan, TransferReport& report);
 
 /// A plan cut into contiguous ranges of requests, one per rail.
 struct Stripes {
@@ -239,6 +273,10 @@ private:
     std::optional<std::uint32_t> notify_;
     std::string* failed_blocks_ = nullptr;
     std::span<std::uint64_t> rail_bytes_;
+    TransferReport* report_ = nullptr;
+
+    /// Fills report_ from the rails once all have finished.
+    void fill_report() const;
 };
 
 template <class Handler>

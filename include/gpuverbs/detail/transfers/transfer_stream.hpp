@@ -83,6 +83,12 @@ public:
     [[nodiscard]] std::uint64_t bytes() const noexcept;
     [[nodiscard]] std::uint32_t first() const noexcept { return first_; }
     [[nodiscard]] std::uint32_t end() const noexcept { return end_; }
+    /// Where its requests stand once it has finished: [first, landed_end())
+    /// completed without error; [landed_end(), posted_end()) were handed to
+    /// the device and are not known to have completed (they may or may not
+    /// have landed); [posted_end(), end) were never posted.
+    [[nodiscard]] std::uint32_t landed_end() const noexcept;
+    [[nodiscard]] std::uint32_t posted_end() const noexcept;
 
     /// Back to a fresh operation, for the notification's submission.
     void reset_for_resubmit() noexcept;
