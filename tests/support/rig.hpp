@@ -42,8 +42,8 @@ inline std::optional<RigDevices> rig_devices() {
 
 /// Whether the rig provided devices (integration suites skip without them).
 /// `options` as a test's queue pairs get them: with the extended verbs when
-/// GPUVERBS_TEST_EXTENDED_VERBS=1 (run-in-rig runs the data-path suites a
-/// second time so, every request then goes through ibv_wr_*).
+/// GPUVERBS_TEST_EXTENDED_VERBS=1: run-in-rig runs the data-path suites a
+/// second time with it, so that every request goes through ibv_wr_*.
 inline gpuverbs::QueuePairOptions test_qp_options(gpuverbs::QueuePairOptions options = {}) {
     if (env_or("GPUVERBS_TEST_EXTENDED_VERBS") == "1") options.extended_verbs = true;
     return options;

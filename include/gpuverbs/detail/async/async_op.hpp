@@ -57,7 +57,8 @@ public:
     static constexpr std::size_t block_size = 1024;
     /// Blocks kept in the process-wide stack at most (more are freed).
     static constexpr std::size_t max_pooled = 1024;
-    /// Blocks one thread keeps for itself at most before sharing them.
+    /// Blocks a thread's freed operations fill its own list with before it
+    /// shares the rest (a refill from the shared stack may bring it more).
     static constexpr unsigned thread_capacity = 16;
 
     static void* get() {
