@@ -7,6 +7,8 @@
 
 #include "text.hpp"
 
+#include <boost/asio/steady_timer.hpp>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -472,6 +474,7 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     failed_blocks_ = options.failed_blocks;
     rail_bytes_ = options.rail_bytes;
     report_ = options.report;
+    deadline_at_ = options.deadline;
     auto refuse = [&](std::error_code code, std::string text) {
         ec = code;
         why = std::move(text);
@@ -533,10 +536,21 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
         }
         r.driver = rails[k].qp->send_cq()->driver();
     }
+    executor_ = rails_[0].driver->executor();
     return true;
 }
 
-void TransferJobBase::start() noexcept {
+/// The deadline's timer and the job it may stop. The timer's handler holds
+/// this (not the job, which finishes without waiting for the timer): under
+/// its lock the job is either still there, and may be pinned open, or gone.
+struct TransferJobBase::Deadline {
+    Deadline(const boost::asio::any_io_executor& executor, TransferJobBase* j) : timer(executor), job(j) {}
+    std::mutex mutex;
+    boost::asio::steady_timer timer;
+    TransferJobBase* job;
+};
+
+void TransferJobBase::start() {
     // stripe() leaves empty rails only at the end, so the rails to start are
     // a prefix. Taken before the first submit: once the last one is submitted
     // the job may already be gone (finished on another thread, or refused at
@@ -546,9 +560,60 @@ void TransferJobBase::start() noexcept {
     {
         std::lock_guard lock(mutex_);
         while (n < rail_count_ && rails[n].first() < rails[n].end()) ++n;
+        started_ = n;
         running_ = n; // counted first: a rail refused at once must not finish the job while others are still to start
     }
+    if (deadline_at_) {
+        // Started before the rails: a deadline that passes while they are
+        // submitted stops those not yet submitted as they are.
+        deadline_ = std::make_shared<Deadline>(executor_, this);
+        std::lock_guard hold(deadline_->mutex); // its handler and settle() wait until the wait is started
+        deadline_->timer.expires_at(*deadline_at_);
+        deadline_->timer.async_wait([d = deadline_](const boost::system::error_code& ec) {
+            if (ec) return; // cancelled: the transfer finished first
+            TransferJobBase* job = nullptr;
+            {
+                std::lock_guard lock(d->mutex);
+                job = d->job;
+                if (job == nullptr || !job->pin(std::make_error_code(std::errc::timed_out))) return;
+            }
+            job->stop_pinned();
+        });
+    }
     for (std::size_t k = 0; k < n; ++k) rails[k].driver->submit(&rails[k]);
+}
+
+bool TransferJobBase::pin(std::error_code reason) {
+    std::lock_guard lock(mutex_);
+    // Finishing (nothing running), notifying (every block landed; the
+    // notification ends as it ends), or stopped already: nothing to do.
+    if (running_ == 0 || notified_ || stopping_ || destroyed_) return false;
+    stopping_ = true;
+    ++running_; // held open until stop_pinned() has stopped every rail
+    if (!error_) {
+        error_ = reason;
+        if (failed_blocks_ != nullptr) {
+            *failed_blocks_ = reason == std::errc::timed_out
+                                  ? "the deadline passed before every block had moved (nothing more was posted)"
+                                  : "the transfer was cancelled (nothing more was posted)";
+        }
+    }
+    return true;
+}
+
+// Only std::bad_alloc (the words of the reason) can escape: termination rather than a lost stop.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void TransferJobBase::stop(std::error_code reason) noexcept {
+    if (pin(reason)) stop_pinned();
+}
+
+// NOLINTNEXTLINE(bugprone-exception-escape): as finished_one
+void TransferJobBase::stop_pinned() noexcept {
+    // Each rail stops under its driver's lock; a waiting one finishes here
+    // (finished_one), never the job: the pin holds it open.
+    for (std::size_t k = 0; k < started_; ++k) rails_[k].driver->stop_stream(rails_[k]);
+    std::unique_lock lock(mutex_);
+    settle(lock);
 }
 
 // Only std::bad_alloc (the words of an error, the handler's post) can escape;
@@ -600,49 +665,53 @@ void TransferJobBase::fill_report() const {
 
 void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
     const std::size_t k = rail.index;
-    bool finish = false;
-    bool destroy = false;
-    RailStream* notify = nullptr;
-    {
-        std::lock_guard lock(mutex_);
-        if (how == AsyncOpBase::How::destroy) destroyed_ = true;
-        std::error_code e = rail.error();
-        if (!e && rail.failure) e = *rail.failure;
-        if (!e) e = ec;
-        if (e && !error_) {
-            error_ = e;
-            if (failed_blocks_ != nullptr) {
-                const std::uint32_t failed = rail.failed_request();
-                std::string text = !rail.failed() ? std::string("the transfer was stopped (") + e.message() + ")"
-                                   : failed >= plan_->requests().size()
-                                       ? std::string("the notification after the last block")
-                                       : plan_->blocks_of(failed);
-                if (rail_count_ > 1) text += " on rail " + std::to_string(k);
-                *failed_blocks_ = std::move(text);
-            }
-        }
-        const std::uint64_t moved = rail.bytes();
-        bytes_ += moved;
-        if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
-        if (--running_ == 0) {
-            if (!destroyed_ && !error_ && notify_ && !notified_) {
-                notified_ = true;
-                running_ = 1;
-                notify = &rails_[0];
-            } else {
-                finish = true;
-                destroy = destroyed_;
-            }
+    std::unique_lock lock(mutex_);
+    if (how == AsyncOpBase::How::destroy) destroyed_ = true;
+    std::error_code e = rail.error();
+    if (!e && rail.failure) e = *rail.failure;
+    if (!e) e = ec;
+    if (e && !error_) {
+        error_ = e;
+        if (failed_blocks_ != nullptr) {
+            const std::uint32_t failed = rail.failed_request();
+            std::string text = !rail.failed() ? std::string("the transfer was stopped (") + e.message() + ")"
+                               : failed >= plan_->requests().size()
+                                   ? std::string("the notification after the last block")
+                                   : plan_->blocks_of(failed);
+            if (rail_count_ > 1) text += " on rail " + std::to_string(k);
+            *failed_blocks_ = std::move(text);
         }
     }
-    if (finish && !destroy && report_ != nullptr) fill_report();
-    if (notify != nullptr) {
+    const std::uint64_t moved = rail.bytes();
+    bytes_ += moved;
+    if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
+    settle(lock);
+}
+
+void TransferJobBase::settle(std::unique_lock<std::mutex>& lock) {
+    if (--running_ != 0) return;
+    if (!destroyed_ && !error_ && notify_ && !notified_) {
+        notified_ = true;
+        running_ = 1;
+        lock.unlock();
+        RailStream* notify = &rails_[0];
         notify->reset_for_resubmit();
         notify->arm_notification(*notify_);
         notify->driver->submit(notify);
         return;
     }
-    if (finish) finish_(this, destroy);
+    const bool destroy = destroyed_;
+    lock.unlock();
+    if (deadline_) {
+        // The timer's handler finds no job from here on; a pending wait ends
+        // early (not while the execution context is being destroyed: its
+        // services are shutting down, and the wait is destroyed with them).
+        std::lock_guard hold(deadline_->mutex);
+        deadline_->job = nullptr;
+        if (!destroy) deadline_->timer.cancel();
+    }
+    if (!destroy && report_ != nullptr) fill_report();
+    finish_(this, destroy);
 }
 
 } // namespace gpuverbs::detail

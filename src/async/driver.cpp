@@ -122,6 +122,16 @@ void AsyncDriver::cancel(AsyncOpBase* op) noexcept {
     if (taken) op->complete(AsyncOpBase::How::post, aborted_error());
 }
 
+void AsyncDriver::stop_stream(RailStream& s) noexcept {
+    bool taken = false;
+    {
+        std::lock_guard lock(mutex_);
+        s.stop();
+        taken = fsm_.cancel(&s);
+    }
+    if (taken) s.complete(AsyncOpBase::How::post, aborted_error());
+}
+
 void AsyncDriver::start_spinning() {
     if (spinning_ || closed_) return;
     spinning_ = true;

@@ -31,7 +31,8 @@ std::error_code rail_post(AsyncOpBase& op) noexcept {
     auto& s = static_cast<RailStream&>(op);
     s.post_some();
     if (!s.finished()) return no_error();
-    return s.error() ? s.error() : std::error_code(errc::invalid_argument);
+    if (s.error()) return s.error();
+    return s.stopped() ? aborted_error() : std::error_code(errc::invalid_argument);
 }
 void rail_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
                     OpList& done) noexcept {

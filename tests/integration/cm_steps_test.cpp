@@ -36,6 +36,18 @@ namespace {
 
 using Side = gpuverbs::test::CmEnd;
 
+/// A coroutine's completion that names what it threw (detached would swallow it).
+auto report_exception(const char* who) {
+    return [who](const std::exception_ptr& e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            FAIL_CHECK(who << " threw: " << x.what());
+        }
+    };
+}
+
 std::vector<std::byte> bytes_of(std::size_t n, std::uint32_t seed) {
     std::vector<std::byte> v(n);
     gpuverbs::test::fill_pattern(v, seed);
@@ -357,7 +369,7 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
                 CHECK(e.type == CmEventType::disconnected);
                 server_done = true;
             },
-            boost::asio::detached);
+            report_exception("server"));
         boost::asio::co_spawn(
             io,
             [&]() -> boost::asio::awaitable<void> {
@@ -371,7 +383,7 @@ TEST_SUITE("rdma_cm in steps" * doctest::skip(!gpuverbs::test::rig_present())) {
                 client.conn.disconnect();
                 client_done = true;
             },
-            boost::asio::detached);
+            report_exception("client"));
         io.run_for(30s);
         CHECK(server_done);
         CHECK(client_done);

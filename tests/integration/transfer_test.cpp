@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include <algorithm>
@@ -408,6 +410,177 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     }
 
     TEST_CASE(
+        "a deadline that passes mid-transfer stops it: timed_out once the device is done, and the report "
+        "says which blocks landed (each verified) and which never moved") {
+        asio::io_context io;
+        constexpr std::size_t blocks = 4000, block = 16384;
+        Pair p(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(p.a.mr.slice(k * block, block));
+            remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        for (std::size_t i = 0; i < blocks * block; ++i) p.a.memory[i] = pattern(i, 5);
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        TransferReport report;
+        std::string why;
+        TransferOptions options;
+        options.report = &report;
+        options.failed_blocks = &why;
+        options.notify = 9; // never sent: the transfer did not finish
+        options.deadline = std::chrono::steady_clock::now() + 3ms;
+        int calls = 0;
+        boost::system::error_code result;
+        std::size_t moved = 0;
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t n) {
+            ++calls;
+            result = ec;
+            moved = n;
+            // The device is done with every request it took before the handler runs.
+            CHECK(p.a.qp.outstanding_sends() == 0);
+        });
+        io.run_for(30s);
+        REQUIRE(calls == 1);
+        CHECK_MESSAGE(result == boost::system::errc::timed_out, result.message());
+        CHECK_MESSAGE(why.find("the deadline passed") == 0, why);
+        // A healthy peer: what was posted completed, so nothing is uncertain.
+        CHECK(report.uncertain == 0);
+        CHECK(report.not_posted > 0);
+        CHECK(report.landed + report.not_posted == blocks);
+        CHECK(moved == report.landed * block);
+        std::size_t wrong = 0;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            if (report.remote_blocks[k] != BlockState::landed) continue;
+            const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+            for (std::size_t i = 0; i < block; ++i) wrong += p.b.memory[at + i] != pattern(k * block + i, 5) ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+        MESSAGE("deadline 3 ms: " << report.landed << " of " << blocks << " blocks landed, " << report.not_posted
+                                  << " never posted");
+
+        // A deadline in the future changes nothing: every block, and the notification.
+        std::optional<std::uint32_t> notified;
+        p.b.qp.async_receive(p.b.mr.slice(0, 0), [&](boost::system::error_code ec, Received got) {
+            CHECK_FALSE(ec);
+            notified = got.immediate;
+        });
+        options.deadline = std::chrono::steady_clock::now() + 60s;
+        calls = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t n) {
+            ++calls;
+            result = ec;
+            moved = n;
+        });
+        io.restart();
+        while ((calls == 0 || !notified) && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(10ms);
+        CHECK(calls == 1);
+        CHECK_MESSAGE(!result, result.message());
+        CHECK(moved == plan.bytes());
+        CHECK(report.landed == blocks);
+        CHECK(notified == 9u);
+        // The timer was cancelled when the transfer finished: the io_context
+        // runs out of work (with the 60 s wait pending it would not stop).
+        io.restart();
+        io.run_for(2s);
+        CHECK(io.stopped());
+    }
+
+    TEST_CASE("a deadline bounds a transfer whose peer is gone: timed_out, landed 0, nothing left with the device") {
+        asio::io_context io;
+        Layout l = layout(2000, 4000, 17);
+        Pair p(io.get_executor(), l.bytes * 2 + 20000);
+        auto [local, remote] = write_lists(l, p.a.mr, p.b.mr.remote());
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        p.b.qp = QueuePair(); // what a crashed peer looks like: nothing answers
+        TransferReport report;
+        TransferOptions options;
+        options.report = &report;
+        options.deadline = std::chrono::steady_clock::now() + 100ms;
+        int calls = 0;
+        boost::system::error_code result;
+        const auto t0 = std::chrono::steady_clock::now();
+        std::chrono::steady_clock::duration took{};
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+            took = std::chrono::steady_clock::now() - t0;
+            CHECK(p.a.qp.outstanding_sends() == 0);
+        });
+        while (calls == 0 && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(10ms);
+        REQUIRE(calls == 1);
+        // The deadline came first (the transport's retries, 7 x ~67 ms, end the posted requests after it).
+        CHECK_MESSAGE(result == boost::system::errc::timed_out, result.message());
+        CHECK(report.landed == 0);
+        CHECK(report.uncertain > 0);
+        CHECK(report.not_posted > 0);
+        CHECK(report.uncertain + report.not_posted == l.lengths.size());
+        MESSAGE("peer gone, deadline 100 ms: the handler ran after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms, " << report.uncertain
+                << " blocks uncertain, " << report.not_posted << " never posted");
+    }
+
+    TEST_CASE(
+        "cancelling a transfer through its slot: operation_aborted once the device is done, the report adds "
+        "up; a signal emitted after completion does nothing") {
+        asio::io_context io;
+        constexpr std::size_t blocks = 4000, block = 16384;
+        Pair p(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(p.a.mr.slice(k * block, block));
+            remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block}); // no two coalesce
+        }
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        REQUIRE(plan.requests().size() == blocks);
+        TransferReport report;
+        TransferOptions options;
+        options.report = &report;
+        asio::cancellation_signal signal;
+        int calls = 0;
+        boost::system::error_code result;
+        std::size_t moved = 0;
+        async_transfer(p.a.qp, plan, options,
+                       asio::bind_cancellation_slot(signal.slot(), [&](boost::system::error_code ec, std::size_t n) {
+                           ++calls;
+                           result = ec;
+                           moved = n;
+                           CHECK(p.a.qp.outstanding_sends() == 0);
+                       }));
+        io.run_for(2ms); // some chains complete
+        REQUIRE(calls == 0);
+        signal.emit(asio::cancellation_type::terminal);
+        signal.emit(asio::cancellation_type::terminal); // twice: still one completion
+        io.run_for(30s);
+        REQUIRE(calls == 1);
+        CHECK(result == asio::error::operation_aborted);
+        CHECK(report.uncertain == 0);
+        CHECK(report.not_posted > 0);
+        CHECK(report.landed + report.not_posted == blocks);
+        CHECK(moved == report.landed * block);
+        MESSAGE("cancelled: " << report.landed << " of " << blocks << " blocks landed");
+
+        // Bound again, run to the end; the signal afterwards finds no handler.
+        calls = 0;
+        async_transfer(p.a.qp, plan, options,
+                       asio::bind_cancellation_slot(signal.slot(), [&](boost::system::error_code ec, std::size_t) {
+                           ++calls;
+                           result = ec;
+                       }));
+        io.restart();
+        io.run_for(30s);
+        REQUIRE(calls == 1);
+        CHECK_FALSE(result);
+        signal.emit(asio::cancellation_type::terminal);
+        io.restart();
+        io.run_for(10ms);
+        CHECK(calls == 1);
+        CHECK(report.landed == blocks);
+    }
+
+    TEST_CASE(
         "a deferred transfer (the default token) launched after its queue pair was destroyed completes once with "
         "operation_aborted; launched while it lives, it moves every byte") {
         asio::io_context io;
@@ -470,9 +643,11 @@ struct Rails {
               mr1(pd1, m1, Access::local_write | Access::remote_write) {
             QueuePairOptions o;
             o.max_send_wr = 128;
+            // The default transport timeout (14: ~67 ms per try) and retries
+            // (6): a dead rail is noticed in about half a second. Shorter
+            // ones (12 and 3: 64 ms in all) failed the healthy rail too when
+            // the rig's CPUs were loaded (a CI run: acknowledgements late).
             ConnectOptions c;
-            c.timeout = 12; // ~16 ms per try, 4 tries: a dead rail is noticed well within a second
-            c.retry_count = 3;
             PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
             Endpoint ea = a0.endpoint(), eb = b1.endpoint();
             qp0 = std::move(a0).connect(eb, c);

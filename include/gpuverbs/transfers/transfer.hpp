@@ -30,6 +30,7 @@
 
 #include <boost/asio/append.hpp>
 #include <boost/asio/associated_allocator.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -38,6 +39,7 @@
 #include <boost/asio/recycling_allocator.hpp>
 #include <boost/asio/system_executor.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -199,6 +201,13 @@ struct TransferOptions {
     /// Receives, before the handler runs, which blocks landed, which never
     /// moved and which may or may not have landed (TransferReport).
     TransferReport* report = nullptr;
+    /// When the transfer must end. At the deadline it posts nothing more and
+    /// completes with std::errc::timed_out as soon as the device has finished
+    /// with every request it took (at once when nothing is in flight; a
+    /// request in flight ends with its completion, or with the queue pair's
+    /// transport error after retry_count x timeout when the peer is gone). A
+    /// transfer whose notification was posted ends as that notification does.
+    std::optional<std::chrono::steady_clock::time_point> deadline{};
 };
 
 namespace detail {
@@ -247,8 +256,21 @@ public:
     /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot run.
     bool setup(std::span<const BoundRail> rails, const TransferPlan& plan, const TransferOptions& options,
                std::error_code& ec, std::string& why);
-    /// Submits every rail that has requests (after setup succeeded).
-    void start() noexcept;
+    /// Starts the deadline's timer when there is one, then submits every
+    /// rail that has requests (after setup succeeded). Throws (std::bad_alloc)
+    /// only before anything is submitted: then the job may be discarded.
+    void start();
+
+    /// Stops the transfer (a cancellation: operation_aborted; the deadline:
+    /// timed_out): nothing more is posted, waiting rails are taken back,
+    /// posted ones drain; the handler runs once the device is done with
+    /// every request. Nothing happens once it is finishing or notifying.
+    void stop(std::error_code reason) noexcept;
+    /// stop() in two steps, for a caller that must hold the job open under
+    /// its own lock (the deadline's timer): pin() under that lock, true
+    /// when the job is now held open and stopping; then stop_pinned().
+    bool pin(std::error_code reason);
+    void stop_pinned() noexcept;
 
 protected:
     using Finish = void (*)(TransferJobBase*, bool destroy);
@@ -259,17 +281,27 @@ protected:
     std::uint64_t bytes_ = 0;
 
 private:
+    struct Deadline; // its timer and a link back here (transfer.cpp)
+
     static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
     void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
+    /// One participant (a rail, or a pin) is done: under the lock, decides
+    /// whether to notify or finish; then does it.
+    void settle(std::unique_lock<std::mutex>& lock);
 
     Finish finish_;
     std::mutex mutex_;
     const TransferPlan* plan_ = nullptr;
     std::unique_ptr<RailStream[]> rails_;
     std::size_t rail_count_ = 0;
-    std::size_t running_ = 0;
+    std::size_t started_ = 0; ///< rails submitted (a prefix of rails_)
+    std::size_t running_ = 0; ///< rails not finished, plus pins
     bool destroyed_ = false;
     bool notified_ = false;
+    bool stopping_ = false;
+    std::optional<std::chrono::steady_clock::time_point> deadline_at_;
+    boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
+    std::shared_ptr<Deadline> deadline_;
     std::optional<std::uint32_t> notify_;
     std::string* failed_blocks_ = nullptr;
     std::span<std::uint64_t> rail_bytes_;
@@ -318,12 +350,26 @@ public:
         error_ = ec;
         finish(this, false);
     }
+    /// Connects the handler's cancellation slot (any type but none stops the transfer).
+    void bind_cancellation() {
+        slot_ = boost::asio::get_associated_cancellation_slot(handler_);
+        if (slot_.is_connected()) slot_.template emplace<Canceller>(this);
+    }
 
 private:
+    struct Canceller {
+        explicit Canceller(TransferJobBase* j) noexcept : job(j) {}
+        TransferJobBase* job;
+        void operator()(boost::asio::cancellation_type type) const noexcept {
+            if (type != boost::asio::cancellation_type::none) job->stop(aborted_error());
+        }
+    };
+
     // Only std::bad_alloc from asio::post can escape: termination rather than a lost handler.
     // NOLINTNEXTLINE(bugprone-exception-escape)
     static void finish(TransferJobBase* base, bool destroy) noexcept {
         auto* self = static_cast<TransferJob*>(base);
+        if (self->slot_.is_connected()) self->slot_.clear();
         Handler handler(std::move(self->handler_));
         boost::asio::executor_work_guard<Executor> work(std::move(self->work_));
         const async_error_code ec = to_asio_error(self->error_);
@@ -339,6 +385,7 @@ private:
 
     Handler handler_;
     boost::asio::executor_work_guard<Executor> work_;
+    boost::asio::associated_cancellation_slot_t<Handler> slot_;
 };
 
 /// The named initiation of async_transfer: the rails are bound when the
@@ -373,7 +420,13 @@ struct InitiateTransfer {
             if (options.failed_blocks != nullptr) *options.failed_blocks = why;
             return job->refuse(ec);
         }
-        job->start();
+        try {
+            job->bind_cancellation();
+            job->start(); // throws only before anything is submitted
+        } catch (...) {
+            Job::discard(job);
+            throw;
+        }
     }
 };
 
@@ -392,7 +445,12 @@ struct InitiateTransfer {
 /// weakly from when the operation is made (a deferred transfer launched after
 /// one was destroyed completes with operation_aborted; one destroyed while it
 /// runs aborts it). The job is allocated with the handler's associated
-/// allocator. Cancellation: not yet (a transfer ends when its requests do). When the execution
+/// allocator. options.deadline bounds it (std::errc::timed_out). Cancellation
+/// (the handler's cancellation slot, any type): nothing more is posted,
+/// waiting rails are taken back, and the handler runs with
+/// operation_aborted once the device is done with every request it took —
+/// never while a posted request may still touch the memory; options.report
+/// then says which blocks landed. When the execution
 /// context of one rail is destroyed with the transfer running, the handler
 /// is destroyed without being called (Asio's rule), whatever the other rails do.
 template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =

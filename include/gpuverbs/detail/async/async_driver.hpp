@@ -101,6 +101,11 @@ public:
     void submit(AsyncOpBase* op) noexcept; // NOLINT(bugprone-exception-escape): see driver.cpp
     /// A cancellation for `op` (from its cancellation slot).
     void cancel(AsyncOpBase* op) noexcept;
+    /// Stops a transfer's rail (any thread): it posts nothing more; waiting,
+    /// it is taken back and completed with operation_aborted at once (inline:
+    /// the caller holds the transfer open); posted, it finishes when what it
+    /// has in flight completes. Not yet submitted, its submission finishes it.
+    void stop_stream(RailStream& s) noexcept;
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
     void release_qp(std::shared_ptr<QpCore> qp) noexcept;
     /// Whether `qp` has asynchronous operations waiting or posted (any thread).

@@ -62,7 +62,7 @@ public:
     // What the driver asks (under its lock).
     /// Slots the next chain needs; 0 when nothing is left to post.
     [[nodiscard]] std::uint32_t needs() const noexcept {
-        if (failed()) return 0;
+        if (failed() || stopped_) return 0;
         if (notify_) return 1;
         return std::min(chain_, end_ - next_);
     }
@@ -70,8 +70,14 @@ public:
     void post_some() noexcept;
     /// A completion of one of its requests (`sequence`: its place in the queue).
     void completed(const ibv_wc& wc, std::uint64_t sequence) noexcept;
-    /// Nothing in flight and nothing more to post (after an error: nothing in flight).
-    [[nodiscard]] bool finished() const noexcept { return chains_in_flight_ == 0 && (next_ == end_ || failed()); }
+    /// Nothing in flight and nothing more to post (after an error or a stop: nothing in flight).
+    [[nodiscard]] bool finished() const noexcept {
+        return chains_in_flight_ == 0 && (next_ == end_ || failed() || stopped_);
+    }
+    /// Posts nothing more (a deadline passed, or the transfer was cancelled);
+    /// what is in flight drains. Under the driver's lock.
+    void stop() noexcept { stopped_ = true; }
+    [[nodiscard]] bool stopped() const noexcept { return stopped_; }
     [[nodiscard]] bool in_flight() const noexcept { return chains_in_flight_ > 0; }
 
     // What the transfer reads once the rail has finished.
@@ -121,6 +127,7 @@ private:
     std::uint32_t next_ = 0;
     std::uint32_t end_ = 0;
     std::uint32_t chain_ = 32;
+    bool stopped_ = false; ///< stop(): nothing more is posted
     // The notification, when armed.
     bool notify_ = false;
     std::uint32_t immediate_ = 0;
