@@ -414,41 +414,58 @@ std::string TransferPlan::blocks_of(std::size_t i) const {
 
 namespace gpuverbs::detail {
 
-Stripes stripe(const TransferPlan& plan, std::size_t rails) {
-    // Boundaries: rail k runs [bounds[k], bounds[k + 1]).
+Stripes stripe(const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
+               std::span<const std::uint64_t> weights) {
+    // The rails with a weight share [first, end); one without gets an empty
+    // range where it stands. All weights zero: equal shares.
     const auto requests = plan.requests();
+    const std::size_t rails = weights.size();
     Stripes out;
-    out.bounds.assign(rails + 1, static_cast<std::uint32_t>(requests.size()));
-    out.bounds[0] = 0;
+    out.bounds.assign(rails + 1, end);
+    out.bounds[0] = first;
     out.bytes.assign(rails, 0);
     if (rails == 0) return out;
-    out.bytes[0] = plan.bytes();
-    if (rails == 1) return out;
-    // Rail k starts after the request that brings the running total to k shares.
-    const std::uint64_t total = plan.bytes();
-    auto share = [&](std::size_t k) {
-        return total / rails * k + total % rails * k / rails; // no overflow for any total
-    };
-    std::size_t k = 1;
-    std::uint64_t target = share(1);
-    std::uint64_t sum = 0;
-    std::uint64_t at_bound = 0;
-    const std::uint32_t n = static_cast<std::uint32_t>(requests.size());
-    const TransferPlan::Request* r = requests.data();
-    for (std::uint32_t i = 0; i < n && k < rails; ++i) {
-        sum += r[i].remote.length;
-        if (sum >= target) { // at most one boundary per request: no empty rail before a busy one
-            out.bounds[k] = i + 1;
-            out.bytes[k - 1] = sum - at_bound;
-            at_bound = sum;
-            target = share(++k);
+    std::uint64_t total = 0;
+    for (std::uint32_t i = first; i < end; ++i) total += requests[i].remote.length;
+    bool any = false;
+    for (std::uint64_t w : weights) any = any || w > 0;
+    auto weight = [&](std::size_t k) -> std::uint64_t { return any ? weights[k] : 1; };
+    __extension__ typedef unsigned __int128 Wide; // NOLINT(modernize-use-using): total x weight needs 128 bits
+    Wide sum_weights = 0;
+    for (std::size_t k = 0; k < rails; ++k) sum_weights += weight(k);
+    // Rail k ends after the request that brings the running total to its
+    // cumulative share; at most one boundary per request, so no rail with a
+    // weight is left empty before a busy one.
+    std::uint32_t i = first;
+    std::uint64_t sum = 0, at_bound = 0;
+    Wide cumulative = 0;
+    std::size_t last = rails; // the last rail with a weight takes the rest
+    while (last > 0 && weight(last - 1) == 0) --last;
+    for (std::size_t k = 0; k < rails; ++k) {
+        out.bounds[k] = i;
+        if (weight(k) == 0) continue; // empty: [i, i)
+        cumulative += weight(k);
+        if (k + 1 == last) {
+            i = end;
+            sum = total;
+        } else {
+            const auto target = static_cast<std::uint64_t>(total * cumulative / sum_weights);
+            while (i < end) {
+                sum += requests[i].remote.length;
+                ++i;
+                if (sum >= target) break;
+            }
         }
+        out.bytes[k] = sum - at_bound;
+        at_bound = sum;
     }
-    for (; k <= rails; ++k) { // the rails after the last boundary: the rest, then nothing
-        out.bytes[k - 1] = total - at_bound;
-        at_bound = total;
-    }
+    out.bounds[rails] = end; // a rail without weight starts where the next one does: empty
     return out;
+}
+
+Stripes stripe(const TransferPlan& plan, std::size_t rails) {
+    const std::vector<std::uint64_t> equal(rails, 1);
+    return stripe(plan, 0, static_cast<std::uint32_t>(plan.requests().size()), equal);
 }
 
 std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails) {
@@ -537,6 +554,10 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
         r.driver = rails[k].qp->send_cq()->driver();
     }
     executor_ = rails_[0].driver->executor();
+    chain_ = options.doorbell_batch;
+    failover_ = options.failover && rail_count_ > 1;
+    if (failover_) bound_.assign(bound.begin(), bound.end());
+    if (rail_count_ > 1 || report_ != nullptr) outcomes_.resize(rail_count_);
     return true;
 }
 
@@ -609,9 +630,16 @@ void TransferJobBase::stop(std::error_code reason) noexcept {
 
 // NOLINTNEXTLINE(bugprone-exception-escape): as finished_one
 void TransferJobBase::stop_pinned() noexcept {
-    // Each rail stops under its driver's lock; a waiting one finishes here
-    // (finished_one), never the job: the pin holds it open.
-    for (std::size_t k = 0; k < started_; ++k) rails_[k].driver->stop_stream(rails_[k]);
+    // Each stream stops under its driver's lock; a waiting one finishes here
+    // (finished_one), never the job: the pin holds it open. Streams that took
+    // over a failed rail's requests are listed under the lock (the list grows).
+    std::vector<RailStream*> streams;
+    {
+        std::lock_guard lock(mutex_);
+        for (std::size_t k = 0; k < started_; ++k) streams.push_back(&rails_[k]);
+        for (const auto& s : extra_) streams.push_back(s.get());
+    }
+    for (RailStream* s : streams) s->driver->stop_stream(*s);
     std::unique_lock lock(mutex_);
     settle(lock);
 }
@@ -647,58 +675,164 @@ void summarize_blocks(const TransferPlan& plan, TransferReport& r) {
 }
 
 void TransferJobBase::fill_report() const {
+    // A request's state over every stream that carried it: landed on any of
+    // them, else uncertain if any posted it, else never posted.
     const auto requests = plan_->requests();
     TransferReport& r = *report_;
     r.requests.assign(requests.size(), BlockState::not_posted);
-    for (std::size_t k = 0; k < rail_count_; ++k) {
-        const RailStream& rail = rails_[k];
+    auto rank = [](BlockState s) { return s == BlockState::landed ? 2 : s == BlockState::uncertain ? 1 : 0; };
+    each_stream([&](const RailStream& rail) {
         const std::uint32_t landed = rail.landed_end();
         const std::uint32_t posted = rail.posted_end();
         for (std::uint32_t i = rail.first(); i < rail.end(); ++i) {
-            r.requests[i] = i < landed   ? BlockState::landed
-                            : i < posted ? BlockState::uncertain
-                                         : BlockState::not_posted;
+            const BlockState s = i < landed   ? BlockState::landed
+                                 : i < posted ? BlockState::uncertain
+                                              : BlockState::not_posted;
+            if (rank(s) > rank(r.requests[i])) r.requests[i] = s;
         }
-    }
+    });
     summarize_blocks(*plan_, r);
+    r.rails = outcomes_;
+}
+
+namespace {
+/// Whether a rail's failure is its path's (another rail may do better), not the request's.
+bool path_failure(const RailStream& rail, std::error_code ec) {
+    if (rail.notification_failed()) return false; // never posted twice: it consumes a receive
+    if (rail.post_refused()) return true;
+    switch (rail.wc_status()) {
+        case IBV_WC_SUCCESS: return ec == aborted_error(); // its queue pair (or CQ) was destroyed
+        case IBV_WC_RETRY_EXC_ERR:
+        case IBV_WC_RNR_RETRY_EXC_ERR:
+        case IBV_WC_WR_FLUSH_ERR:
+        case IBV_WC_LOC_QP_OP_ERR: // Soft-RoCE: its port's link is down
+        case IBV_WC_FATAL_ERR:
+        case IBV_WC_RESP_TIMEOUT_ERR:
+        case IBV_WC_GENERAL_ERR:
+        case IBV_WC_REM_ABORT_ERR: return true;
+        default: // the request's keys, ranges or operation: as wrong on any rail
+            return false;
+    }
+}
+} // namespace
+
+bool TransferJobBase::fail_over(RailStream& rail, std::vector<RailStream*>& streams,
+                                std::vector<std::shared_ptr<QpCore>>& hold) {
+    const std::size_t failed = rail.index;
+    const std::uint32_t first = rail.landed_end();
+    const std::uint32_t end = rail.end();
+    // The rails that have not failed and can still run, weighted equally.
+    std::vector<std::uint64_t> weights(rail_count_, 0);
+    std::vector<std::shared_ptr<QpCore>> qps(rail_count_);
+    bool any = false;
+    for (std::size_t j = 0; j < rail_count_; ++j) {
+        if (j == failed || outcomes_[j].error) continue;
+        qps[j] = bound_[j].qp.lock();
+        if (!qps[j] || async_refusal(qps[j].get())) continue;
+        weights[j] = 1;
+        any = true;
+    }
+    if (!any) return false;
+    if (first == end) return true; // every request of it landed (it failed after them)
+    const Stripes stripes = stripe(*plan_, first, end, weights);
+    std::vector<std::unique_ptr<RailStream>> made;
+    for (std::size_t j = 0; j < rail_count_; ++j) {
+        if (stripes.bounds[j] == stripes.bounds[j + 1]) continue;
+        auto s = std::make_unique<RailStream>();
+        s->fn = &TransferJobBase::rail_done;
+        s->job = this;
+        s->index = j;
+        std::string why;
+        if (s->setup(*qps[j], *plan_, stripes.bounds[j], stripes.bounds[j + 1], stripes.bytes[j], bound_[j].local_keys,
+                     bound_[j].remote_keys, chain_, why)) {
+            return false; // a key it cannot translate: checked at the start only for its own share
+        }
+        s->driver = qps[j]->send_cq()->driver();
+        outcomes_[j].took_over += stripes.bounds[j + 1] - stripes.bounds[j];
+        made.push_back(std::move(s));
+        hold.push_back(qps[j]);
+    }
+    outcomes_[failed].taken_over += end - first;
+    for (auto& s : made) {
+        streams.push_back(s.get());
+        extra_.push_back(std::move(s));
+    }
+    running_ += streams.size();
+    return true;
 }
 
 void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
     const std::size_t k = rail.index;
+    std::vector<RailStream*> takeover;
+    std::vector<std::shared_ptr<QpCore>> hold; // their queue pairs, alive until submitted
     std::unique_lock lock(mutex_);
     if (how == AsyncOpBase::How::destroy) destroyed_ = true;
     std::error_code e = rail.error();
     if (!e && rail.failure) e = *rail.failure;
     if (!e) e = ec;
-    if (e && !error_) {
-        error_ = e;
-        if (failed_blocks_ != nullptr) {
-            const std::uint32_t failed = rail.failed_request();
-            std::string text = !rail.failed() ? std::string("the transfer was stopped (") + e.message() + ")"
-                               : failed >= plan_->requests().size()
-                                   ? std::string("the notification after the last block")
-                                   : plan_->blocks_of(failed);
-            if (rail_count_ > 1) text += " on rail " + std::to_string(k);
-            *failed_blocks_ = std::move(text);
-        }
-    }
     const std::uint64_t moved = rail.bytes();
     bytes_ += moved;
     if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
-    settle(lock);
+    if (!outcomes_.empty()) outcomes_[k].bytes += moved;
+    if (e) {
+        std::string text;
+        if (rail.notification_failed()) {
+            text = "the notification after the last block";
+        } else if (rail.failed()) {
+            text = plan_->blocks_of(rail.failed_request());
+        } else if (!stopping_ && e == aborted_error()) {
+            text = "its queue pair or completion queue was destroyed";
+        } else {
+            text = "the transfer was stopped (" + e.message() + ")";
+        }
+        if (rail_count_ > 1) text += " on rail " + std::to_string(k);
+        const bool moved_on = failover_ && !stopping_ && !destroyed_ && !error_ && path_failure(rail, e) &&
+                              fail_over(rail, takeover, hold);
+        if (!outcomes_.empty() && !outcomes_[k].error && !stopping_) {
+            outcomes_[k].error = e;
+            outcomes_[k].failure = e.message() + ": " + text;
+        }
+        if (!moved_on && !error_) {
+            error_ = e;
+            if (failed_blocks_ != nullptr) *failed_blocks_ = std::move(text);
+        }
+    }
+    settle(lock); // cannot finish the job while streams that took over are counted
+    if (takeover.empty()) return;
+    if (lock.owns_lock()) lock.unlock();
+    for (RailStream* s : takeover) s->driver->submit(s);
 }
 
 void TransferJobBase::settle(std::unique_lock<std::mutex>& lock) {
     if (--running_ != 0) return;
     if (!destroyed_ && !error_ && notify_ && !notified_) {
-        notified_ = true;
-        running_ = 1;
-        lock.unlock();
-        RailStream* notify = &rails_[0];
-        notify->reset_for_resubmit();
-        notify->arm_notification(*notify_);
-        notify->driver->submit(notify);
-        return;
+        // On the first rail that has not failed and reaches the plan's last remote block.
+        RailStream* notify = nullptr;
+        std::shared_ptr<QpCore> held;
+        const std::uint32_t last_key = plan_->requests().back().remote.rkey;
+        for (std::size_t j = 0; j < rail_count_ && notify == nullptr; ++j) {
+            if (!outcomes_.empty() && outcomes_[j].error) continue;
+            if (failover_) {
+                held = bound_[j].qp.lock();
+                if (!held || async_refusal(held.get())) continue;
+            }
+            if (rails_[j].reaches_remote(last_key)) notify = &rails_[j];
+        }
+        if (notify != nullptr) {
+            notified_ = true;
+            running_ = 1;
+            lock.unlock();
+            notify->reset_for_resubmit();
+            notify->arm_notification(*notify_);
+            notify->driver->submit(notify);
+            return;
+        }
+        error_ = errc::invalid_argument;
+        if (failed_blocks_ != nullptr) {
+            *failed_blocks_ =
+                "every block landed, but no rail that has not failed reaches the notification's "
+                "remote region (give its key on another rail: TransferRail::remote)";
+        }
     }
     const bool destroy = destroyed_;
     lock.unlock();

@@ -249,6 +249,14 @@ std::uint32_t RailStream::posted_end() const noexcept {
     return next_;
 }
 
+bool RailStream::notification_failed() const noexcept {
+    return failed() && failed_request_ >= plan_->requests().size();
+}
+
+bool RailStream::reaches_remote(std::uint32_t plan_rkey) const noexcept {
+    return remote_keys_.empty() || find_key(remote_keys_, plan_rkey) != nullptr;
+}
+
 std::error_code RailStream::error() const noexcept {
     if (post_error_) return post_error_;
     if (wc_error_ != IBV_WC_SUCCESS) return make_wc_error(wc_error_);

@@ -754,6 +754,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             options.rail_bytes = per_rail;
             options.failed_blocks = &failed;
             options.report = &report;
+            options.failover = false; // fail fast: the next case moves the requests instead
             int calls = 0;
             boost::system::error_code result;
             async_transfer(std::span<const TransferRail>(rails), plan, options,
@@ -797,6 +798,91 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
                                                               << " bytes, rail 1 " << per_rail[1]);
             io.run_for(100ms);
             CHECK(calls == 1);
+            CHECK(up.now() == 0);
+        }
+    }
+
+    TEST_CASE(
+        "failover: a rail whose queue pair is destroyed, or whose link goes down, mid-transfer hands its "
+        "unfinished requests to the other rail; the transfer succeeds, every byte verified, and the report "
+        "names the rail and why") {
+        if (!test::faults_available()) {
+            MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
+            return;
+        }
+        REQUIRE(test::fault("rails-up") == 0);
+        test::Heal down("rails-down");
+        constexpr std::size_t blocks = 3000, block = 16384;
+        // Runs one transfer over both rails; `fault` strikes rail 1 once it has requests with the device.
+        auto run = [&](const std::string& what, auto&& fault) {
+            asio::io_context io;
+            Rails r(io.get_executor(), 2 * blocks * block);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                local.push_back(r.rail0.mr0.slice(k * block, block));
+                remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+            }
+            for (std::size_t i = 0; i < blocks * block; ++i) r.m0[i] = pattern(i, 91);
+            TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+            std::vector<TransferRail> rails = r.spec();
+            std::array<std::uint64_t, 2> per_rail{};
+            TransferReport report;
+            std::string failed;
+            TransferOptions options;
+            options.rail_bytes = per_rail;
+            options.report = &report;
+            options.failed_blocks = &failed;
+            options.notify = 77;
+            std::optional<std::uint32_t> notified;
+            r.rail0.qp1.async_receive(r.rail0.mr1.slice(0, 0), [&](boost::system::error_code ec, Received got) {
+                CHECK_FALSE(ec);
+                notified = got.immediate;
+            });
+            int calls = 0;
+            boost::system::error_code result;
+            std::size_t moved = 0;
+            async_transfer(std::span<const TransferRail>(rails), plan, options,
+                           [&](boost::system::error_code ec, std::size_t n) {
+                               ++calls;
+                               result = ec;
+                               moved = n;
+                           });
+            io.run_for(10ms);
+            REQUIRE(calls == 0);
+            REQUIRE(r.rail1.qp0.outstanding_sends() > 0);
+            fault(r);
+            const auto t0 = std::chrono::steady_clock::now();
+            while ((calls == 0 || !notified) && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(20ms);
+            const auto waited =
+                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+            CHECK(calls == 1);
+            CHECK_MESSAGE(!result, result.message() << " (" << failed << ")");
+            CHECK(moved == blocks * block);
+            CHECK(per_rail[0] + per_rail[1] == blocks * block);
+            CHECK(notified == 77u);
+            CHECK(report.landed == blocks);
+            REQUIRE(report.rails.size() == 2);
+            CHECK_FALSE(report.rails[0].error);
+            CHECK(report.rails[1].error);
+            CHECK_MESSAGE(report.rails[1].failure.find("on rail 1") != std::string::npos, report.rails[1].failure);
+            CHECK(report.rails[1].taken_over > 0);
+            CHECK(report.rails[0].took_over == report.rails[1].taken_over);
+            CHECK(report.rails[0].bytes == per_rail[0]);
+            std::size_t wrong = 0;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+                for (std::size_t i = 0; i < block; ++i) wrong += r.m1[at + i] != pattern(k * block + i, 91) ? 1 : 0;
+            }
+            CHECK(wrong == 0);
+            MESSAGE(what << ": the transfer succeeded " << waited.count() << " ms later; rail 0 moved " << per_rail[0]
+                         << " bytes, rail 1 " << per_rail[1] << "; rail 0 took over " << report.rails[0].took_over
+                         << " requests; rail 1: " << report.rails[1].failure);
+        };
+        run("rail 1's queue pair destroyed", [](Rails& r) { r.rail1.qp0 = QueuePair(); });
+        {
+            test::Heal up("rail-up");
+            run("rail 1's link down", [](Rails&) { REQUIRE(test::fault("rail-down") == 0); });
             CHECK(up.now() == 0);
         }
     }

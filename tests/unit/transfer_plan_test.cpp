@@ -243,6 +243,36 @@ TEST_SUITE("transfer plans") {
         CHECK(big.requests().size() == 4);
         CHECK(detail::stripe(big, 2).bytes == std::vector<std::uint64_t>{1 << 18, 1 << 18});
     }
+
+    TEST_CASE("striping by weight, over part of a plan: a rail's bytes follow its weight; weight 0 gets nothing") {
+        std::vector<LocalBuffer> l;
+        std::vector<RemoteBlock> r;
+        for (std::uint32_t k = 0; k < 10; ++k) {
+            l.push_back(local(std::uint64_t{k} * 1000, 1000));
+            r.push_back(remote(std::uint64_t{9 - k} * 2000, 1000));
+        }
+        auto plan = TransferPlan(TransferDirection::write, l, r, TransferLimits{1});
+        using W = std::vector<std::uint64_t>;
+        auto three_to_one = detail::stripe(plan, 0, 10, W{3, 1}); // 7,500 bytes, then the rest
+        CHECK(three_to_one.bounds == std::vector<std::uint32_t>{0, 8, 10});
+        CHECK(three_to_one.bytes == std::vector<std::uint64_t>{8000, 2000});
+        auto middle_out = detail::stripe(plan, 0, 10, W{1, 0, 1}); // the failed rail in the middle: empty
+        CHECK(middle_out.bounds == std::vector<std::uint32_t>{0, 5, 5, 10});
+        CHECK(middle_out.bytes == std::vector<std::uint64_t>{5000, 0, 5000});
+        auto first_out = detail::stripe(plan, 0, 10, W{0, 2, 2});
+        CHECK(first_out.bounds == std::vector<std::uint32_t>{0, 0, 5, 10});
+        auto last_out = detail::stripe(plan, 0, 10, W{2, 2, 0});
+        CHECK(last_out.bounds == std::vector<std::uint32_t>{0, 5, 10, 10});
+        CHECK(last_out.bytes == std::vector<std::uint64_t>{5000, 5000, 0});
+        auto part = detail::stripe(plan, 2, 8, W{1, 1}); // what a failed rail leaves: requests 2 to 7
+        CHECK(part.bounds == std::vector<std::uint32_t>{2, 5, 8});
+        CHECK(part.bytes == std::vector<std::uint64_t>{3000, 3000});
+        auto none = detail::stripe(plan, 0, 10, W{0, 0}); // no weight at all: equal shares
+        CHECK(none.bounds == std::vector<std::uint32_t>{0, 5, 10});
+        auto empty = detail::stripe(plan, 4, 4, W{1, 1});
+        CHECK(empty.bounds == std::vector<std::uint32_t>{4, 4, 4});
+        CHECK(empty.bytes == std::vector<std::uint64_t>{0, 0});
+    }
 }
 
 namespace {

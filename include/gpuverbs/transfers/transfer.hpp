@@ -178,6 +178,19 @@ struct TransferReport {
     std::size_t landed = 0;
     std::size_t not_posted = 0;
     std::size_t uncertain = 0;
+
+    /// What one rail did.
+    struct Rail {
+        std::uint64_t bytes = 0; ///< of requests that completed on it
+        /// Why it failed (empty: it did not). With failover the transfer may
+        /// still have succeeded: its unfinished requests moved to other rails.
+        std::error_code error;
+        std::string failure;          ///< … in words: which blocks, the status
+        std::uint32_t taken_over = 0; ///< its requests that other rails posted again
+        std::uint32_t took_over = 0;  ///< requests of failed rails it posted
+    };
+    /// Per rail, in the order given.
+    std::vector<Rail> rails;
 };
 
 /// How async_transfer posts, finishes and reports. (Every member has a
@@ -208,6 +221,16 @@ struct TransferOptions {
     /// transport error after retry_count x timeout when the peer is gone). A
     /// transfer whose notification was posted ends as that notification does.
     std::optional<std::chrono::steady_clock::time_point> deadline{};
+    /// With several rails: when a rail fails as a path fails (retry or RNR
+    /// retry exceeded, a local QP or fatal error such as a link that is down,
+    /// a flush, its queue pair destroyed or refusing posts), its requests
+    /// not known to have landed are posted again on the rails that have not
+    /// failed, striped by bytes, and the transfer succeeds if they land
+    /// (writes and reads of the same ranges are idempotent). An error of the
+    /// request itself (a remote access or protection error) fails the
+    /// transfer as before. TransferReport::rails says which rail failed and
+    /// why. The notification is never posted twice: if it fails, the transfer does.
+    bool failover = true;
 };
 
 namespace detail {
@@ -227,6 +250,11 @@ struct Stripes {
 /// the total (a request is never split: bound one with TransferLimits::max_message);
 /// at most one boundary per request, so empty rails come only at the end.
 Stripes stripe(const TransferPlan& plan, std::size_t rails);
+/// Splits requests [first, end) of the plan into weights.size() contiguous
+/// ranges whose bytes are about proportional to the weights, by the same
+/// rule; a rail of weight 0 gets an empty range (all 0: equal shares).
+Stripes stripe(const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
+               std::span<const std::uint64_t> weights);
 
 /// A rail as a transfer holds it from when the operation is made: its queue
 /// pair weakly (a QueuePair destroyed before a deferred transfer is launched
@@ -285,6 +313,17 @@ private:
 
     static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
     void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
+    /// Under the lock: `rail` failed as a path fails; its unfinished
+    /// requests go to new streams on the rails that have not failed (added
+    /// to running_, returned in `streams` to submit after the lock). False
+    /// when no rail can take them.
+    bool fail_over(RailStream& rail, std::vector<RailStream*>& streams, std::vector<std::shared_ptr<QpCore>>& hold);
+    /// Every stream: the rails' own, then those that took over.
+    template <class F>
+    void each_stream(F&& f) const {
+        for (std::size_t k = 0; k < rail_count_; ++k) f(rails_[k]);
+        for (const auto& s : extra_) f(*s);
+    }
     /// One participant (a rail, or a pin) is done: under the lock, decides
     /// whether to notify or finish; then does it.
     void settle(std::unique_lock<std::mutex>& lock);
@@ -299,6 +338,12 @@ private:
     bool destroyed_ = false;
     bool notified_ = false;
     bool stopping_ = false;
+    // Failover (with several rails).
+    bool failover_ = false;
+    std::uint32_t chain_ = 32;
+    std::vector<BoundRail> bound_;                   ///< the rails as given, to take over
+    std::vector<TransferReport::Rail> outcomes_;     ///< per rail
+    std::vector<std::unique_ptr<RailStream>> extra_; ///< streams that took over a failed rail's requests
     std::optional<std::chrono::steady_clock::time_point> deadline_at_;
     boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
     std::shared_ptr<Deadline> deadline_;

@@ -83,6 +83,14 @@ public:
     // What the transfer reads once the rail has finished.
     [[nodiscard]] bool failed() const noexcept { return wc_error_ != IBV_WC_SUCCESS || post_error_; }
     [[nodiscard]] std::error_code error() const noexcept;
+    /// The first failed completion's status (IBV_WC_SUCCESS: none).
+    [[nodiscard]] ibv_wc_status wc_status() const noexcept { return wc_error_; }
+    /// The provider refused a post (error() is its errno).
+    [[nodiscard]] bool post_refused() const noexcept { return static_cast<bool>(post_error_); }
+    /// Whether it carried the notification and that failed.
+    [[nodiscard]] bool notification_failed() const noexcept;
+    /// Whether this rail has a key for the plan's remote key `plan_rkey`.
+    [[nodiscard]] bool reaches_remote(std::uint32_t plan_rkey) const noexcept;
     /// The plan's request that failed first (requests().size() for the notification).
     [[nodiscard]] std::uint32_t failed_request() const noexcept { return failed_request_; }
     /// Bytes of its requests that completed (since the notification was armed, if it was).
