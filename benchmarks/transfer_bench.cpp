@@ -12,6 +12,10 @@
 //           plan     TransferPlan::make alone (what preparing the plan costs)
 //           gpuverbs_lists  as gpuverbs, but each transfer also builds its block
 //                    lists and its plan (what a KV-cache hand-off pays per request)
+//           group    async_transfer over a RailGroup: striped by each rail's
+//                    measured throughput (the warm-up transfer measures it);
+//                    benchmarks/rail-health runs it against gpuverbs (equal
+//                    halves) with the second rail slowed by netem
 //
 // Under callgrind (--collect-atstart=no) only the repeated transfers are
 // collected, not the set-up; waits in the kernel are never counted.
@@ -179,7 +183,7 @@ int run(const Args& a) {
     }
     asio::io_context io(1);
     const asio::any_io_executor ex = io.get_executor();
-    const bool ours = a.form == "gpuverbs" || a.form == "gpuverbs_lists";
+    const bool ours = a.form == "gpuverbs" || a.form == "gpuverbs_lists" || a.form == "group";
     const bool lists = a.form == "gpuverbs_lists";
     // Pools of twice the blocks on both sides; blocks at shuffled slots.
     const std::size_t slots = 2 * a.blocks;
@@ -231,6 +235,7 @@ int run(const Args& a) {
         spec.push_back(std::move(rail));
     }
     const std::vector<std::uint32_t> bounds = gv::detail::stripe(plan, spec.size()).bounds;
+    gv::RailGroup group(spec);
     std::vector<Rail*> raw_rails;
     for (auto& r : rails) raw_rails.push_back(r.get());
     std::vector<std::uint64_t> rail_bytes(spec.size());
@@ -260,6 +265,12 @@ int run(const Args& a) {
             gv::TransferOptions options;
             options.rail_bytes = rail_bytes;
             gv::async_transfer(std::span<const gv::TransferRail>(spec), fresh, options, Done{&failed});
+            io.restart();
+            io.run();
+        } else if (a.form == "group") {
+            gv::TransferOptions options;
+            options.rail_bytes = rail_bytes;
+            gv::async_transfer(group, plan, options, Done{&failed});
             io.restart();
             io.run();
         } else if (ours) {
@@ -301,6 +312,11 @@ int run(const Args& a) {
         for (std::size_t r = 0; r < rail_bytes.size(); ++r) {
             std::printf("  rail %zu: %llu bytes (last transfer)\n", r, static_cast<unsigned long long>(rail_bytes[r]));
         }
+        if (a.form == "group") {
+            for (std::size_t r = 0; r < group.size(); ++r) {
+                std::printf("  rail %zu: measured %.1f MB/s\n", r, group.health(r).bytes_per_second / 1e6);
+            }
+        }
     }
     return 0;
 }
@@ -312,7 +328,7 @@ int main(int argc, char** argv) {
     if (argc < 2) {
         std::fprintf(
             stderr,
-            "usage: transfer_bench raw|gpuverbs|gpuverbs_lists|plan [--rails 1|2] [--blocks N] [--block BYTES] "
+            "usage: transfer_bench raw|gpuverbs|gpuverbs_lists|group|plan [--rails 1|2] [--blocks N] [--block BYTES] "
             "[--repeat N]\n");
         return 2;
     }

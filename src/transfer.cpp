@@ -536,8 +536,15 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
                               "holds: give the same memory's keys on that rail (TransferRail::local and ::remote)");
         }
     }
+    if (!options.rail_weights.empty() && options.rail_weights.size() != rails.size()) {
+        return refuse(errc::invalid_argument, "rail_weights has " + std::to_string(options.rail_weights.size()) +
+                                                  " entries for " + std::to_string(rails.size()) + " rails");
+    }
     for (std::uint64_t& b : rail_bytes_) b = 0;
-    const Stripes stripes = stripe(plan, rails.size());
+    const std::vector<std::uint64_t> equal(options.rail_weights.empty() ? rails.size() : 0, 1);
+    const Stripes stripes =
+        stripe(plan, 0, static_cast<std::uint32_t>(plan.requests().size()),
+               options.rail_weights.empty() ? std::span<const std::uint64_t>(equal) : options.rail_weights);
     rail_count_ = rails.size();
     rails_ = std::make_unique<RailStream[]>(rail_count_);
     for (std::size_t k = 0; k < rail_count_; ++k) {
@@ -572,17 +579,21 @@ struct TransferJobBase::Deadline {
 };
 
 void TransferJobBase::start() {
-    // stripe() leaves empty rails only at the end, so the rails to start are
-    // a prefix. Taken before the first submit: once the last one is submitted
-    // the job may already be gone (finished on another thread, or refused at
-    // once), so nothing of `this` is read after it.
+    // The rails with requests (by weight, an empty one may sit between
+    // two). Counted before the first submit, and the last one found: once it
+    // is submitted the job may already be gone (finished on another thread,
+    // or refused at once), so nothing of `this` is read after it.
     RailStream* const rails = rails_.get();
-    std::size_t n = 0;
+    std::size_t n = 0, last = 0;
     {
         std::lock_guard lock(mutex_);
-        while (n < rail_count_ && rails[n].first() < rails[n].end()) ++n;
-        started_ = n;
+        for (std::size_t k = 0; k < rail_count_; ++k) {
+            if (rails[k].first() == rails[k].end()) continue;
+            ++n;
+            last = k;
+        }
         running_ = n; // counted first: a rail refused at once must not finish the job while others are still to start
+        started_at_ = std::chrono::steady_clock::now();
     }
     if (deadline_at_) {
         // Started before the rails: a deadline that passes while they are
@@ -601,7 +612,9 @@ void TransferJobBase::start() {
             job->stop_pinned();
         });
     }
-    for (std::size_t k = 0; k < n; ++k) rails[k].driver->submit(&rails[k]);
+    for (std::size_t k = 0; k <= last && n > 0; ++k) {
+        if (rails[k].first() < rails[k].end()) rails[k].driver->submit(&rails[k]); // rails[last] goes last
+    }
 }
 
 bool TransferJobBase::pin(std::error_code reason) {
@@ -636,7 +649,9 @@ void TransferJobBase::stop_pinned() noexcept {
     std::vector<RailStream*> streams;
     {
         std::lock_guard lock(mutex_);
-        for (std::size_t k = 0; k < started_; ++k) streams.push_back(&rails_[k]);
+        for (std::size_t k = 0; k < rail_count_; ++k) {
+            if (rails_[k].first() < rails_[k].end()) streams.push_back(&rails_[k]);
+        }
         for (const auto& s : extra_) streams.push_back(s.get());
     }
     for (RailStream* s : streams) s->driver->stop_stream(*s);
@@ -773,7 +788,10 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
     const std::uint64_t moved = rail.bytes();
     bytes_ += moved;
     if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
-    if (!outcomes_.empty()) outcomes_[k].bytes += moved;
+    if (!outcomes_.empty()) {
+        outcomes_[k].bytes += moved;
+        outcomes_[k].busy = std::chrono::steady_clock::now() - started_at_;
+    }
     if (e) {
         std::string text;
         if (rail.notification_failed()) {

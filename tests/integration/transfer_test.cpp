@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <thread>
 
 using namespace gpuverbs;
 using namespace std::chrono_literals;
@@ -885,6 +886,103 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             run("rail 1's link down", [](Rails&) { REQUIRE(test::fault("rail-down") == 0); });
             CHECK(up.now() == 0);
         }
+    }
+
+    TEST_CASE(
+        "a rail group: a rail that failed is left out until its cooldown has passed, then tried again; "
+        "replace() brings a reconnected rail back; health counts each rail's bytes, failures and throughput") {
+        if (!test::faults_available()) {
+            MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
+            return;
+        }
+        REQUIRE(test::fault("rails-up") == 0);
+        test::Heal down("rails-down");
+        constexpr std::size_t blocks = 1000, block = 16384;
+        asio::io_context io;
+        Rails r(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(r.rail0.mr0.slice(k * block, block));
+            remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        RailGroupOptions go;
+        go.cooldown = 300ms;
+        go.min_measured_bytes = 1 << 20;
+        RailGroup group(r.spec(), go);
+        std::array<std::uint64_t, 2> per_rail{};
+        TransferReport report;
+        auto transfer = [&](std::uint32_t seed) {
+            for (std::size_t i = 0; i < blocks * block; ++i) r.m0[i] = pattern(i, seed);
+            TransferOptions options;
+            options.rail_bytes = per_rail;
+            options.report = &report;
+            std::optional<boost::system::error_code> result;
+            async_transfer(group, plan, options, [&](boost::system::error_code ec, std::size_t n) {
+                result = ec;
+                CHECK(n == blocks * block);
+            });
+            io.restart();
+            const auto t0 = std::chrono::steady_clock::now();
+            while (!result && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(20ms);
+            REQUIRE(result.has_value());
+            CHECK_MESSAGE(!*result, result->message());
+            std::size_t wrong = 0;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+                for (std::size_t i = 0; i < block; i += 97)
+                    wrong += r.m1[at + i] != pattern(k * block + i, seed) ? 1 : 0;
+            }
+            CHECK(wrong == 0);
+            CHECK(per_rail[0] + per_rail[1] == blocks * block);
+            REQUIRE(report.rails.size() == 2); // in the group's numbering
+        };
+
+        transfer(1); // both healthy: both carry bytes and are measured
+        CHECK(per_rail[0] > 0);
+        CHECK(per_rail[1] > 0);
+        CHECK(group.health(0).transfers == 1);
+        CHECK(group.health(1).bytes == per_rail[1]);
+        CHECK(group.health(0).bytes_per_second > 0);
+        CHECK(group.health(1).bytes_per_second > 0);
+
+        {
+            test::Heal up("rail-up");
+            REQUIRE(test::fault("rail-down") == 0);
+            transfer(2); // rail 1 fails at once; rail 0 takes its share over
+            CHECK(report.rails[1].error);
+            const RailHealth h = group.health(1);
+            CHECK(h.cooling);
+            CHECK(h.failures == 1);
+            CHECK(h.last_error == report.rails[1].error);
+            CHECK_MESSAGE(h.last_failure.find("on rail 1") != std::string::npos, h.last_failure);
+
+            transfer(3); // within the cooldown: rail 1 is left out, rail 0 carries everything
+            CHECK(per_rail[1] == 0);
+            CHECK(per_rail[0] == blocks * block);
+            CHECK_FALSE(report.rails[1].error);
+            CHECK(group.health(1).failures == 1);
+
+            std::this_thread::sleep_for(go.cooldown + 50ms);
+            CHECK_FALSE(group.health(1).cooling);
+            transfer(4); // tried again: its queue pair is in the error state, so it fails again; rail 0 takes over
+            CHECK(group.health(1).failures == 2);
+            CHECK(up.now() == 0);
+        }
+
+        // Reconnected: a new queue pair on the same devices replaces rail 1.
+        Rails::Wire fresh("rxe2", "rxe3", io.get_executor(), r.m0, r.m1);
+        TransferRail again{&fresh.qp0, {}, {}};
+        again.local(r.rail0.mr0, fresh.mr0).remote(r.rail0.mr1.remote(), fresh.mr1.remote());
+        group.replace(1, again);
+        CHECK(group.health(1).failures == 0);
+        transfer(5);
+        CHECK(per_rail[1] > 0);
+        CHECK_FALSE(report.rails[1].error);
+        MESSAGE("measured: rail 0 " << group.health(0).bytes_per_second / 1e6 << " MB/s, rail 1 "
+                                    << group.health(1).bytes_per_second / 1e6 << " MB/s");
+        CHECK_THROWS_WITH_AS(group.health(2), "RailGroup::health: no rail 2 (the group has 2)", Error);
     }
 }
 

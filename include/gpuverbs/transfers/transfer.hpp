@@ -188,6 +188,8 @@ struct TransferReport {
         std::string failure;          ///< … in words: which blocks, the status
         std::uint32_t taken_over = 0; ///< its requests that other rails posted again
         std::uint32_t took_over = 0;  ///< requests of failed rails it posted
+        /// From the transfer's start until its last request finished (zero: it had none).
+        std::chrono::nanoseconds busy{};
     };
     /// Per rail, in the order given.
     std::vector<Rail> rails;
@@ -231,6 +233,11 @@ struct TransferOptions {
     /// transfer as before. TransferReport::rails says which rail failed and
     /// why. The notification is never posted twice: if it fails, the transfer does.
     bool failover = true;
+    /// With several rails: stripe by these weights (one per rail, e.g. each
+    /// rail's measured bytes per second; a rail of weight 0 gets no share
+    /// but may still take over a failed rail's requests). Empty: equal bytes.
+    /// RailGroup fills it from its rails' health.
+    std::span<const std::uint64_t> rail_weights{};
 };
 
 namespace detail {
@@ -333,8 +340,8 @@ private:
     const TransferPlan* plan_ = nullptr;
     std::unique_ptr<RailStream[]> rails_;
     std::size_t rail_count_ = 0;
-    std::size_t started_ = 0; ///< rails submitted (a prefix of rails_)
-    std::size_t running_ = 0; ///< rails not finished, plus pins
+    std::chrono::steady_clock::time_point started_at_; ///< for TransferReport::Rail::busy
+    std::size_t running_ = 0;                          ///< rails not finished, plus pins
     bool destroyed_ = false;
     bool notified_ = false;
     bool stopping_ = false;

@@ -1,0 +1,183 @@
+// Rails that outlive one transfer: a RailGroup keeps, per rail, a moving
+// estimate of its throughput and its failures, stripes each new transfer by
+// that health (a rail running at half speed gets about half the bytes), and
+// leaves a rail that failed out of new transfers until a cooldown has passed.
+//
+//   gpuverbs::RailGroup rails({gpuverbs::TransferRail{&qp0}, rail1});
+//   gpuverbs::async_transfer(rails, plan, options, handler); // as with a span of rails
+//   if (rails.health(1).cooling) { /* reconnect it, then */ rails.replace(1, reconnected); }
+//
+// Within one transfer, failover (TransferOptions::failover) moves a failed
+// rail's requests to the others; the group remembers the failure for the
+// transfers that follow.
+#pragma once
+
+#include "gpuverbs/transfers/transfer.hpp"
+
+#include <boost/asio/associator.hpp>
+#include <boost/asio/async_result.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace gpuverbs {
+
+/// What a RailGroup knows of one rail.
+struct RailHealth {
+    /// Moving estimate of the bytes per second it moves when busy (0: not measured yet).
+    double bytes_per_second = 0;
+    std::uint64_t transfers = 0; ///< transfers it carried part of
+    std::uint64_t failures = 0;  ///< of them, those in which it failed
+    std::uint64_t bytes = 0;     ///< bytes it moved in all
+    /// It failed less than the cooldown ago: new transfers leave it out.
+    bool cooling = false;
+    std::chrono::steady_clock::time_point failed_at{};
+    std::error_code last_error;
+    std::string last_failure; ///< in words: the status and the blocks
+};
+
+struct RailGroupOptions {
+    /// How long a rail that failed is left out of new transfers; then it is tried again.
+    std::chrono::milliseconds cooldown{5000};
+    /// Weight of the newest measurement in the moving estimate (0 to 1).
+    double smoothing = 0.3;
+    /// A rail's throughput is measured only from transfers that gave it at
+    /// least this many bytes (smaller ones measure latency, not bandwidth).
+    std::uint64_t min_measured_bytes = 1 << 20;
+    /// Stripe by measured throughput (false: equal bytes per rail).
+    bool stripe_by_health = true;
+};
+
+class RailGroup {
+public:
+    explicit RailGroup(std::vector<TransferRail> rails, RailGroupOptions options = {});
+    RailGroup(const RailGroup&) = delete;
+    RailGroup& operator=(const RailGroup&) = delete;
+    ~RailGroup() = default;
+
+    [[nodiscard]] std::size_t size() const noexcept { return rails_.size(); }
+    [[nodiscard]] RailHealth health(std::size_t k) const;
+    [[nodiscard]] const RailGroupOptions& options() const noexcept { return options_; }
+    /// Replaces rail `k` (e.g. a queue pair reconnected after a failure) and
+    /// forgets what was known of it: it takes part in the next transfer.
+    void replace(std::size_t k, TransferRail rail);
+
+    /// The rails a transfer started now uses, with their weights: those not
+    /// cooling whose queue pair is there (when every rail is cooling, all of
+    /// them: trying beats refusing); weights from throughput when every rail
+    /// chosen was measured, else equal. Used by async_transfer.
+    struct Selection {
+        std::vector<std::size_t> index; ///< into the group
+        std::vector<TransferRail> rails;
+        std::vector<std::uint64_t> weights;    ///< empty: equal bytes
+        std::vector<std::uint64_t> generation; ///< of each rail (replace() starts a new one)
+    };
+    [[nodiscard]] Selection select();
+    /// Learns from a finished transfer over `selection` (its report).
+    void record(const Selection& selection, const TransferReport& report);
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<TransferRail> rails_;
+    std::vector<RailHealth> health_;
+    std::vector<std::uint64_t> generation_;
+    RailGroupOptions options_;
+};
+
+namespace detail {
+
+/// What a transfer over a group carries to its completion.
+struct GroupTransferState {
+    RailGroup* group = nullptr;
+    RailGroup::Selection selection;
+    TransferReport report;
+    TransferReport* user_report = nullptr;
+    std::span<std::uint64_t> user_rail_bytes;
+};
+
+/// Completes a transfer over a group: the group learns, the caller's report
+/// and rail_bytes are filled in the group's numbering, then the handler runs.
+template <class Handler>
+struct GroupTransferHandler {
+    std::unique_ptr<GroupTransferState> state;
+    Handler handler;
+
+    void operator()(async_error_code ec, std::size_t bytes) {
+        GroupTransferState& s = *state;
+        s.group->record(s.selection, s.report);
+        // The report's rails are the selection's; the caller's are the group's.
+        std::vector<TransferReport::Rail> rails(s.group->size());
+        for (std::size_t i = 0; i < s.selection.index.size() && i < s.report.rails.size(); ++i)
+            rails[s.selection.index[i]] = s.report.rails[i];
+        for (std::size_t k = 0; k < s.user_rail_bytes.size(); ++k)
+            s.user_rail_bytes[k] = k < rails.size() ? rails[k].bytes : 0;
+        if (s.user_report != nullptr) {
+            *s.user_report = std::move(s.report);
+            s.user_report->rails = std::move(rails);
+        }
+        state.reset();
+        std::move(handler)(ec, bytes);
+    }
+};
+
+struct InitiateGroupTransfer {
+    RailGroup* group;
+    const TransferPlan* plan;
+    TransferOptions options;
+
+    template <class Handler>
+    void operator()(Handler&& handler) const {
+        auto state = std::make_unique<GroupTransferState>();
+        state->group = group;
+        state->selection = group->select();
+        state->user_report = options.report;
+        state->user_rail_bytes = options.rail_bytes;
+        TransferOptions o = options;
+        o.report = &state->report;
+        o.rail_bytes = {};
+        o.rail_weights = state->selection.weights;
+        boost::asio::any_io_executor executor;
+        const auto& rails = state->selection.rails;
+        if (!rails.empty() && rails.front().qp != nullptr) executor = rails.front().qp->get_executor();
+        InitiateTransfer initiate{bind_rails(rails), plan, o, executor};
+        // The selection lives in the state, which the handler owns until it runs.
+        initiate(GroupTransferHandler<std::decay_t<Handler>>{std::move(state), std::forward<Handler>(handler)});
+    }
+};
+
+} // namespace detail
+
+/// async_transfer over a group's rails: those not cooling, striped by
+/// health (RailGroupOptions); afterwards the group learns each rail's
+/// throughput and failures. options.report and options.rail_bytes are in
+/// the group's numbering (a rail left out moved 0 bytes). The group must
+/// outlive the transfer. Otherwise as async_transfer over a span of rails.
+template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+              default_token_t<boost::asio::any_io_executor>>
+auto async_transfer(RailGroup& group, const TransferPlan& plan, const TransferOptions& options,
+                    Token&& token = Token()) {
+    return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+        detail::InitiateGroupTransfer{&group, &plan, options}, token);
+}
+
+} // namespace gpuverbs
+
+/// The handler's executor, allocator and cancellation slot are the caller's.
+template <template <class, class> class Associator, class Handler, class DefaultCandidate>
+struct boost::asio::associator<Associator, gpuverbs::detail::GroupTransferHandler<Handler>, DefaultCandidate>
+    : Associator<Handler, DefaultCandidate> {
+    static typename Associator<Handler, DefaultCandidate>::type get(
+        const gpuverbs::detail::GroupTransferHandler<Handler>& h) noexcept {
+        return Associator<Handler, DefaultCandidate>::get(h.handler);
+    }
+    static auto get(const gpuverbs::detail::GroupTransferHandler<Handler>& h, const DefaultCandidate& c) noexcept
+        -> decltype(Associator<Handler, DefaultCandidate>::get(h.handler, c)) {
+        return Associator<Handler, DefaultCandidate>::get(h.handler, c);
+    }
+};
