@@ -345,7 +345,8 @@ int main(int argc, char** argv) {
         else if (key == "--repeat")
             a.repeat = static_cast<int>(v);
     }
-    if (a.form != "raw" && a.form != "gpuverbs" && a.form != "gpuverbs_lists" && a.form != "plan") {
+    if (a.form != "raw" && a.form != "gpuverbs" && a.form != "gpuverbs_lists" && a.form != "group" &&
+        a.form != "plan") {
         std::fprintf(stderr, "unknown form '%s'\n", a.form.c_str());
         return 2;
     }

@@ -503,9 +503,6 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     for (std::size_t k = 0; k < bound.size(); ++k) rails[k] = {bound[k].qp.lock(), &bound[k]};
     if (rails.empty()) return refuse(errc::invalid_argument, "a transfer needs at least one rail");
     if (plan.requests().empty()) return refuse(errc::invalid_argument, "an empty plan");
-    if (options.notify && plan.direction() == TransferDirection::read) {
-        return refuse(errc::invalid_argument, "a read needs no notification: the reader knows when it is done");
-    }
     if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
         return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
     }

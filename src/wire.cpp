@@ -11,6 +11,9 @@ constexpr std::array<char, 4> remote_magic{'G', 'V', 'R', 'M'};
 constexpr std::array<char, 4> handshake_magic{'G', 'V', 'H', 'S'};
 constexpr std::array<char, 4> mesh_magic{'G', 'V', 'M', 'R'};
 constexpr std::array<char, 4> block_list_magic{'G', 'V', 'B', 'L'};
+constexpr std::array<char, 4> leased_magic{'G', 'V', 'L', 'L'};
+/// The longest lease a list may carry (longer is a unit mistake, not a lease).
+constexpr std::uint32_t max_lease_ms = 24u * 3600u * 1000u;
 
 class Writer {
 public:
@@ -195,7 +198,48 @@ std::vector<std::byte> serialize(std::span<const RemoteBlock> blocks) {
     return out;
 }
 
+std::vector<std::byte> serialize(const LeasedBlockList& list) {
+    if (list.ttl.count() < 0 || list.ttl.count() > max_lease_ms) {
+        throw Error(
+            errc::invalid_argument, "gpuverbs::wire::serialize",
+            "a lease lasts 0 to " + std::to_string(max_lease_ms) + " ms, not " + std::to_string(list.ttl.count()));
+    }
+    const std::vector<std::byte> blocks = serialize(std::span<const RemoteBlock>(list.blocks));
+    std::vector<std::byte> out(leased_header_size + blocks.size());
+    Writer w(out);
+    w.header(leased_magic, version, 0);
+    w.u64(list.version);
+    w.u32(list.lease);
+    w.u32(static_cast<std::uint32_t>(list.ttl.count()));
+    std::copy(blocks.begin(), blocks.end(), out.begin() + leased_header_size);
+    return out;
+}
+
 namespace detail {
+
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, gpuverbs::detail::Status& status) {
+    const char* verb = "gpuverbs::wire::parse";
+    Reader r(bytes);
+    if (!check_header(r, bytes, leased_header_size, false, leased_magic, "leased block list", status)) return {};
+    if (r.u16() != 0) {
+        status.fail(errc::malformed_record, verb, "leased block list has a non-zero reserved field");
+        return {};
+    }
+    LeasedBlockList out;
+    out.version = r.u64();
+    out.lease = r.u32();
+    const std::uint32_t ms = r.u32();
+    if (ms > max_lease_ms) {
+        status.fail(errc::malformed_record, verb,
+                    "leased block list asks for a lease of " + std::to_string(ms) + " ms (at most " +
+                        std::to_string(max_lease_ms) + ")");
+        return {};
+    }
+    out.ttl = std::chrono::milliseconds(ms);
+    out.blocks = parse_block_list(bytes.subspan(leased_header_size), status);
+    if (!status.ok()) return {};
+    return out;
+}
 
 std::string block_list_problem(std::span<const RemoteBlock> blocks) {
     if (blocks.empty() || blocks.size() > max_blocks) {
@@ -464,6 +508,15 @@ Handshake parse_handshake(std::span<const std::byte> bytes) {
 Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec) {
     return gpuverbs::detail::or_code(ec,
                                      [&](gpuverbs::detail::Status& s) { return detail::parse_handshake(bytes, s); });
+}
+
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes) {
+    return gpuverbs::detail::or_throw(
+        [&](gpuverbs::detail::Status& s) { return detail::parse_leased_block_list(bytes, s); });
+}
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, std::error_code& ec) {
+    return gpuverbs::detail::or_code(
+        ec, [&](gpuverbs::detail::Status& s) { return detail::parse_leased_block_list(bytes, s); });
 }
 
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes) {

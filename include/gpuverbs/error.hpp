@@ -62,6 +62,9 @@ enum class errc {
     // rdma_cm (rdma_cm.hpp).
     connection_rejected, ///< the peer refused the connection (CmConnection::rejection() has its reason and data)
     not_connected,       ///< the connection is not (or no longer) established
+    // Leases on a peer's blocks (leases.hpp).
+    stale_block_list, ///< a block list older than one already received from the same owner
+    lease_expired,    ///< the lease on a peer's blocks ran out before the transfer could start
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

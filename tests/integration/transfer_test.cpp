@@ -307,21 +307,87 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK_FALSE(result);
         CHECK(immediate == 0xC0FFEEu);
         CHECK(bad_at_notification == 0);
+    }
 
-        // A read asks for no notification: refused, once, never inside the call.
-        TransferPlan read = TransferPlan(TransferDirection::read, local, remote, p.a.qp.capabilities());
-        std::string why;
-        calls = 0;
-        async_transfer(p.a.qp, read, options_of(1u, &why), [&](boost::system::error_code ec, std::size_t) {
-            ++calls;
-            result = ec;
+    TEST_CASE(
+        "a lease on the owner's blocks: the reader reads under it and releases it with the notification; "
+        "an unreleased lease expires; a stale list is refused") {
+        // b owns the blocks (prefill), a reads them (decode).
+        asio::io_context io;
+        Layout l = layout(500, 3000, 23);
+        Pair p(io.get_executor(), l.bytes * 2 + 8000);
+        // The owner's blocks hold the pattern at the layout's destination slots.
+        for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+            for (std::size_t i = 0; i < l.lengths[k]; ++i)
+                p.b.memory[l.destination[k] + i] = pattern(l.source[k] + i, 23);
+        }
+        BlockLeasesOptions lo;
+        lo.ttl = 5s;
+        lo.grace = 100ms;
+        BlockLeases leases(lo);
+        std::vector<RemoteBlock> offered;
+        for (std::size_t k = 0; k < l.lengths.size(); ++k)
+            offered.push_back({p.b.mr.remote(), l.destination[k], l.lengths[k]});
+        const std::vector<std::byte> bytes = wire::serialize(leases.grant(offered));
+        CHECK(leases.held(offered[7]));
+        CHECK(leases.active() == 1);
+
+        // The reader: the list as it arrives, checked, then one read with the lease's deadline and its notification.
+        const auto received = std::chrono::steady_clock::now();
+        LeasedBlockList list = wire::parse_leased_block_list(bytes);
+        LeaseReader reader;
+        REQUIRE_FALSE(reader.accept(1, list));
+        std::vector<LocalBuffer> mine;
+        for (std::size_t k = 0; k < l.lengths.size(); ++k) mine.push_back(p.a.mr.slice(l.source[k], l.lengths[k]));
+        TransferPlan read = TransferPlan(TransferDirection::read, mine, list.blocks, p.a.qp.capabilities());
+        std::optional<std::uint32_t> released;
+        std::size_t unread_at_release = 1;
+        p.b.qp.async_receive(p.b.mr.slice(0, 0), [&](boost::system::error_code ec, Received r) {
+            REQUIRE_FALSE(ec);
+            released = r.immediate;
+            // Every block was read before the owner hears of it.
+            std::size_t bad = 0;
+            for (std::size_t k = 0; k < l.lengths.size(); ++k) {
+                for (std::size_t i = 0; i < l.lengths[k]; ++i)
+                    bad += p.a.memory[l.source[k] + i] != pattern(l.source[k] + i, 23) ? 1 : 0;
+            }
+            unread_at_release = bad;
+            CHECK(leases.release(r.immediate.value_or(0)));
         });
-        CHECK(calls == 0);
-        io.restart();
-        io.run_for(1s);
-        CHECK(calls == 1);
-        CHECK(result == detail::to_asio_error(make_error_code(errc::invalid_argument)));
-        CHECK(why == "a read needs no notification: the reader knows when it is done");
+        TransferOptions options;
+        options.notify = list.lease;
+        options.deadline = LeaseReader::deadline(list, received);
+        std::optional<boost::system::error_code> result;
+        async_transfer(p.a.qp, read, options, [&](boost::system::error_code ec, std::size_t) { result = ec; });
+        const auto t0 = std::chrono::steady_clock::now();
+        while ((!result || !released) && std::chrono::steady_clock::now() - t0 < 20s) io.run_for(10ms);
+        REQUIRE(result.has_value());
+        CHECK_MESSAGE(!*result, result->message());
+        CHECK(released == list.lease);
+        CHECK(unread_at_release == 0);
+        CHECK_FALSE(leases.held(offered[7])); // released: the owner may reuse its blocks
+        CHECK(leases.active() == 0);
+        CHECK_FALSE(leases.release(list.lease)); // once
+
+        // A reader that never releases holds the blocks until ttl + grace.
+        BlockLeasesOptions quick;
+        quick.ttl = 100ms;
+        quick.grace = 50ms;
+        BlockLeases short_leases(quick);
+        const LeasedBlockList forgotten = short_leases.grant({offered[3]});
+        CHECK(short_leases.held(offered[3]));
+        CHECK_FALSE(short_leases.held(offered[4]));
+        std::this_thread::sleep_for(200ms);
+        CHECK_FALSE(short_leases.held(offered[3]));
+        CHECK(short_leases.expire().empty()); // held() dropped it already
+
+        // An older list from the same owner is refused; another owner's is not.
+        LeasedBlockList older = list;
+        older.version = list.version - 1;
+        CHECK(reader.accept(1, older) == errc::stale_block_list);
+        CHECK(reader.accept(1, list) == errc::stale_block_list); // the same list twice: stale too
+        CHECK_FALSE(reader.accept(2, older));
+        (void)forgotten;
     }
 
     TEST_CASE("a wrong remote key fails the transfer once, naming the block; the plan refuses a range outside") {

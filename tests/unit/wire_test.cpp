@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 
 using namespace gpuverbs;
@@ -283,5 +284,46 @@ TEST_SUITE("block list") {
         auto huge = good; // a block count of 0xffffffff, refused before allocating anything
         for (int i = 8; i < 12; ++i) huge[i] = std::byte{0xff};
         CHECK(parse(huge, errc::malformed_record).find("announces 4294967295 blocks") != std::string::npos);
+    }
+
+    TEST_CASE("a leased block list: version, lease and time to live ahead of the list; what is refused") {
+        LeasedBlockList list;
+        list.version = 0x0102030405060708;
+        list.lease = 42;
+        list.ttl = std::chrono::milliseconds(1500);
+        list.blocks = {{pool_a, 0, 100}, {pool_b, 4000, 96}};
+        std::vector<std::byte> bytes = wire::serialize(list);
+        REQUIRE(bytes.size() == wire::leased_header_size + wire::serialize(list.blocks).size());
+        CHECK(std::string(reinterpret_cast<const char*>(bytes.data()), 4) == "GVLL");
+        CHECK(bytes[8] == std::byte{0x01}); // the version, big-endian
+        CHECK(bytes[19] == std::byte{42});  // the lease
+        CHECK(wire::parse_leased_block_list(bytes) == list);
+        auto refused = [](std::vector<std::byte> b, std::error_code want) {
+            std::error_code ec;
+            (void)wire::parse_leased_block_list(b, ec);
+            CHECK(ec == want);
+            try {
+                (void)wire::parse_leased_block_list(b);
+            } catch (const Error& e) {
+                return std::string(e.what());
+            }
+            return std::string("accepted");
+        };
+        auto reserved = bytes;
+        reserved[7] = std::byte{1};
+        CHECK(refused(reserved, errc::malformed_record).find("leased block list has a non-zero reserved field") !=
+              std::string::npos);
+        auto forever = bytes; // 0xffffffff ms: a unit mistake, not a lease
+        for (int i = 20; i < 24; ++i) forever[i] = std::byte{0xff};
+        CHECK(refused(forever, errc::malformed_record).find("a lease of 4294967295 ms") != std::string::npos);
+        auto plain = wire::serialize(list.blocks); // a plain list is not a leased one
+        CHECK(refused(plain, errc::malformed_record).find("wrong magic") != std::string::npos);
+        auto inner = bytes; // the list inside is checked as parse_block_list checks it
+        inner.pop_back();
+        CHECK(refused(inner, errc::malformed_record).find("need exactly") != std::string::npos);
+        LeasedBlockList too_long = list;
+        too_long.ttl = std::chrono::hours(25);
+        CHECK_THROWS_WITH_AS(wire::serialize(too_long),
+                             "gpuverbs::wire::serialize: a lease lasts 0 to 86400000 ms, not 90000000", Error);
     }
 }

@@ -11,6 +11,8 @@
 //                            regions × RemoteMemory
 //   Block list               "GVBL" u16 version u16 regions | u32 blocks | u32 0 | regions × RemoteMemory |
 //                            blocks × (u16 region index | u16 0 | u32 0 | u64 offset | u64 length)
+//   Leased block list        "GVLL" u16 version u16 0 | u64 list version | u32 lease | u32 lease ms |
+//                            Block list (the rest of the record)
 //
 // Parsing checks sizes, magic, version, reserved fields and value ranges, and
 // fails with errc::malformed_record or errc::unsupported_version saying what
@@ -22,6 +24,7 @@
 #include "gpuverbs/verbs/queue_pair_types.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -36,6 +39,20 @@ struct Handshake {
     Endpoint endpoint;
     std::vector<RemoteMemory> regions;
     friend bool operator==(const Handshake&, const Handshake&) = default;
+};
+
+/// A block list under a lease (transfers/leases.hpp): the owner keeps the
+/// blocks as they are until the reader releases the lease (the transfer's
+/// notification carries its id) or it expires; the list's version lets a
+/// reader refuse a list older than one it already had from that owner.
+struct LeasedBlockList {
+    std::uint64_t version = 0; ///< grows with every list the owner hands out
+    std::uint32_t lease = 0;   ///< the id the reader's notification carries back
+    /// How long after the reader receives the list it may still use the
+    /// blocks (the owner waits longer: BlockLeasesOptions::grace).
+    std::chrono::milliseconds ttl{0};
+    std::vector<RemoteBlock> blocks;
+    friend bool operator==(const LeasedBlockList&, const LeasedBlockList&) = default;
 };
 
 /// What one member of a mesh publishes once (rendezvous.hpp): for every peer
@@ -66,6 +83,7 @@ inline constexpr std::size_t mesh_header_size = 24;
 inline constexpr std::size_t mesh_entry_size = 8 + endpoint_size;
 inline constexpr std::size_t block_list_header_size = 16;
 inline constexpr std::size_t block_entry_size = 24;
+inline constexpr std::size_t leased_header_size = 24;
 /// The most blocks one list carries (a KV-cache request is hundreds to thousands).
 inline constexpr std::uint32_t max_blocks = 1u << 20;
 /// The largest mesh a record describes (ranks 0 .. max_world_size - 1).
@@ -83,6 +101,8 @@ std::vector<std::byte> serialize(const MeshRecord& record);
 /// same RemoteMemory, e.g. mr.remote()), then 24 bytes per block. Throws
 /// gpuverbs::Error (errc::invalid_argument) for a list parse_block_list would refuse.
 std::vector<std::byte> serialize(std::span<const RemoteBlock> blocks);
+/// A leased block list: the lease header, then the block list. Throws as the block list does.
+std::vector<std::byte> serialize(const LeasedBlockList& list);
 
 Endpoint parse_endpoint(std::span<const std::byte> bytes);
 Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec);
@@ -100,6 +120,10 @@ MeshRecord parse_mesh_record(std::span<const std::byte> bytes, std::error_code& 
 /// that every block has a length and lies inside its region.
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes);
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, std::error_code& ec);
+/// Checks the lease header (its reserved word, a lease time of at most a
+/// day) and the block list that follows as parse_block_list does.
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes);
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, std::error_code& ec);
 
 namespace detail {
 Endpoint parse_endpoint(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
@@ -107,6 +131,7 @@ RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, gpuverbs::det
 Handshake parse_handshake(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
 /// Why `blocks` cannot be sent or accepted; empty when well-formed.
 std::string block_list_problem(std::span<const RemoteBlock> blocks);
 /// Why `record` cannot be sent or accepted; empty when it is well-formed.

@@ -205,11 +205,13 @@ struct TransferOptions {
     std::uint32_t doorbell_batch = 32;
     /// Receives the bytes each rail moved (one entry per rail; may be empty).
     std::span<std::uint64_t> rail_bytes{};
-    /// Writes only: after the last block, a zero-byte write with this
-    /// immediate (a transfer id) consumes one receive at the peer. It is
-    /// posted (on the first rail) only once every request has completed
-    /// without error, so when the peer's receive completes every block has
-    /// landed, and a peer never hears of a transfer that did not land.
+    /// After the last block, a zero-byte write with this immediate (a
+    /// transfer id) consumes one receive at the peer. It is posted (on the
+    /// first rail that has not failed) only once every request has completed
+    /// without error: after a write, when the peer's receive completes every
+    /// block has landed, and a peer never hears of a transfer that did not
+    /// land; after a read, the peer learns the reader is done with its
+    /// blocks (e.g. releases a lease: leases.hpp).
     std::optional<std::uint32_t> notify{};
     /// Receives plan.blocks_of() for the first request that failed (and the rail, with several).
     std::string* failed_blocks = nullptr;
@@ -491,7 +493,7 @@ struct InitiateTransfer {
 /// options.doorbell_batch with the last signaled, refilled from its own
 /// completions. The error is the first that happened (a device status;
 /// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
-/// for an empty plan, no rail, a notification on a read or a key a rail cannot
+/// for an empty plan, no rail, or a key a rail cannot
 /// translate; errc::no_executor). `plan`, its memory and the options'
 /// outputs must live until completion; the rails' queue pairs are held
 /// weakly from when the operation is made (a deferred transfer launched after
