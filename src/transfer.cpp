@@ -801,14 +801,22 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
             text = "the transfer was stopped (" + e.message() + ")";
         }
         if (rail_count_ > 1) text += " on rail " + std::to_string(k);
-        const bool moved_on = failover_ && !stopping_ && !destroyed_ && !error_ && path_failure(rail, e) &&
-                              fail_over(rail, takeover, hold);
+        const bool could_move = failover_ && !stopping_ && !destroyed_ && !error_ && path_failure(rail, e);
+        const bool moved_on = could_move && fail_over(rail, takeover, hold);
         if (!outcomes_.empty() && !outcomes_[k].error && !stopping_) {
             outcomes_[k].error = e;
             outcomes_[k].failure = e.message() + ": " + text;
         }
         if (!moved_on && !error_) {
             error_ = e;
+            if (could_move) {
+                // No rail was left to take its requests: name every rail that failed, and why.
+                text = "every rail failed:";
+                for (std::size_t j = 0; j < rail_count_; ++j) {
+                    if (outcomes_[j].error) text += " rail " + std::to_string(j) + ": " + outcomes_[j].failure + ";";
+                }
+                text.pop_back();
+            }
             if (failed_blocks_ != nullptr) *failed_blocks_ = std::move(text);
         }
     }

@@ -589,10 +589,134 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     }
 
     TEST_CASE(
+        "with the default settings, a transfer whose peer's queue pair disappears mid-way fails once, naming "
+        "the blocks, within seconds; the report matches the peer's memory") {
+        asio::io_context io;
+        constexpr std::size_t blocks = 10000, block = 4096;
+        Pair p(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(p.a.mr.slice(k * block, block));
+            remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        for (std::size_t i = 0; i < blocks * block; ++i) p.a.memory[i] = pattern(i, 13);
+        std::fill(p.b.memory.begin(), p.b.memory.end(), std::byte{0xEE});
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        TransferReport report;
+        std::string why;
+        TransferOptions options; // no deadline: the transport's retries bound it
+        options.report = &report;
+        options.failed_blocks = &why;
+        int calls = 0;
+        boost::system::error_code result;
+        const auto t0 = std::chrono::steady_clock::now();
+        std::chrono::steady_clock::duration took{};
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+            took = std::chrono::steady_clock::now() - t0;
+        });
+        io.run_for(20ms);
+        REQUIRE(calls == 0);
+        p.b.qp = QueuePair(); // the peer's queue pair disappears (what a killed process leaves on the wire)
+        while (calls == 0 && std::chrono::steady_clock::now() - t0 < 60s) io.run_for(20ms);
+        io.run_for(100ms);
+        REQUIRE(calls == 1);
+        CHECK_MESSAGE(result == detail::to_asio_error(make_wc_error(IBV_WC_RETRY_EXC_ERR)), result.message());
+        CHECK_MESSAGE(why.find("remote block") == 0, why);
+        // The documented bound: (retry_count + 1) x 4.096 us x 2^timeout, ~0.47 s with the defaults (6, 14), plus
+        // the requests ahead of it: seconds, never forever.
+        CHECK(took < 10s);
+        CHECK(report.landed + report.uncertain + report.not_posted == blocks);
+        std::size_t wrong = 0, touched = 0;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+            if (report.remote_blocks[k] == BlockState::landed) {
+                for (std::size_t i = 0; i < block; ++i)
+                    wrong += p.b.memory[at + i] != pattern(k * block + i, 13) ? 1 : 0;
+            } else if (report.remote_blocks[k] == BlockState::not_posted) {
+                for (std::size_t i = 0; i < block; ++i) touched += p.b.memory[at + i] != std::byte{0xEE} ? 1 : 0;
+            }
+        }
+        CHECK(wrong == 0);
+        CHECK(touched == 0);
+        MESSAGE("peer's queue pair destroyed, default settings: failed after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms with '"
+                << result.message() << "' at " << why << "; " << report.landed << " landed, " << report.uncertain
+                << " uncertain, " << report.not_posted << " never posted");
+    }
+
+    TEST_CASE(
+        "a peer that stops answering (every packet dropped): the deadline ends the transfer with timed_out "
+        "within the retry time; the report matches the peer's memory") {
+        if (!test::faults_available()) {
+            MESSAGE("no fault injector (run in the rig)");
+            return;
+        }
+        asio::io_context io;
+        constexpr std::size_t blocks = 10000, block = 4096;
+        Pair p(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(p.a.mr.slice(k * block, block));
+            remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        for (std::size_t i = 0; i < blocks * block; ++i) p.a.memory[i] = pattern(i, 19);
+        std::fill(p.b.memory.begin(), p.b.memory.end(), std::byte{0xEE});
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        TransferReport report;
+        TransferOptions options;
+        options.report = &report;
+        const auto deadline = std::chrono::steady_clock::now() + 200ms;
+        options.deadline = deadline;
+        int calls = 0;
+        boost::system::error_code result;
+        std::chrono::steady_clock::time_point ended;
+        async_transfer(p.a.qp, plan, options, [&](boost::system::error_code ec, std::size_t) {
+            ++calls;
+            result = ec;
+            ended = std::chrono::steady_clock::now();
+        });
+        io.run_for(10ms);
+        REQUIRE(calls == 0);
+        test::Heal heal("drop-off");
+        REQUIRE(test::fault("drop-on") == 0); // the peer stops answering
+        const auto t0 = std::chrono::steady_clock::now();
+        while (calls == 0 && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(20ms);
+        CHECK(heal.now() == 0);
+        REQUIRE(calls == 1);
+        CHECK_MESSAGE(result == boost::system::errc::timed_out, result.message());
+        // At the deadline nothing more is posted; what is in flight ends with the transport's retries
+        // (~0.47 s with the defaults): the handler runs within that of the deadline.
+        const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(ended - deadline);
+        CHECK(ended >= deadline);
+        CHECK(late < 3s);
+        CHECK(report.not_posted > 0);
+        CHECK(report.landed + report.uncertain + report.not_posted == blocks);
+        std::size_t wrong = 0, touched = 0;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+            if (report.remote_blocks[k] == BlockState::landed) {
+                for (std::size_t i = 0; i < block; ++i)
+                    wrong += p.b.memory[at + i] != pattern(k * block + i, 19) ? 1 : 0;
+            } else if (report.remote_blocks[k] == BlockState::not_posted) {
+                for (std::size_t i = 0; i < block; ++i) touched += p.b.memory[at + i] != std::byte{0xEE} ? 1 : 0;
+            }
+        }
+        CHECK(wrong == 0);
+        CHECK(touched == 0);
+        MESSAGE("every packet dropped, deadline 200 ms: timed_out "
+                << late.count() << " ms after the deadline; " << report.landed << " landed, " << report.uncertain
+                << " uncertain, " << report.not_posted << " never posted");
+    }
+
+    TEST_CASE(
         "cancelling a transfer through its slot: operation_aborted once the device is done, the report adds "
         "up; a signal emitted after completion does nothing") {
         asio::io_context io;
-        constexpr std::size_t blocks = 4000, block = 16384;
+        constexpr std::size_t blocks = 10000, block = 4096;
         Pair p(io.get_executor(), 2 * blocks * block);
         std::vector<LocalBuffer> local;
         std::vector<RemoteBlock> remote;
@@ -600,6 +724,8 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             local.push_back(p.a.mr.slice(k * block, block));
             remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block}); // no two coalesce
         }
+        for (std::size_t i = 0; i < blocks * block; ++i) p.a.memory[i] = pattern(i, 29);
+        std::fill(p.b.memory.begin(), p.b.memory.end(), std::byte{0xEE});
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
         REQUIRE(plan.requests().size() == blocks);
         TransferReport report;
@@ -627,6 +753,21 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK(report.not_posted > 0);
         CHECK(report.landed + report.not_posted == blocks);
         CHECK(moved == report.landed * block);
+        // Against the peer's memory: what landed is there, what was never posted was never touched.
+        std::size_t wrong = 0, touched = 0;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+            const bool landed = report.remote_blocks[k] == BlockState::landed;
+            for (std::size_t i = 0; i < block; ++i) {
+                if (landed) {
+                    wrong += p.b.memory[at + i] != pattern(k * block + i, 29) ? 1 : 0;
+                } else {
+                    touched += p.b.memory[at + i] != std::byte{0xEE} ? 1 : 0;
+                }
+            }
+        }
+        CHECK(wrong == 0);
+        CHECK(touched == 0);
         MESSAGE("cancelled: " << report.landed << " of " << blocks << " blocks landed");
 
         // Bound again, run to the end; the signal afterwards finds no handler.
@@ -879,7 +1020,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         }
         REQUIRE(test::fault("rails-up") == 0);
         test::Heal down("rails-down");
-        constexpr std::size_t blocks = 3000, block = 16384;
+        constexpr std::size_t blocks = 10000, block = 4096;
         // Runs one transfer over both rails; `fault` strikes rail 1 once it has requests with the device.
         auto run = [&](const std::string& what, auto&& fault) {
             asio::io_context io;
@@ -951,6 +1092,59 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             test::Heal up("rail-up");
             run("rail 1's link down", [](Rails&) { REQUIRE(test::fault("rail-down") == 0); });
             CHECK(up.now() == 0);
+        }
+        {
+            // Both links down: no rail is left; the transfer fails once, naming both.
+            asio::io_context io;
+            Rails r(io.get_executor(), 2 * blocks * block);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                local.push_back(r.rail0.mr0.slice(k * block, block));
+                remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+            }
+            for (std::size_t i = 0; i < blocks * block; ++i) r.m0[i] = pattern(i, 93);
+            TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+            std::vector<TransferRail> rails = r.spec();
+            TransferReport report;
+            std::string failed;
+            TransferOptions options;
+            options.report = &report;
+            options.failed_blocks = &failed;
+            int calls = 0;
+            boost::system::error_code result;
+            async_transfer(std::span<const TransferRail>(rails), plan, options,
+                           [&](boost::system::error_code ec, std::size_t) {
+                               ++calls;
+                               result = ec;
+                           });
+            io.run_for(10ms);
+            REQUIRE(calls == 0);
+            test::Heal up0("link-up"), up1("rail-up");
+            REQUIRE(test::fault("rail-down") == 0);
+            REQUIRE(test::fault("link-down") == 0);
+            const auto t0 = std::chrono::steady_clock::now();
+            while (calls == 0 && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(20ms);
+            io.run_for(100ms);
+            CHECK(calls == 1);
+            CHECK(result);
+            CHECK_MESSAGE(failed.find("every rail failed: rail 0: ") == 0, failed);
+            CHECK_MESSAGE(failed.find("; rail 1: ") != std::string::npos, failed);
+            REQUIRE(report.rails.size() == 2);
+            CHECK(report.rails[0].error);
+            CHECK(report.rails[1].error);
+            CHECK(report.landed + report.uncertain + report.not_posted == blocks);
+            std::size_t wrong = 0;
+            for (std::size_t k = 0; k < blocks; ++k) {
+                if (report.remote_blocks[k] != BlockState::landed) continue;
+                const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+                for (std::size_t i = 0; i < block; ++i) wrong += r.m1[at + i] != pattern(k * block + i, 93) ? 1 : 0;
+            }
+            CHECK(wrong == 0);
+            MESSAGE("both links down: " << failed << "; " << report.landed << " blocks landed, " << report.uncertain
+                                        << " uncertain, " << report.not_posted << " never posted");
+            CHECK(up0.now() == 0);
+            CHECK(up1.now() == 0);
         }
     }
 
