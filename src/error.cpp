@@ -60,6 +60,7 @@ public:
                 return "the block list is older than one already received from its owner (its blocks may have been "
                        "reused)";
             case errc::lease_expired: return "the lease on the peer's blocks has run out";
+            case errc::blocks_leased: return "the blocks are leased to a reader that has not released them yet";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";
@@ -77,6 +78,7 @@ public:
             case errc::inline_too_large:
             case errc::too_many_sges:
             case errc::misaligned_atomic: return std::errc::invalid_argument;
+            case errc::blocks_leased: return std::errc::device_or_resource_busy;
             case errc::send_queue_full:
             case errc::receive_queue_full:
             case errc::batch_full: return std::errc::no_buffer_space;

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
 #include <thread>
 
 using namespace gpuverbs;
@@ -33,6 +34,15 @@ TEST_SUITE("leases") {
         CHECK_FALSE(leases.held({pool, 100, 1}));
         CHECK(leases.held({pool, 4096, 1})); // b still holds its block
         CHECK(leases.active() == 1);
+        // The owner's attempt to reuse: refused while b holds a block, in words.
+        std::string why;
+        const std::vector<RemoteBlock> reuse{{pool, 0, 4096}, {pool, 4096, 4096}};
+        CHECK(leases.claim(reuse, &why) == errc::blocks_leased);
+        CHECK_MESSAGE(why.find("block 1 (4096 bytes at offset 4096) is under lease " + std::to_string(b.lease) +
+                               " (list version " + std::to_string(b.version) + "): wait for the reader's release") == 0,
+                      why);
+        CHECK(leases.release(b.lease));
+        CHECK_FALSE(leases.claim(reuse, &why));
     }
 
     TEST_CASE("an unreleased lease expires after ttl + grace; expire() names it") {
@@ -74,9 +84,13 @@ TEST_SUITE("leases") {
         CHECK_FALSE(reader.accept(7, l));
         CHECK(reader.accept(7, l) == errc::stale_block_list);
         l.version = 4;
-        const std::error_code stale = reader.accept(7, l);
+        std::string why;
+        const std::error_code stale = reader.accept(7, l, &why);
         CHECK(stale == errc::stale_block_list);
         CHECK(stale.message().find("older than one already received") != std::string::npos);
+        CHECK(why ==
+              "block list version 4 from owner 7 is not newer than version 5 already accepted from it: its "
+              "blocks may have been reused since");
         CHECK_FALSE(reader.accept(8, l)); // another owner
         l.version = 6;
         CHECK_FALSE(reader.accept(7, l));

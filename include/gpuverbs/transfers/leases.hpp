@@ -29,8 +29,10 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <string>
 #include <system_error>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
@@ -58,6 +60,10 @@ public:
     bool release(std::uint32_t lease);
     /// Whether a live lease holds any byte of `block` (the same region, by its rkey and address).
     [[nodiscard]] bool held(const RemoteBlock& block);
+    /// The owner is about to reuse `blocks`: errc::blocks_leased when a live
+    /// lease holds any of them, with `why` naming the first block, the lease
+    /// and how long it may still last; otherwise no error.
+    std::error_code claim(std::span<const RemoteBlock> blocks, std::string* why = nullptr);
     /// Live leases (expired ones are dropped first).
     [[nodiscard]] std::size_t active();
     /// Drops the leases past their time to live and grace; returns their ids
@@ -68,7 +74,10 @@ private:
     struct Lease {
         std::vector<RemoteBlock> blocks;
         std::chrono::steady_clock::time_point until;
+        std::uint64_t version = 0;
     };
+    /// The live lease holding a byte of `block`, or nullptr (under the lock).
+    const std::pair<const std::uint32_t, Lease>* holder(const RemoteBlock& block) const;
     void expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids);
 
     std::mutex mutex_;
@@ -85,7 +94,8 @@ public:
     /// `owner`: how the reader tells owners apart (a rank, a connection id).
     /// errc::stale_block_list when an accepted list from `owner` had a higher
     /// or equal version; otherwise the list's version becomes the newest.
-    std::error_code accept(std::uint64_t owner, const LeasedBlockList& list);
+    /// `why`, when given, receives the words (both versions and the owner).
+    std::error_code accept(std::uint64_t owner, const LeasedBlockList& list, std::string* why = nullptr);
     /// The latest a transfer under this lease may end (TransferOptions::deadline):
     /// `received` (when the list arrived) plus its time to live.
     static std::chrono::steady_clock::time_point deadline(const LeasedBlockList& list,
