@@ -242,4 +242,15 @@ void SharedReceiveQueue::arm_limit(std::uint32_t limit, std::error_code& ec) {
     ec = status.code;
 }
 
+QueuePairCounters QueuePair::counters() const noexcept {
+    QueuePairCounters c;
+    if (!core_) return c;
+    c.sends_posted = core_->send.posted();
+    c.sends_completed = core_->send.retired();
+    c.receives_posted = core_->receive.posted();
+    c.receives_completed = core_->receive.retired();
+    for (std::size_t s = 0; s < c.errors.size(); ++s) c.errors[s] = core_->send.errors(s) + core_->receive.errors(s);
+    return c;
+}
+
 } // namespace gpuverbs

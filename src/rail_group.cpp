@@ -76,6 +76,9 @@ void RailGroup::record(const Selection& selection, const TransferReport& report)
         RailHealth& h = health_[k];
         const TransferReport::Rail& r = report.rails[i];
         h.bytes += r.bytes;
+        h.busy += r.busy;
+        h.requests_moved_away += r.taken_over;
+        h.requests_taken_over += r.took_over;
         if (r.bytes > 0 || r.error) ++h.transfers;
         if (r.error) {
             ++h.failures;

@@ -2,6 +2,7 @@
 // written and read in one operation, every byte checked; a wrong key named by
 // its block; a queue pair destroyed mid-transfer.
 #include "process_resources.hpp"
+#include "prometheus_parse.hpp"
 #include "rig.hpp"
 #include "rig_faults.hpp"
 
@@ -1251,6 +1252,91 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         MESSAGE("measured: rail 0 " << group.health(0).bytes_per_second / 1e6 << " MB/s, rail 1 "
                                     << group.health(1).bytes_per_second / 1e6 << " MB/s");
         CHECK_THROWS_WITH_AS(group.health(2), "RailGroup::health: no rail 2 (the group has 2)", Error);
+    }
+
+    TEST_CASE(
+        "observable: a queue pair's and a rail group's counters match the work done, and their Prometheus "
+        "text parses with the reference parser") {
+        if (!test::faults_available()) {
+            MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
+            return;
+        }
+        REQUIRE(test::fault("rails-up") == 0);
+        test::Heal down("rails-down");
+        constexpr std::size_t blocks = 2000, block = 4096;
+        asio::io_context io;
+        Rails r(io.get_executor(), 2 * blocks * block);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(r.rail0.mr0.slice(k * block, block));
+            remote.push_back({r.rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        RailGroup group(r.spec());
+        const QueuePairCounters before = r.rail0.qp0.counters();
+        std::array<std::uint64_t, 2> per_rail{};
+        for (int round = 0; round < 3; ++round) {
+            TransferOptions options;
+            options.rail_bytes = per_rail;
+            std::optional<boost::system::error_code> result;
+            async_transfer(group, plan, options, [&](boost::system::error_code ec, std::size_t) { result = ec; });
+            io.restart();
+            const auto t0 = std::chrono::steady_clock::now();
+            while (!result && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(10ms);
+            REQUIRE(result.has_value());
+            REQUIRE_FALSE(*result);
+        }
+        // Rail 0's queue pair posted its share of each transfer, one request per block, and all completed.
+        const QueuePairCounters c = r.rail0.qp0.counters();
+        const RailHealth h0 = group.health(0), h1 = group.health(1);
+        CHECK(h0.bytes + h1.bytes == 3 * blocks * block);
+        CHECK(h0.transfers == 3);
+        CHECK(c.sends_posted - before.sends_posted == h0.bytes / block);
+        CHECK(c.sends_completed == c.sends_posted);
+        CHECK(c.errors[IBV_WC_REM_ACCESS_ERR] == 0);
+        // One write to a wrong key: one REM_ACCESS_ERR (the queue pair then goes to the error state).
+        RemoteMemory wrong = r.rail0.mr1.remote();
+        wrong.rkey ^= 0x5a5a00;
+        std::optional<boost::system::error_code> failed;
+        r.rail0.qp0.async_write(r.rail0.mr0.slice(0, 64), wrong, 0,
+                                [&](boost::system::error_code ec, std::size_t) { failed = ec; });
+        io.restart();
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!failed && std::chrono::steady_clock::now() - t0 < 10s) io.run_for(10ms);
+        REQUIRE(failed.has_value());
+        CHECK(*failed);
+        const QueuePairCounters after = r.rail0.qp0.counters();
+        CHECK(after.errors[IBV_WC_REM_ACCESS_ERR] == 1);
+        CHECK(after.sends_posted == c.sends_posted + 1);
+
+        PrometheusText metrics;
+        metrics.add("rail0", r.rail0.qp0);
+        metrics.add("kv", group);
+        metrics.add_port(r.rail0.d0);
+        const std::string text = metrics.text();
+        const test::ParsedMetrics parsed = test::parse_prometheus(text);
+        REQUIRE_MESSAGE(parsed.error.empty(), parsed.error << "\n" << text);
+        auto at = [&](const std::string& key) {
+            auto it = parsed.samples.find(key);
+            if (it == parsed.samples.end()) FAIL_CHECK("no sample " << key);
+            return it == parsed.samples.end() ? -1.0 : it->second;
+        };
+        CHECK(at(R"(gpuverbs_qp_requests_posted_total{qp="rail0",queue="send"})") ==
+              static_cast<double>(after.sends_posted));
+        CHECK(at(R"(gpuverbs_qp_requests_completed_total{qp="rail0",queue="send"})") ==
+              static_cast<double>(after.sends_completed));
+        CHECK(at(R"(gpuverbs_qp_errors_total{qp="rail0",status="REM_ACCESS_ERR"})") == 1);
+        CHECK(at(R"(gpuverbs_rail_bytes_total{group="kv",rail="0"})") == static_cast<double>(h0.bytes));
+        CHECK(at(R"(gpuverbs_rail_bytes_total{group="kv",rail="1"})") == static_cast<double>(h1.bytes));
+        CHECK(at(R"(gpuverbs_rail_transfers_total{group="kv",rail="1"})") == 3);
+        CHECK(at(R"(gpuverbs_rail_failures_total{group="kv",rail="0"})") == 0);
+        CHECK(at(R"(gpuverbs_rail_busy_seconds_total{group="kv",rail="0"})") > 0);
+        CHECK(at(R"(gpuverbs_rail_throughput_bytes_per_second{group="kv",rail="0"})") == h0.bytes_per_second);
+        std::size_t hw = 0;
+        for (const auto& [key, value] : parsed.samples) hw += key.rfind("gpuverbs_port_hw_counter{", 0) == 0 ? 1 : 0;
+        CHECK(hw > 0); // rxe exports its own counters (sent_pkts, retry_exceeded_err, ...)
+        MESSAGE(parsed.samples.size() << " samples parsed, " << hw << " of them the device's hardware counters");
     }
 }
 

@@ -35,6 +35,10 @@ struct RailHealth {
     std::uint64_t transfers = 0; ///< transfers it carried part of
     std::uint64_t failures = 0;  ///< of them, those in which it failed
     std::uint64_t bytes = 0;     ///< bytes it moved in all
+    /// Time it spent moving them: per transfer, from the start until its last request finished.
+    std::chrono::nanoseconds busy{};
+    std::uint64_t requests_moved_away = 0; ///< its requests that other rails posted again (failover)
+    std::uint64_t requests_taken_over = 0; ///< requests of failed rails it posted
     /// It failed less than the cooldown ago: new transfers leave it out.
     bool cooling = false;
     std::chrono::steady_clock::time_point failed_at{};

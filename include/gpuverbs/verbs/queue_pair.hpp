@@ -117,6 +117,9 @@ public:
     [[nodiscard]] std::uint64_t outstanding_sends() const noexcept { return core_->send.outstanding(); }
     /// Receives posted to this QP's own receive queue and not yet completed.
     [[nodiscard]] std::uint64_t outstanding_receives() const noexcept { return core_->receive.outstanding(); }
+    /// What it has done since it was last connected (read from the
+    /// bookkeeping the data path keeps anyway: reading costs nothing there).
+    [[nodiscard]] QueuePairCounters counters() const noexcept;
 
     /// The QP's state as the device reports it (ibv_query_qp).
     [[nodiscard]] QpState state() const;

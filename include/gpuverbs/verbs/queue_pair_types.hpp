@@ -6,6 +6,7 @@
 #include "gpuverbs/verbs/gid.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -124,5 +125,18 @@ enum class QpState : std::uint8_t {
     unknown
 };
 std::string_view to_string(QpState state) noexcept;
+
+/// A queue pair's counts (QueuePair::counters; prometheus_text exports them).
+/// Requests count every posted work request, signaled or not; a request is
+/// completed once a completion of its queue at or after it arrived. Receives
+/// taken from a SharedReceiveQueue are the SRQ's, not counted here.
+struct QueuePairCounters {
+    std::uint64_t sends_posted = 0;
+    std::uint64_t sends_completed = 0;
+    std::uint64_t receives_posted = 0;
+    std::uint64_t receives_completed = 0;
+    /// Failed work completions by status (index: ibv_wc_status; both queues).
+    std::array<std::uint64_t, 32> errors{};
+};
 
 } // namespace gpuverbs

@@ -83,11 +83,18 @@ GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnC
         const int want = max - total < batch ? max - total : batch;
         const int got = ibv_poll_cq(cq, want, wc);
         if (got <= 0) return got < 0 && total == 0 ? got : total;
+        // Each completion goes to its queue's state; a failed one is counted there too.
+        auto each = [&](int i) {
+            WorkQueueState* queue = queue_of(wc[i], registry);
+            if (wc[i].status != IBV_WC_SUCCESS && queue != nullptr) [[unlikely]]
+                queue->count_error(static_cast<unsigned>(wc[i].status));
+            on(wc[i], queue, total + i);
+        };
         if constexpr (Guarded) {
             QpRegistry::PollGuard guard(registry);
-            for (int i = 0; i < got; ++i) on(wc[i], queue_of(wc[i], registry), total + i);
+            for (int i = 0; i < got; ++i) each(i);
         } else {
-            for (int i = 0; i < got; ++i) on(wc[i], queue_of(wc[i], registry), total + i);
+            for (int i = 0; i < got; ++i) each(i);
         }
         total += got;
         if (got < want) break;

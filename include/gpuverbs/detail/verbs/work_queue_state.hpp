@@ -15,8 +15,10 @@
 
 #include "gpuverbs/verbs/completion.hpp"
 
+#include <array>
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -37,6 +39,18 @@ public:
         return posted_ - retired_.load(std::memory_order_acquire);
     }
     [[nodiscard]] bool has_room_for(std::uint64_t n) const noexcept { return outstanding() + n <= capacity_; }
+    /// Requests known to be finished (completed, or before a completion of the same queue).
+    [[nodiscard]] std::uint64_t retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+
+    /// Work completions with each status other than success (the poll counts
+    /// them; the success path pays one compare). Statuses past the table count in its last entry.
+    static constexpr std::size_t error_slots = 32;
+    void count_error(unsigned status) noexcept {
+        errors_[status < error_slots ? status : error_slots - 1].fetch_add(1, std::memory_order_relaxed);
+    }
+    [[nodiscard]] std::uint64_t errors(std::size_t status) const noexcept {
+        return errors_[status].load(std::memory_order_relaxed);
+    }
 
     /// The slot the i-th request of the next post goes in; record it, then commit.
     [[nodiscard]] std::uint32_t slot(std::uint32_t i) const noexcept {
@@ -91,6 +105,7 @@ private:
     std::unique_ptr<Slot[]> slots_;
     std::uint64_t posted_ = 0;
     std::atomic<std::uint64_t> retired_{0};
+    std::array<std::atomic<std::uint64_t>, error_slots> errors_{};
 };
 
 /// Which queue a completion belongs to.

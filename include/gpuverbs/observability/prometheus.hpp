@@ -1,0 +1,61 @@
+// Counters in the Prometheus text format: what a service's /metrics handler
+// returns (gpuverbs has no HTTP server; serve the text with yours).
+//
+//   gpuverbs::PrometheusText metrics;
+//   metrics.add("decode-0", qp);           // requests, completions, errors by status
+//   metrics.add("kv", rails);              // per rail: bytes, busy time, failures, failovers, throughput
+//   metrics.add_port(device);              // the device's own hardware counters (retries, sequence errors)
+//   std::string body = metrics.text();     // text/plain; version=0.0.4
+//
+// Reading costs nothing on the data path: a queue pair's counts are the
+// bookkeeping it keeps anyway (plus one compare per completion for the
+// error counts), a group's are updated once per transfer.
+#pragma once
+
+#include "gpuverbs/transfers/rail_group.hpp"
+#include "gpuverbs/verbs/device.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gpuverbs {
+
+class PrometheusText {
+public:
+    /// A queue pair's counters (QueuePair::counters), labelled qp="name":
+    /// gpuverbs_qp_requests_posted_total / _completed_total {queue="send"|"receive"},
+    /// gpuverbs_qp_outstanding_requests, gpuverbs_qp_errors_total {status="RETRY_EXC_ERR", ...}.
+    void add(std::string_view name, const QueuePair& qp);
+    /// A rail group's health, labelled group="name", rail="k": bytes, busy
+    /// seconds, transfers, failures, requests moved away and taken over,
+    /// measured throughput, cooling.
+    void add(std::string_view name, RailGroup& group);
+    /// The hardware counters the driver exports for `port` of `device`
+    /// (/sys/class/infiniband/DEV/ports/N/hw_counters: on rxe and mlx5 the
+    /// transport's retries, sequence errors, RNR NAKs…), labelled device,
+    /// port, counter. None when the driver exports none.
+    void add_port(const Device& device, std::uint8_t port = 1);
+    /// … from a sysfs-like directory (tests).
+    void add_port_from(std::string_view device_name, std::uint8_t port, const std::string& hw_counters_dir);
+
+    /// The exposition text (format 0.0.4): each family once, with HELP and TYPE.
+    [[nodiscard]] std::string text() const;
+
+private:
+    struct Family {
+        std::string help;
+        std::string type;
+        std::vector<std::string> samples;
+    };
+    void sample(const std::string& family, const char* type, const char* help, const std::string& labels, double value);
+    std::map<std::string, Family> families_;
+};
+
+/// The short name of a work completion status ("RETRY_EXC_ERR" for IBV_WC_RETRY_EXC_ERR).
+std::string_view wc_status_name(unsigned status) noexcept;
+
+} // namespace gpuverbs

@@ -1,0 +1,174 @@
+// PrometheusText (observability/prometheus.hpp).
+#include "gpuverbs/observability/prometheus.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace gpuverbs {
+
+namespace {
+
+/// A label value as the format wants it: backslash, double quote and newline escaped.
+std::string escaped(std::string_view v) {
+    std::string out;
+    out.reserve(v.size());
+    for (char c : v) {
+        if (c == '\\' || c == '"') {
+            out += '\\';
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+std::string label(std::string_view key, std::string_view value) {
+    return std::string(key) + "=\"" + escaped(value) + "\"";
+}
+
+std::string number(double v) {
+    if (std::isnan(v)) return "NaN";
+    std::array<char, 64> buffer{};
+    // Integers exactly (counters), others with enough digits to round-trip.
+    if (v == std::floor(v) && std::fabs(v) < 9.0e15) {
+        std::snprintf(buffer.data(), buffer.size(), "%.0f", v);
+    } else {
+        std::snprintf(buffer.data(), buffer.size(), "%.17g", v);
+    }
+    return buffer.data();
+}
+
+} // namespace
+
+std::string_view wc_status_name(unsigned status) noexcept {
+    static constexpr std::array<std::string_view, 24> names{"SUCCESS",
+                                                            "LOC_LEN_ERR",
+                                                            "LOC_QP_OP_ERR",
+                                                            "LOC_EEC_OP_ERR",
+                                                            "LOC_PROT_ERR",
+                                                            "WR_FLUSH_ERR",
+                                                            "MW_BIND_ERR",
+                                                            "BAD_RESP_ERR",
+                                                            "LOC_ACCESS_ERR",
+                                                            "REM_INV_REQ_ERR",
+                                                            "REM_ACCESS_ERR",
+                                                            "REM_OP_ERR",
+                                                            "RETRY_EXC_ERR",
+                                                            "RNR_RETRY_EXC_ERR",
+                                                            "LOC_RDD_VIOL_ERR",
+                                                            "REM_INV_RD_REQ_ERR",
+                                                            "REM_ABORT_ERR",
+                                                            "INV_EECN_ERR",
+                                                            "INV_EEC_STATE_ERR",
+                                                            "FATAL_ERR",
+                                                            "RESP_TIMEOUT_ERR",
+                                                            "GENERAL_ERR",
+                                                            "TM_ERR",
+                                                            "TM_RNDV_INCOMPLETE"};
+    static_assert(IBV_WC_GENERAL_ERR == 21);
+    return status < names.size() ? names[status] : std::string_view("OTHER");
+}
+
+void PrometheusText::sample(const std::string& family, const char* type, const char* help, const std::string& labels,
+                            double value) {
+    Family& f = families_[family];
+    if (f.type.empty()) {
+        f.type = type;
+        f.help = help;
+    }
+    f.samples.push_back(family + "{" + labels + "} " + number(value));
+}
+
+void PrometheusText::add(std::string_view name, const QueuePair& qp) {
+    const QueuePairCounters c = qp.counters();
+    const std::string qp_label = label("qp", name);
+    const char* posted = "Work requests posted to the queue pair (since it was last connected)";
+    const char* completed = "Work requests known to be finished (a completion at or after them arrived)";
+    sample("gpuverbs_qp_requests_posted_total", "counter", posted, qp_label + "," + label("queue", "send"),
+           static_cast<double>(c.sends_posted));
+    sample("gpuverbs_qp_requests_posted_total", "counter", posted, qp_label + "," + label("queue", "receive"),
+           static_cast<double>(c.receives_posted));
+    sample("gpuverbs_qp_requests_completed_total", "counter", completed, qp_label + "," + label("queue", "send"),
+           static_cast<double>(c.sends_completed));
+    sample("gpuverbs_qp_requests_completed_total", "counter", completed, qp_label + "," + label("queue", "receive"),
+           static_cast<double>(c.receives_completed));
+    const char* outstanding = "Work requests posted and not yet known to be finished";
+    sample("gpuverbs_qp_outstanding_requests", "gauge", outstanding, qp_label + "," + label("queue", "send"),
+           static_cast<double>(c.sends_posted - c.sends_completed));
+    sample("gpuverbs_qp_outstanding_requests", "gauge", outstanding, qp_label + "," + label("queue", "receive"),
+           static_cast<double>(c.receives_posted - c.receives_completed));
+    for (std::size_t s = 1; s < c.errors.size(); ++s) {
+        if (c.errors[s] == 0) continue;
+        sample("gpuverbs_qp_errors_total", "counter", "Failed work completions by status",
+               qp_label + "," + label("status", wc_status_name(static_cast<unsigned>(s))),
+               static_cast<double>(c.errors[s]));
+    }
+}
+
+void PrometheusText::add(std::string_view name, RailGroup& group) {
+    for (std::size_t k = 0; k < group.size(); ++k) {
+        const RailHealth h = group.health(k);
+        const std::string labels = label("group", name) + "," + label("rail", std::to_string(k));
+        sample("gpuverbs_rail_bytes_total", "counter", "Bytes the rail moved in transfers", labels,
+               static_cast<double>(h.bytes));
+        sample("gpuverbs_rail_busy_seconds_total", "counter",
+               "Time the rail spent in transfers (per transfer, from its start to the rail's last request)", labels,
+               std::chrono::duration<double>(h.busy).count());
+        sample("gpuverbs_rail_transfers_total", "counter", "Transfers the rail carried part of", labels,
+               static_cast<double>(h.transfers));
+        sample("gpuverbs_rail_failures_total", "counter", "Transfers in which the rail failed", labels,
+               static_cast<double>(h.failures));
+        sample("gpuverbs_rail_requests_moved_away_total", "counter",
+               "Requests of the rail that other rails posted again after it failed (failover)", labels,
+               static_cast<double>(h.requests_moved_away));
+        sample("gpuverbs_rail_requests_taken_over_total", "counter",
+               "Requests of failed rails that this rail posted (failover)", labels,
+               static_cast<double>(h.requests_taken_over));
+        sample("gpuverbs_rail_throughput_bytes_per_second", "gauge",
+               "Moving estimate of the rail's throughput while busy (0: not measured)", labels, h.bytes_per_second);
+        sample("gpuverbs_rail_cooling", "gauge", "1 while the rail is left out of new transfers after a failure",
+               labels, h.cooling ? 1 : 0);
+    }
+}
+
+void PrometheusText::add_port(const Device& device, std::uint8_t port) {
+    add_port_from(device.name(), port,
+                  "/sys/class/infiniband/" + device.name() + "/ports/" + std::to_string(port) + "/hw_counters");
+}
+
+void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t port, const std::string& dir) {
+    std::error_code ec;
+    std::map<std::string, double> values; // in name order
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        std::ifstream in(entry.path());
+        double v = 0;
+        if (entry.is_regular_file(ec) && (in >> v)) values[entry.path().filename().string()] = v;
+    }
+    for (const auto& [counter, v] : values) {
+        sample(
+            "gpuverbs_port_hw_counter", "untyped",
+            "A hardware counter the RDMA driver exports for the port (sysfs hw_counters)",
+            label("device", device_name) + "," + label("port", std::to_string(port)) + "," + label("counter", counter),
+            v);
+    }
+}
+
+std::string PrometheusText::text() const {
+    std::string out;
+    for (const auto& [name, f] : families_) {
+        out += "# HELP " + name + " " + f.help + "\n";
+        out += "# TYPE " + name + " " + f.type + "\n";
+        for (const std::string& s : f.samples) out += s + "\n";
+    }
+    return out;
+}
+
+} // namespace gpuverbs

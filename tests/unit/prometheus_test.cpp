@@ -1,0 +1,60 @@
+// The Prometheus text: checked by the Prometheus client's own parser, label
+// values escaped, hardware counters read from a sysfs-like directory. The
+// counters of real queue pairs and rails are checked against the work done
+// on Soft-RoCE (integration/observability_test.cpp).
+#include "gpuverbs/observability/prometheus.hpp"
+
+#include "prometheus_parse.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace gpuverbs;
+
+TEST_SUITE("prometheus text") {
+    TEST_CASE(
+        "hardware counters from a directory, an awkward device name, an empty queue pair: the reference "
+        "parser reads every sample back") {
+        const std::filesystem::path dir =
+            std::filesystem::temp_directory_path() / ("gpuverbs-hw-" + std::to_string(::getpid()));
+        std::filesystem::create_directories(dir);
+        std::ofstream(dir / "retry_exceeded_err") << "3\n";
+        std::ofstream(dir / "rcvd_pkts") << "123456789012\n";
+        std::ofstream(dir / "garbage") << "not a number\n"; // skipped
+        PrometheusText metrics;
+        metrics.add_port_from("rx\"e\\0\n", 1, dir.string());
+        metrics.add_port_from("rxe9", 2, (dir / "missing").string()); // no directory: no samples, no error
+        metrics.add("empty", QueuePair());
+        const std::string text = metrics.text();
+        std::filesystem::remove_all(dir);
+        CHECK(text.find("# TYPE gpuverbs_port_hw_counter untyped\n") != std::string::npos);
+        CHECK(text.find("device=\"rx\\\"e\\\\0\\n\"") != std::string::npos); // escaped as the format says
+        CHECK(text.find("garbage") == std::string::npos);
+        const test::ParsedMetrics parsed = test::parse_prometheus(text);
+        REQUIRE_MESSAGE(parsed.error.empty(), parsed.error);
+        // (the parser unescapes; parse_prometheus.py escapes again)
+        const std::string device = R"(device="rx\"e\\0\n")";
+        CHECK(parsed.samples.at(R"(gpuverbs_port_hw_counter{counter="retry_exceeded_err",)" + device +
+                                R"(,port="1"})") == 3);
+        CHECK(parsed.samples.at(R"(gpuverbs_port_hw_counter{counter="rcvd_pkts",)" + device + R"(,port="1"})") ==
+              123456789012.0);
+        // The parser names a counter's sample NAME_total, as the text does.
+        CHECK(parsed.samples.at("gpuverbs_qp_requests_posted_total{qp=\"empty\",queue=\"send\"}") == 0);
+        CHECK(parsed.samples.at("gpuverbs_qp_outstanding_requests{qp=\"empty\",queue=\"receive\"}") == 0);
+        CHECK(parsed.samples.size() == 8);
+    }
+
+    TEST_CASE("the parser refuses what is not the format (the check can fail)") {
+        const test::ParsedMetrics parsed = test::parse_prometheus("gpuverbs_x{a=\"b\" 1\n");
+        CHECK_FALSE(parsed.error.empty());
+    }
+
+    TEST_CASE("status names") {
+        CHECK(wc_status_name(IBV_WC_RETRY_EXC_ERR) == "RETRY_EXC_ERR");
+        CHECK(wc_status_name(IBV_WC_REM_ACCESS_ERR) == "REM_ACCESS_ERR");
+        CHECK(wc_status_name(IBV_WC_GENERAL_ERR) == "GENERAL_ERR");
+        CHECK(wc_status_name(99) == "OTHER");
+    }
+}
