@@ -59,7 +59,6 @@ public:
             case errc::stale_block_list:
                 return "the block list is older than one already received from its owner (its blocks may have been "
                        "reused)";
-            case errc::lease_expired: return "the lease on the peer's blocks has run out";
             case errc::blocks_leased: return "the blocks are leased to a reader that has not released them yet";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
@@ -85,8 +84,7 @@ public:
             case errc::device_not_found:
             case errc::no_rdma_device:
             case errc::port_not_found: return std::errc::no_such_device;
-            case errc::peer_missing:
-            case errc::lease_expired: return std::errc::timed_out;
+            case errc::peer_missing: return std::errc::timed_out;
             case errc::connection_rejected: return std::errc::connection_refused;
             case errc::not_connected: return std::errc::not_connected;
             default: return {value, *this};

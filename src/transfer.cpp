@@ -425,8 +425,12 @@ Stripes stripe(const TransferPlan& plan, std::uint32_t first, std::uint32_t end,
     out.bounds[0] = first;
     out.bytes.assign(rails, 0);
     if (rails == 0) return out;
-    std::uint64_t total = 0;
-    for (std::uint32_t i = first; i < end; ++i) total += requests[i].remote.length;
+    std::uint64_t total = 0; // the whole plan's is known; a part's is summed
+    if (first == 0 && end == requests.size()) {
+        total = plan.bytes();
+    } else {
+        for (std::uint32_t i = first; i < end; ++i) total += requests[i].remote.length;
+    }
     bool any = false;
     for (std::uint64_t w : weights) any = any || w > 0;
     auto weight = [&](std::size_t k) -> std::uint64_t { return any ? weights[k] : 1; };

@@ -64,7 +64,6 @@ enum class errc {
     not_connected,       ///< the connection is not (or no longer) established
     // Leases on a peer's blocks (leases.hpp).
     stale_block_list, ///< a block list older than one already received from the same owner
-    lease_expired,    ///< the lease on a peer's blocks ran out before the transfer could start
     blocks_leased,    ///< the owner may not reuse these blocks yet: a reader holds a lease on them
 };
 
