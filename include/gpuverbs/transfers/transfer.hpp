@@ -302,12 +302,12 @@ public:
     /// timed_out): nothing more is posted, waiting rails are taken back,
     /// posted ones drain; the handler runs once the device is done with
     /// every request. Nothing happens once it is finishing or notifying.
-    void stop(std::error_code reason) noexcept;
+    void stop(std::error_code reason) noexcept; // NOLINT(bugprone-exception-escape): only std::bad_alloc
     /// stop() in two steps, for a caller that must hold the job open under
     /// its own lock (the deadline's timer): pin() under that lock, true
     /// when the job is now held open and stopping; then stop_pinned().
     bool pin(std::error_code reason);
-    void stop_pinned() noexcept;
+    void stop_pinned() noexcept; // NOLINT(bugprone-exception-escape): only std::bad_alloc
 
 protected:
     using Finish = void (*)(TransferJobBase*, bool destroy);
@@ -320,6 +320,8 @@ protected:
 private:
     struct Deadline; // its timer and a link back here (transfer.cpp)
 
+    // Only std::bad_alloc (the words of an error, the handler's post): termination rather than a lost handler.
+    // NOLINTNEXTLINE(bugprone-exception-escape)
     static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
     void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
     /// Under the lock: `rail` failed as a path fails; its unfinished
@@ -414,6 +416,7 @@ private:
     struct Canceller {
         explicit Canceller(TransferJobBase* j) noexcept : job(j) {}
         TransferJobBase* job;
+        // NOLINTNEXTLINE(bugprone-exception-escape): stop() throws only std::bad_alloc
         void operator()(boost::asio::cancellation_type type) const noexcept {
             if (type != boost::asio::cancellation_type::none) job->stop(aborted_error());
         }
