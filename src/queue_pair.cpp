@@ -245,10 +245,12 @@ void SharedReceiveQueue::arm_limit(std::uint32_t limit, std::error_code& ec) {
 QueuePairCounters QueuePair::counters() const noexcept {
     QueuePairCounters c;
     if (!core_) return c;
-    c.sends_posted = core_->send.posted();
+    // Completed first: a request completes only after it was posted, so the
+    // snapshot never shows more completed than posted.
     c.sends_completed = core_->send.retired();
-    c.receives_posted = core_->receive.posted();
     c.receives_completed = core_->receive.retired();
+    c.sends_posted = core_->send.posted();
+    c.receives_posted = core_->receive.posted();
     for (std::size_t s = 0; s < c.errors.size(); ++s) c.errors[s] = core_->send.errors(s) + core_->receive.errors(s);
     return c;
 }

@@ -7,6 +7,7 @@
 
 #include "text.hpp"
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
@@ -623,16 +624,17 @@ bool TransferJobBase::pin(std::error_code reason) {
     // Finishing (nothing running), notifying (every block landed; the
     // notification ends as it ends), or stopped already: nothing to do.
     if (running_ == 0 || notified_ || stopping_ || destroyed_) return false;
-    stopping_ = true;
-    ++running_; // held open until stop_pinned() has stopped every rail
     if (!error_) {
-        error_ = reason;
+        // The words first: if they cannot be allocated, nothing has changed.
         if (failed_blocks_ != nullptr) {
             *failed_blocks_ = reason == std::errc::timed_out
                                   ? "the deadline passed before every block had moved (nothing more was posted)"
                                   : "the transfer was cancelled (nothing more was posted)";
         }
+        error_ = reason;
     }
+    stopping_ = true;
+    ++running_; // held open until stop_pinned() has stopped every rail
     return true;
 }
 
@@ -650,10 +652,13 @@ void TransferJobBase::stop_pinned() noexcept {
     std::vector<RailStream*> streams;
     {
         std::lock_guard lock(mutex_);
+        // Not those that finished: their queue pair (and driver) may be gone since.
         for (std::size_t k = 0; k < rail_count_; ++k) {
-            if (rails_[k].first() < rails_[k].end()) streams.push_back(&rails_[k]);
+            if (rails_[k].first() < rails_[k].end() && !rails_[k].settled) streams.push_back(&rails_[k]);
         }
-        for (const auto& s : extra_) streams.push_back(s.get());
+        for (const auto& s : extra_) {
+            if (!s->settled) streams.push_back(s.get());
+        }
     }
     for (RailStream* s : streams) s->driver->stop_stream(*s);
     std::unique_lock lock(mutex_);
@@ -764,9 +769,11 @@ bool TransferJobBase::fail_over(RailStream& rail, std::vector<RailStream*>& stre
             return false; // a key it cannot translate: checked at the start only for its own share
         }
         s->driver = qps[j]->send_cq()->driver();
-        outcomes_[j].took_over += stripes.bounds[j + 1] - stripes.bounds[j];
         made.push_back(std::move(s));
-        hold.push_back(qps[j]);
+    }
+    for (const auto& s : made) { // counted once every stream could be made
+        outcomes_[s->index].took_over += s->end() - s->first();
+        hold.push_back(qps[s->index]);
     }
     outcomes_[failed].taken_over += end - first;
     for (auto& s : made) {
@@ -782,6 +789,10 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
     std::vector<RailStream*> takeover;
     std::vector<std::shared_ptr<QpCore>> hold; // their queue pairs, alive until submitted
     std::unique_lock lock(mutex_);
+    rail.settled = true;
+    // An abort (its queue pair or CQ destroyed) completes us under that
+    // driver's lock: what is submitted from here must wait until it is released.
+    deferred_ = how == AsyncOpBase::How::post;
     if (how == AsyncOpBase::How::destroy) destroyed_ = true;
     std::error_code e = rail.error();
     if (!e && rail.failure) e = *rail.failure;
@@ -805,9 +816,12 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
             text = "the transfer was stopped (" + e.message() + ")";
         }
         if (rail_count_ > 1) text += " on rail " + std::to_string(k);
-        const bool could_move = failover_ && !stopping_ && !destroyed_ && !error_ && path_failure(rail, e);
+        // Not once the notification is armed: every block has landed, and the notification is never posted twice.
+        const bool could_move =
+            failover_ && !stopping_ && !destroyed_ && !notified_ && !error_ && path_failure(rail, e);
         const bool moved_on = could_move && fail_over(rail, takeover, hold);
-        if (!outcomes_.empty() && !outcomes_[k].error && !stopping_) {
+        // A rail that failed while the transfer was stopping failed all the same (its group should know).
+        if (!outcomes_.empty() && !outcomes_[k].error && (!stopping_ || rail.failed())) {
             outcomes_[k].error = e;
             outcomes_[k].failure = e.message() + ": " + text;
         }
@@ -824,10 +838,40 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
             if (failed_blocks_ != nullptr) *failed_blocks_ = std::move(text);
         }
     }
+    const bool defer = deferred_;
     settle(lock); // cannot finish the job while streams that took over are counted
     if (takeover.empty()) return;
     if (lock.owns_lock()) lock.unlock();
-    for (RailStream* s : takeover) s->driver->submit(s);
+    for (RailStream* s : takeover) submit_stream(s, defer);
+}
+
+namespace {
+/// A stream's submission posted to its driver's executor (when the caller
+/// holds a driver's lock); destroyed unrun (its execution context is going
+/// away), it completes the stream as destroyed, so the transfer still ends.
+struct DeferredSubmit {
+    RailStream* stream;
+    explicit DeferredSubmit(RailStream* s) noexcept : stream(s) {}
+    DeferredSubmit(DeferredSubmit&& other) noexcept : stream(std::exchange(other.stream, nullptr)) {}
+    DeferredSubmit(const DeferredSubmit&) = delete;
+    DeferredSubmit& operator=(const DeferredSubmit&) = delete;
+    DeferredSubmit& operator=(DeferredSubmit&&) = delete;
+    ~DeferredSubmit() {
+        if (stream != nullptr) stream->complete(AsyncOpBase::How::destroy);
+    }
+    void operator()() {
+        RailStream* s = std::exchange(stream, nullptr);
+        s->driver->submit(s);
+    }
+};
+} // namespace
+
+void TransferJobBase::submit_stream(RailStream* s, bool defer) {
+    if (!defer) {
+        s->driver->submit(s);
+        return;
+    }
+    boost::asio::post(s->driver->executor(), DeferredSubmit(s));
 }
 
 void TransferJobBase::settle(std::unique_lock<std::mutex>& lock) {
@@ -848,10 +892,12 @@ void TransferJobBase::settle(std::unique_lock<std::mutex>& lock) {
         if (notify != nullptr) {
             notified_ = true;
             running_ = 1;
+            notify->settled = false;
+            const bool defer = deferred_;
             lock.unlock();
             notify->reset_for_resubmit();
             notify->arm_notification(*notify_);
-            notify->driver->submit(notify);
+            submit_stream(notify, defer);
             return;
         }
         error_ = errc::invalid_argument;

@@ -598,6 +598,56 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     }
 
     TEST_CASE(
+        "two rails on one completion queue: destroying one rail's queue pair mid-transfer moves its requests "
+        "to the other (the abort runs under the CQ's lock: the takeover is submitted after it)") {
+        asio::io_context io;
+        constexpr std::size_t blocks = 4000, block = 4096;
+        Pair p(io.get_executor(), 2 * blocks * block);
+        PreparedQueuePair a2(p.a.pd, p.a.cq, p.a.cq, Side::options()), b2(p.b.pd, p.b.cq, p.b.cq, Side::options());
+        const Endpoint ea2 = a2.endpoint(), eb2 = b2.endpoint();
+        QueuePair second = std::move(a2).connect(eb2);
+        QueuePair second_peer = std::move(b2).connect(ea2);
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            local.push_back(p.a.mr.slice(k * block, block));
+            remote.push_back({p.b.mr.remote(), (2 * blocks - 1 - 2 * k) * block, block});
+        }
+        for (std::size_t i = 0; i < blocks * block; ++i) p.a.memory[i] = pattern(i, 37);
+        TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
+        std::vector<TransferRail> rails{TransferRail{&p.a.qp, {}, {}}, TransferRail{&second, {}, {}}};
+        TransferReport report;
+        TransferOptions options;
+        options.report = &report;
+        options.notify = 5;
+        std::optional<std::uint32_t> notified;
+        p.b.qp.async_receive(p.b.mr.slice(0, 0), [&](boost::system::error_code ec, Received got) {
+            CHECK_FALSE(ec);
+            notified = got.immediate;
+        });
+        std::optional<boost::system::error_code> result;
+        async_transfer(std::span<const TransferRail>(rails), plan, options,
+                       [&](boost::system::error_code ec, std::size_t) { result = ec; });
+        REQUIRE(second.outstanding_sends() > 0);
+        second = QueuePair(); // aborts rail 1 under the CQ's lock; rail 0 takes over on the same CQ
+        const auto t0 = std::chrono::steady_clock::now();
+        while ((!result || !notified) && std::chrono::steady_clock::now() - t0 < 30s) io.run_for(10ms);
+        REQUIRE(result.has_value());
+        CHECK_MESSAGE(!*result, result->message());
+        CHECK(notified == 5u);
+        CHECK(report.landed == blocks);
+        REQUIRE(report.rails.size() == 2);
+        CHECK(report.rails[1].taken_over > 0);
+        CHECK(report.rails[0].took_over == report.rails[1].taken_over);
+        std::size_t wrong = 0;
+        for (std::size_t k = 0; k < blocks; ++k) {
+            const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
+            for (std::size_t i = 0; i < block; ++i) wrong += p.b.memory[at + i] != pattern(k * block + i, 37) ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+    }
+
+    TEST_CASE(
         "with the default settings, a transfer whose peer's queue pair disappears mid-way fails once, naming "
         "the blocks, within seconds; the report matches the peer's memory") {
         asio::io_context io;

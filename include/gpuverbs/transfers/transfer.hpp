@@ -338,6 +338,9 @@ private:
     /// One participant (a rail, or a pin) is done: under the lock, decides
     /// whether to notify or finish; then does it.
     void settle(std::unique_lock<std::mutex>& lock);
+    /// Submits `s` to its driver: at once, or (`defer`: the caller holds a
+    /// driver's lock, as an abort does) posted to the driver's executor.
+    static void submit_stream(RailStream* s, bool defer);
 
     Finish finish_;
     std::mutex mutex_;
@@ -349,6 +352,7 @@ private:
     bool destroyed_ = false;
     bool notified_ = false;
     bool stopping_ = false;
+    bool deferred_ = false; ///< the participant that finished last was aborted under a driver's lock
     // Failover (with several rails).
     bool failover_ = false;
     std::uint32_t chain_ = 32;
@@ -390,6 +394,7 @@ public:
     }
     /// Frees a job that never started (a throwing set-up), without its handler.
     static void discard(TransferJob* job) noexcept {
+        if (job->slot_.is_connected()) job->slot_.clear();
         Allocator allocator(
             boost::asio::get_associated_allocator(job->handler_, boost::asio::recycling_allocator<void>()));
         Traits::destroy(allocator, job);

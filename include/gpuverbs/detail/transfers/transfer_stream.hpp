@@ -109,6 +109,7 @@ public:
 
     TransferJobBase* job = nullptr; ///< the transfer it is a rail of
     std::size_t index = 0;          ///< which rail
+    bool settled = false;           ///< the transfer counted it finished (under the transfer's lock)
 
 private:
     struct Chain {
