@@ -1227,7 +1227,8 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         }
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, TransferLimits{1});
         RailGroupOptions go;
-        go.cooldown = 300ms;
+        // Long enough that transfers 2 and 3 fit in it even under ASan (300 ms did not, in one CI run).
+        go.cooldown = 4s;
         go.min_measured_bytes = 1 << 20;
         RailGroup group(r.spec(), go);
         std::array<std::uint64_t, 2> per_rail{};
@@ -1283,7 +1284,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             CHECK_FALSE(report.rails[1].error);
             CHECK(group.health(1).failures == 1);
 
-            std::this_thread::sleep_for(go.cooldown + 50ms);
+            std::this_thread::sleep_until(group.health(1).failed_at + go.cooldown + 50ms);
             CHECK_FALSE(group.health(1).cooling);
             transfer(4); // tried again: its queue pair is in the error state, so it fails again; rail 0 takes over
             CHECK(group.health(1).failures == 2);
