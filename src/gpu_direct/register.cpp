@@ -217,6 +217,23 @@ GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, 
     });
 }
 
+GpuRegistrationExplanation explain_gpu_registration(const GpuMemory& memory, GpuRegistration policy) {
+    return detail::or_throw([&](Status& status) {
+        GpuRegistrationExplanation out;
+        GpuRegistration effective = detail::effective_policy(policy, policy_from_environment(), status);
+        detail::RegistrationInputs in = detail::real_inputs(memory);
+        out.probes.gpu_direct_rdma = in.gpu_direct_rdma;
+        out.probes.memory = in.memory;
+        out.probes.gpu_dmabuf = in.gpu_dmabuf;
+        out.probes.peermem = in.peermem;
+        out.probes.nic_dmabuf = Check::no(
+            "the NIC was not probed: no protection domain was given (no RDMA device "
+            "opened)");
+        out.plan = plan_gpu_registration(effective, out.probes);
+        return out;
+    });
+}
+
 GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, int gpu, GpuRegistration policy) {
     GpuMemory capable;
     capable.gpu = gpu;

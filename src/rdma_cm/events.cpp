@@ -145,6 +145,10 @@ std::optional<CmEvent> CmConnection::wait_impl(std::optional<std::chrono::millis
     return timeout ? state_->events->wait_for(*timeout, status) : state_->events->read(status);
 }
 
+int CmConnection::event_fd() const noexcept {
+    return state_ && state_->id ? state_->id->channel()->fd : -1;
+}
+
 std::optional<CmEvent> CmConnection::poll_event() {
     return detail::or_throw([&](detail::Status& s) { return wait_impl(std::nullopt, s); });
 }

@@ -416,6 +416,11 @@ public:
     }
     /// Ends a pending async_wait_event with operation_aborted.
     void cancel_event_wait() noexcept;
+    /// The descriptor of the connection's event channel (non-blocking): it is
+    /// readable when poll_event() may have an event, so a loop that is not
+    /// Asio (Python's asyncio, an epoll of your own) can wait for events.
+    /// -1 when the connection is empty.
+    [[nodiscard]] int event_fd() const noexcept;
 
     /// The short form: create_qp + accept (server) or connect (client) with
     /// default CmOptions, then the queue pair is handed over (it keeps the

@@ -127,6 +127,12 @@ struct GpuRegistrationExplanation {
 };
 GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, const GpuMemory& memory,
                                                     GpuRegistration policy = GpuRegistration::automatic);
+/// The GPU side alone, where there is no protection domain (a GPU machine
+/// without an RDMA device, or before one is opened): every probe but the NIC's
+/// is real; `nic_dmabuf` says the NIC was not probed, so a plan that needs it
+/// rejects DMA-BUF with those words.
+GpuRegistrationExplanation explain_gpu_registration(const GpuMemory& memory,
+                                                    GpuRegistration policy = GpuRegistration::automatic);
 /// The same for memory GPU `gpu` would allocate as a GpuBuffer (GPUDirect
 /// RDMA capable): whether this GPU and `pd`'s NIC can work together at all.
 GpuRegistrationExplanation explain_gpu_registration(const ProtectionDomain& pd, int gpu,

@@ -1,0 +1,193 @@
+// What the files of the Python binding share (src/python, the module
+// gpuverbs._core). The binding is thin: every decision stays in the C++
+// library; these types only carry Python objects across it:
+//
+//   Context    an io_context that runs completions for Python, driven by an
+//              asyncio loop (through one epoll descriptor, fileno()) or by a
+//              synchronous wait;
+//   Region     a MemoryRegion plus the Python object whose memory it covers,
+//              held (and its DLPack export or buffer view) for the region's life;
+//   Operation  one asynchronous operation: its result, the Python objects the
+//              NIC may touch until it completes, its asyncio future and its
+//              cancellation signal.
+#pragma once
+
+#include <gpuverbs/gpuverbs.hpp>
+
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace gpuverbs::python {
+
+namespace py = pybind11;
+
+/// Runs completions for Python. One epoll descriptor gathers the completion
+/// channels of the CQs made on this context, so an asyncio loop watches one
+/// fd (loop.add_reader(ctx.fileno(), ctx.poll)); poll() never blocks.
+class Context {
+public:
+    Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+    ~Context();
+
+    [[nodiscard]] boost::asio::io_context& io() noexcept { return io_; }
+    [[nodiscard]] int fileno() const noexcept { return epoll_; }
+    /// Adds a completion channel's (or rdma_cm event channel's) fd to the epoll set.
+    void watch(int fd);
+    void unwatch(int fd) noexcept;
+    /// Runs what is ready, without blocking (the GIL is held: handlers touch Python objects).
+    std::size_t poll();
+    /// Runs at most one handler, waiting up to `timeout` (call with the GIL released).
+    std::size_t run_one_for(std::chrono::microseconds timeout);
+
+private:
+    boost::asio::io_context io_;
+    int epoll_ = -1;
+};
+
+/// What a Python object lends us: where its bytes are, on which device, and
+/// what must be held so they stay valid (a consumed DLPack capsule's deleter, a
+/// buffer view).
+struct Borrowed {
+    std::uint64_t address = 0;
+    std::size_t size = 0;
+    bool cuda = false;
+    int gpu = 0;
+    bool readonly = false;
+    std::string via;    ///< "dlpack", "cuda_array_interface" or "buffer"
+    std::string device; ///< "cpu", "cuda:0", "cuda_host"
+    std::shared_ptr<void> hold;
+};
+
+/// Takes `obj`'s memory zero-copy through `via` ("auto": DLPack, then
+/// __cuda_array_interface__, then the buffer protocol); raises TypeError or
+/// ValueError naming the argument when it cannot.
+Borrowed borrow(const py::object& obj, const std::string& via, bool writable);
+
+/// A registered region and what keeps its memory alive.
+struct Region {
+    MemoryRegion mr;
+    py::object owner; ///< the registered object itself
+    Borrowed memory;
+    std::vector<Rejection> reasons; ///< GPU memory: the methods not taken and why
+    std::string policy;             ///< GPU memory: the policy in force
+
+    [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t length) const;
+};
+
+/// A LocalBuffer that keeps its Region (and so the memory) alive.
+struct Slice {
+    std::shared_ptr<Region> region;
+    std::size_t offset = 0;
+    std::size_t length = 0;
+    [[nodiscard]] LocalBuffer buffer() const { return region->mr.slice(offset, length); }
+};
+
+/// A completion queue bound to a Context (event-driven: its channel is in the
+/// context's epoll set while it lives).
+struct Cq {
+    Cq(const Device& device, int capacity, std::shared_ptr<Context> ctx);
+    Cq(const Cq&) = delete;
+    Cq& operator=(const Cq&) = delete;
+    ~Cq();
+    CompletionQueue cq;
+    std::shared_ptr<Context> context;
+    int fd = -1;
+};
+
+/// A connected queue pair seen from Python: its own, or the one an rdma_cm
+/// connection holds (then `owner` keeps that connection alive).
+struct Qp {
+    QueuePair owned;
+    QueuePair* qp = nullptr;
+    std::shared_ptr<Context> context;
+    py::object owner;
+    /// The queue pair, or ValueError when closed.
+    QueuePair& get() const;
+};
+
+/// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
+void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);
+/// The Context of the completion queue a QueuePair was made with.
+std::shared_ptr<Context> context_of(const py::object& cq);
+
+/// A Slice from a Region or a Slice argument (TypeError naming `name` otherwise).
+Slice to_slice(const py::handle& arg, const char* name);
+
+/// One asynchronous operation seen from Python.
+class Operation {
+public:
+    enum class Kind { bytes, received, old_value, transfer, none };
+    Operation(std::shared_ptr<Context> context, Kind kind, const char* verb)
+        : context_(std::move(context)), kind_(kind), verb_(verb) {}
+    Operation(const Operation&) = delete;
+    Operation& operator=(const Operation&) = delete;
+    ~Operation();
+
+    [[nodiscard]] bool done() const noexcept { return done_; }
+    [[nodiscard]] const std::shared_ptr<Context>& context() const noexcept { return context_; }
+    /// Keeps `obj` alive until the operation completes (the NIC may use its memory until then).
+    void keep(py::object obj) { keep_.push_back(std::move(obj)); }
+    /// The result, or raises the operation's gpuverbs.Error (only once done).
+    py::object result();
+    /// Attaches an asyncio future: completed (or failed) with the operation.
+    void set_future(py::object future);
+    /// Asks the operation to stop (C++ cancellation rules: an operation not yet
+    /// posted ends with operation_aborted, a posted one completes). On the
+    /// context's thread.
+    void cancel();
+    /// Blocks (GIL released) until done or `timeout` seconds; true when done.
+    bool wait(double timeout);
+
+    [[nodiscard]] boost::asio::cancellation_slot slot() { return signal_.slot(); }
+    /// Called by the handler, GIL held.
+    void finish(const boost::system::error_code& ec);
+    /// The regions the NIC may use until the operation completes.
+    std::vector<std::shared_ptr<Region>> regions;
+    std::size_t bytes = 0;
+    Received received;
+    std::uint64_t old_value = 0;
+    std::string detail;         ///< transfers: the blocks of the request that failed
+    TransferReport report;      ///< transfers: what landed
+    std::shared_ptr<void> plan; ///< transfers: the plan, held until the end
+
+private:
+    py::object value();
+    py::object error();
+    void deliver();
+    std::shared_ptr<Context> context_;
+    Kind kind_;
+    const char* verb_;
+    bool done_ = false;
+    boost::system::error_code ec_;
+    py::object future_;
+    std::vector<py::object> keep_;
+    boost::asio::cancellation_signal signal_;
+};
+
+/// The gpuverbs.Error (or subclass) for `code`, with the C++ library's words.
+py::object make_error(const std::error_code& code, std::string_view verb, std::string_view detail);
+/// Raises it (as a Python exception: throws py::error_already_set).
+[[noreturn]] void raise_error(const std::error_code& code, std::string_view verb, std::string_view detail);
+/// Raises `error` (a gpuverbs::Error or another std::exception) as its gpuverbs.Error.
+[[noreturn]] void raise_exception(const std::exception& error);
+
+void bind_errors(py::module_& m);
+void bind_memory(py::module_& m);
+void bind_verbs(py::module_& m);
+void bind_operations(py::module_& m);
+void bind_connections(py::module_& m);
+void bind_transfers(py::module_& m);
+void bind_gpu(py::module_& m);
+
+} // namespace gpuverbs::python

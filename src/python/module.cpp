@@ -1,0 +1,16 @@
+// The module gpuverbs._core: the C++ library for the Python package gpuverbs
+// (src/python/gpuverbs). Each bind_* is one part of the library.
+#include "binding.hpp"
+
+PYBIND11_MODULE(_core, m) {
+    namespace python = gpuverbs::python;
+    m.doc() = "gpuverbs' C++ library, bound for the Python package gpuverbs (import gpuverbs, not this).";
+    m.attr("__version__") = gpuverbs::version_string;
+    python::bind_errors(m);
+    python::bind_verbs(m);
+    python::bind_memory(m);
+    python::bind_operations(m);
+    python::bind_transfers(m);
+    python::bind_connections(m);
+    python::bind_gpu(m);
+}

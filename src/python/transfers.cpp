@@ -1,0 +1,295 @@
+// Block-list transfers from Python: the lists are arrays of offsets and
+// lengths (NumPy arrays, array.array, any buffer of integers: no Python loop
+// over 10,000 blocks), the plan and the transfer are the C++ ones.
+#include "binding.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+
+#include <cstring>
+
+namespace gpuverbs::python {
+
+namespace {
+
+/// Integers from a buffer of 4- or 8-byte integers, a sequence, or one int
+/// repeated `count` times (count 0: the int alone).
+std::vector<std::uint64_t> integers(const py::handle& obj, const char* name, std::size_t count) {
+    std::vector<std::uint64_t> out;
+    auto check = [&](std::int64_t v) {
+        if (v < 0) {
+            throw py::value_error(std::string(name) + " must not hold negative values (got " + std::to_string(v) +
+                                  " at index " + std::to_string(out.size()) + ")");
+        }
+        out.push_back(static_cast<std::uint64_t>(v));
+    };
+    if (py::isinstance<py::int_>(obj)) {
+        const auto v = obj.cast<std::int64_t>();
+        for (std::size_t i = 0; i < std::max<std::size_t>(count, 1); ++i) check(v);
+        return out;
+    }
+    if (PyObject_CheckBuffer(obj.ptr()) != 0) {
+        py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+        if (info.ndim != 1) {
+            throw py::value_error(std::string(name) + " must be one-dimensional (got " + std::to_string(info.ndim) +
+                                  " dimensions)");
+        }
+        const char f = info.format.empty() ? '?' : info.format.back();
+        const bool is_signed = f == 'b' || f == 'h' || f == 'i' || f == 'l' || f == 'q';
+        const bool is_unsigned = f == 'B' || f == 'H' || f == 'I' || f == 'L' || f == 'Q';
+        if (!is_signed && !is_unsigned) {
+            throw py::type_error(std::string(name) + " must hold integers (its format is '" + info.format + "')");
+        }
+        out.reserve(static_cast<std::size_t>(info.size));
+        const auto* base = static_cast<const char*>(info.ptr);
+        for (py::ssize_t i = 0; i < info.size; ++i) {
+            const char* p = base + i * info.strides[0]; // NOLINT(cppcoreguidelines-pro-bounds-pointer-arithmetic)
+            std::int64_t v = 0;
+            switch (info.itemsize) {
+                case 1:
+                    v = is_signed ? std::int64_t{*reinterpret_cast<const std::int8_t*>(p)}
+                                  : std::int64_t{*reinterpret_cast<const std::uint8_t*>(p)};
+                    break;
+                case 2: {
+                    std::int16_t s = 0;
+                    std::memcpy(&s, p, 2);
+                    v = is_signed ? s : static_cast<std::uint16_t>(s);
+                    break;
+                }
+                case 4: {
+                    std::int32_t s = 0;
+                    std::memcpy(&s, p, 4);
+                    v = is_signed ? s : static_cast<std::uint32_t>(s);
+                    break;
+                }
+                case 8: {
+                    std::uint64_t u = 0;
+                    std::memcpy(&u, p, 8);
+                    if (is_unsigned) {
+                        out.push_back(u);
+                        continue;
+                    }
+                    v = static_cast<std::int64_t>(u);
+                    break;
+                }
+                default:
+                    throw py::type_error(std::string(name) + " has items of " + std::to_string(info.itemsize) +
+                                         " bytes");
+            }
+            check(v);
+        }
+    } else if (py::isinstance<py::sequence>(obj)) {
+        for (const py::handle item : py::reinterpret_borrow<py::sequence>(obj)) check(item.cast<std::int64_t>());
+    } else {
+        throw py::type_error(std::string(name) + " must be an int, a sequence of ints or an array of integers, not " +
+                             py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
+    }
+    if (count != 0 && out.size() != count) {
+        throw py::value_error(std::string(name) + " has " + std::to_string(out.size()) + " values; the offsets have " +
+                              std::to_string(count));
+    }
+    return out;
+}
+
+py::object uint64_array(const std::vector<std::uint64_t>& v) {
+    return py::module_::import("array").attr("array")(
+        "Q", py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(std::uint64_t)));
+}
+
+/// Blocks of local regions (one region each; a list may mix regions).
+struct LocalBlocks {
+    std::vector<LocalBuffer> blocks;
+    std::vector<std::shared_ptr<Region>> regions;
+};
+
+struct RemoteBlocks {
+    std::vector<RemoteBlock> blocks;
+};
+
+/// A plan and the regions its pieces lie in.
+struct Plan {
+    TransferPlan plan;
+    std::vector<std::shared_ptr<Region>> regions;
+};
+
+LocalBlocks make_local(const std::shared_ptr<Region>& region, const py::handle& offsets, const py::handle& lengths) {
+    LocalBlocks out;
+    std::vector<std::uint64_t> at = integers(offsets, "offsets", 0);
+    std::vector<std::uint64_t> n = integers(lengths, "lengths", at.size());
+    out.blocks.reserve(at.size());
+    for (std::size_t i = 0; i < at.size(); ++i) {
+        if (n[i] > 0xffffffffULL) {
+            throw py::value_error("lengths[" + std::to_string(i) + "] is " + std::to_string(n[i]) +
+                                  " bytes: a block is at most 4 GiB - 1");
+        }
+        out.blocks.push_back(region->mr.slice(at[i], n[i]));
+    }
+    out.regions.push_back(region);
+    return out;
+}
+
+RemoteBlocks make_remote(const RemoteMemory& remote, const py::handle& offsets, const py::handle& lengths) {
+    RemoteBlocks out;
+    std::vector<std::uint64_t> at = integers(offsets, "offsets", 0);
+    std::vector<std::uint64_t> n = integers(lengths, "lengths", at.size());
+    out.blocks.reserve(at.size());
+    for (std::size_t i = 0; i < at.size(); ++i) out.blocks.push_back({remote, at[i], n[i]});
+    return out;
+}
+
+TransferDirection direction_of(const std::string& d) {
+    if (d == "write") return TransferDirection::write;
+    if (d == "read") return TransferDirection::read;
+    throw py::value_error("direction must be 'write' or 'read', not '" + d + "'");
+}
+
+std::string_view state_name(BlockState s) {
+    switch (s) {
+        case BlockState::landed: return "landed";
+        case BlockState::not_posted: return "not_posted";
+        case BlockState::uncertain: return "uncertain";
+    }
+    return "?";
+}
+
+struct Finish {
+    std::shared_ptr<Operation> op;
+    void operator()(const boost::system::error_code& ec, std::size_t n) const {
+        py::gil_scoped_acquire gil;
+        op->bytes = n;
+        op->finish(ec);
+    }
+};
+
+std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_ptr<Plan>& plan,
+                                    std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch) {
+    std::vector<std::shared_ptr<Qp>> qps;
+    if (py::isinstance<Qp>(rails)) {
+        qps.push_back(rails.cast<std::shared_ptr<Qp>>());
+    } else if (py::isinstance<py::sequence>(rails)) {
+        for (const py::handle r : py::reinterpret_borrow<py::sequence>(rails)) {
+            if (!py::isinstance<Qp>(r)) throw py::type_error("rails must hold gpuverbs.QueuePair objects");
+            qps.push_back(r.cast<std::shared_ptr<Qp>>());
+        }
+    } else {
+        throw py::type_error("rails must be a gpuverbs.QueuePair or a list of them");
+    }
+    if (qps.empty()) throw py::value_error("rails is empty: give at least one QueuePair");
+    for (const auto& q : qps) {
+        if (q->context != qps.front()->context) {
+            throw py::value_error("rails: every rail's completion queue must be on the same gpuverbs.Context");
+        }
+    }
+    if (notify && (*notify < 0 || *notify > 0xffffffffLL)) {
+        throw py::value_error("notify must be a 32-bit unsigned value (got " + std::to_string(*notify) + ")");
+    }
+    std::vector<TransferRail> bound;
+    bound.reserve(qps.size());
+    for (const auto& q : qps) bound.push_back(TransferRail{&q->get(), {}, {}});
+    auto op = std::make_shared<Operation>(qps.front()->context, Operation::Kind::transfer, "async_transfer");
+    op->plan = plan;
+    op->regions = plan->regions;
+    TransferOptions options;
+    options.doorbell_batch = doorbell_batch;
+    if (notify) options.notify = static_cast<std::uint32_t>(*notify);
+    options.failover = failover;
+    options.failed_blocks = &op->detail;
+    options.report = &op->report;
+    async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
+                   boost::asio::bind_cancellation_slot(op->slot(), Finish{op}));
+    return op;
+}
+
+} // namespace
+
+void bind_transfers(py::module_& m) {
+    py::class_<LocalBlocks>(m, "LocalBlocks", "Blocks of a registered region: offsets and lengths (arrays).")
+        .def(py::init(&make_local), py::arg("region"), py::arg("offsets"), py::arg("lengths"),
+             "offsets: an array (or sequence) of byte offsets into region; lengths: one per offset, or one int for "
+             "all.")
+        .def("__len__", [](const LocalBlocks& b) { return b.blocks.size(); });
+
+    py::class_<RemoteBlocks>(m, "RemoteBlocks", "Blocks of a peer's memory: what it sends as its block list.")
+        .def(py::init(&make_remote), py::arg("remote"), py::arg("offsets"), py::arg("lengths"))
+        .def("__len__", [](const RemoteBlocks& b) { return b.blocks.size(); })
+        .def_property_readonly("offsets",
+                               [](const RemoteBlocks& b) {
+                                   std::vector<std::uint64_t> v;
+                                   v.reserve(b.blocks.size());
+                                   for (const RemoteBlock& r : b.blocks) v.push_back(r.offset);
+                                   return uint64_array(v);
+                               })
+        .def_property_readonly("lengths",
+                               [](const RemoteBlocks& b) {
+                                   std::vector<std::uint64_t> v;
+                                   v.reserve(b.blocks.size());
+                                   for (const RemoteBlock& r : b.blocks) v.push_back(r.length);
+                                   return uint64_array(v);
+                               })
+        .def(
+            "to_bytes",
+            [](const RemoteBlocks& b) {
+                std::vector<std::byte> w = wire::serialize(std::span<const RemoteBlock>(b.blocks));
+                return py::bytes(reinterpret_cast<const char*>(w.data()), w.size());
+            },
+            "The wire form of the list (RemoteBlocks.from_bytes reads it; so does C++'s wire::parse_block_list).")
+        .def_static(
+            "from_bytes",
+            [](const py::bytes& data) {
+                std::string_view v = data;
+                return RemoteBlocks{wire::parse_block_list(std::as_bytes(std::span(v.data(), v.size())))};
+            },
+            py::arg("data"));
+
+    py::class_<Plan, std::shared_ptr<Plan>>(m, "TransferPlan",
+                                            "Two block lists checked, cut to match and coalesced into requests.")
+        .def(py::init(
+                 [](const std::string& direction, const LocalBlocks& local, const RemoteBlocks& remote, const Qp& qp) {
+                     auto p = std::make_shared<Plan>();
+                     const TransferDirection d = direction_of(direction);
+                     const QueuePairCapabilities caps = qp.get().capabilities();
+                     py::gil_scoped_release release;
+                     p->plan = TransferPlan(d, local.blocks, remote.blocks, caps);
+                     p->regions = local.regions;
+                     return p;
+                 }),
+             py::arg("direction"), py::arg("local"), py::arg("remote"), py::arg("qp"),
+             "direction 'write' (local to remote) or 'read'; qp gives the limits (scatter/gather entries).")
+        .def_property_readonly("requests", [](const Plan& p) { return p.plan.requests().size(); })
+        .def_property_readonly("bytes", [](const Plan& p) { return p.plan.bytes(); })
+        .def(
+            "blocks_of", [](const Plan& p, std::size_t request) { return p.plan.blocks_of(request); },
+            py::arg("request"));
+
+    py::class_<TransferReport>(m, "TransferReport", "Which blocks landed, which never moved, which may have.")
+        .def_readonly("landed", &TransferReport::landed)
+        .def_readonly("not_posted", &TransferReport::not_posted)
+        .def_readonly("uncertain", &TransferReport::uncertain)
+        .def_property_readonly("remote_blocks",
+                               [](const TransferReport& r) {
+                                   py::list out;
+                                   for (BlockState s : r.remote_blocks) out.append(std::string(state_name(s)));
+                                   return out;
+                               })
+        .def_property_readonly("rails", [](const TransferReport& r) {
+            py::list out;
+            for (const TransferReport::Rail& rail : r.rails) {
+                py::dict d;
+                d["bytes"] = rail.bytes;
+                d["error"] = rail.error ? rail.error.message() : std::string();
+                d["failure"] = rail.failure;
+                d["taken_over"] = rail.taken_over;
+                d["took_over"] = rail.took_over;
+                d["busy_seconds"] = std::chrono::duration<double>(rail.busy).count();
+                out.append(d);
+            }
+            return out;
+        });
+
+    m.def("transfer", &transfer, py::arg("rails"), py::arg("plan"), py::kw_only(), py::arg("notify") = py::none(),
+          py::arg("failover") = true, py::arg("doorbell_batch") = 32,
+          "Moves every block of plan over rails (a QueuePair or a list: striped, failing over) in one operation "
+          "ending, with notify, in a zero-byte write with that immediate at the peer. Await it or wait(): bytes "
+          "moved; .report says what landed.");
+}
+
+} // namespace gpuverbs::python

@@ -1,0 +1,237 @@
+// Devices, the doctor, protection domains, completion queues, the context
+// that runs completions, and queue pairs set up in typed steps
+// (PreparedQueuePair -> connect -> QueuePair), as in C++.
+#include "binding.hpp"
+
+#include <boost/asio/post.hpp>
+
+namespace gpuverbs::python {
+
+Cq::Cq(const Device& device, int capacity, std::shared_ptr<Context> ctx)
+    : cq(device, capacity, ctx->io().get_executor(), AsyncOptions{}), context(std::move(ctx)) {
+    fd = cq.native_handle()->channel->fd;
+    context->watch(fd);
+}
+
+Cq::~Cq() {
+    context->unwatch(fd);
+}
+
+QueuePair& Qp::get() const {
+    if (qp == nullptr || !*qp) throw py::value_error("the QueuePair is closed");
+    return *qp;
+}
+
+namespace {
+
+py::dict port_dict(const PortAttributes& p) {
+    py::dict d;
+    d["port"] = p.port;
+    d["state"] = std::string(to_string(p.state));
+    d["link_layer"] = std::string(to_string(p.link_layer));
+    d["active_mtu"] = mtu_bytes(p.active_mtu);
+    d["max_mtu"] = mtu_bytes(p.max_mtu);
+    d["lid"] = p.lid;
+    d["speed_gbps"] = p.speed_gbps;
+    d["gid_table_length"] = p.gid_table_length;
+    return d;
+}
+
+QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
+                            std::uint32_t max_recv_sge, std::uint32_t max_inline_data, std::uint8_t port) {
+    QueuePairOptions o;
+    o.max_send_wr = max_send_wr;
+    o.max_recv_wr = max_recv_wr;
+    o.max_send_sge = max_send_sge;
+    o.max_recv_sge = max_recv_sge;
+    o.max_inline_data = max_inline_data;
+    o.port = port;
+    return o;
+}
+
+/// A prepared queue pair and the CQ whose context will run its completions.
+struct Prepared {
+    PreparedQueuePair prepared;
+    std::shared_ptr<Context> context;
+};
+
+py::bytes as_bytes(std::span<const std::byte> b) {
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+std::span<const std::byte> view(const py::bytes& b, std::string_view& keep) {
+    keep = b;
+    return std::as_bytes(std::span(keep.data(), keep.size()));
+}
+
+} // namespace
+
+void bind_verbs(py::module_& m) {
+    py::class_<Context, std::shared_ptr<Context>>(
+        m, "Context",
+        "Runs completions for Python. An asyncio loop drives it through one descriptor (fileno(), done for you by "
+        "await); synchronous waits drive it themselves.")
+        .def(py::init<>())
+        .def("fileno", &Context::fileno, "The epoll descriptor that is readable when completions wait.")
+        .def("poll", &Context::poll, "Runs the completions that are ready; never blocks. Returns how many ran.")
+        .def(
+            "run_one",
+            [](Context& c, double timeout) {
+                py::gil_scoped_release release;
+                return c.run_one_for(std::chrono::microseconds(static_cast<std::int64_t>(timeout * 1e6)));
+            },
+            py::arg("timeout") = 0.1, "Runs at most one completion, waiting up to timeout seconds (GIL released).");
+
+    m.def(
+        "devices",
+        [] {
+            py::list out;
+            for (const DeviceInfo& d : Device::list()) {
+                py::dict info;
+                info["name"] = d.name;
+                info["node_guid"] = format_guid(d.node_guid);
+                info["node_type"] = std::string(to_string(d.node_type));
+                info["transport"] = std::string(to_string(d.transport));
+                out.append(info);
+            }
+            return out;
+        },
+        "The RDMA devices of this machine, as dicts (an empty list when there is none).");
+
+    m.def(
+        "_doctor_json",
+        [](bool live) {
+            DoctorOptions options;
+            options.live = live;
+            py::gil_scoped_release release;
+            return to_json(diagnose(options));
+        },
+        py::arg("live") = true);
+
+    py::class_<Device, std::shared_ptr<Device>>(m, "Device", "An opened RDMA device.")
+        .def_static(
+            "open", [](const std::string& name) { return std::make_shared<Device>(Device::open(name)); },
+            py::arg("name"), "Opens the device called name (gpuverbs.Error device_not_found with the names there are).")
+        .def_static(
+            "open_first", [] { return std::make_shared<Device>(Device::open_first()); },
+            "Opens the first device (gpuverbs.Error no_rdma_device, saying why, when there is none).")
+        .def_property_readonly("name", &Device::name)
+        .def(
+            "query_port", [](const Device& d, std::uint8_t port) { return port_dict(d.query_port(port)); },
+            py::arg("port") = 1)
+        .def(
+            "gid_table",
+            [](const Device& d, std::uint8_t port) {
+                py::list out;
+                for (const GidEntry& g : d.gid_table(port)) {
+                    py::dict e;
+                    e["index"] = g.index;
+                    e["gid"] = g.gid.to_string();
+                    e["type"] = std::string(to_string(g.type));
+                    e["netdev_ifindex"] = g.netdev_ifindex;
+                    out.append(e);
+                }
+                return out;
+            },
+            py::arg("port") = 1)
+        .def("__repr__", [](const Device& d) { return "<gpuverbs.Device " + d.name() + ">"; });
+
+    py::class_<ProtectionDomain, std::shared_ptr<ProtectionDomain>>(m, "ProtectionDomain",
+                                                                    "A protection domain: memory is registered in it.")
+        .def(py::init([](const Device& d) { return std::make_shared<ProtectionDomain>(d); }), py::arg("device"))
+        .def_property_readonly("device_name", &ProtectionDomain::device_name);
+
+    py::class_<Cq, std::shared_ptr<Cq>>(
+        m, "CompletionQueue",
+        "A completion queue whose completions run on a Context (event-driven: no CPU while idle).")
+        .def(py::init([](const Device& d, int capacity, std::shared_ptr<Context> ctx) {
+                 if (capacity <= 0) {
+                     throw py::value_error("CompletionQueue: capacity must be positive (got " +
+                                           std::to_string(capacity) + ")");
+                 }
+                 return std::make_shared<Cq>(d, capacity, std::move(ctx));
+             }),
+             py::arg("device"), py::arg("capacity"), py::arg("context"))
+        .def_property_readonly("context", [](const Cq& c) { return c.context; })
+        .def_property_readonly("statistics", [](const Cq& c) {
+            AsyncStatistics s = c.cq.async_statistics();
+            py::dict d;
+            d["submitted"] = s.submitted;
+            d["completed"] = s.completed;
+            d["aborted"] = s.aborted;
+            d["cancelled"] = s.cancelled;
+            d["polls"] = s.polls;
+            d["wakeups"] = s.wakeups;
+            d["work_completions"] = s.work_completions;
+            return d;
+        });
+
+    py::class_<Endpoint>(m, "Endpoint", "What the peer needs to connect to a queue pair (QPN, PSN, LID, GID, MTU).")
+        .def_readonly("qp_num", &Endpoint::qp_num)
+        .def_readonly("psn", &Endpoint::psn)
+        .def_property_readonly("gid", [](const Endpoint& e) { return e.gid.to_string(); })
+        .def(
+            "to_bytes", [](const Endpoint& e) { return as_bytes(wire::serialize(e)); },
+            "The wire form (Endpoint.from_bytes reads it).")
+        .def_static(
+            "from_bytes",
+            [](const py::bytes& b) {
+                std::string_view keep;
+                return wire::parse_endpoint(view(b, keep));
+            },
+            py::arg("data"));
+
+    py::class_<Prepared, std::shared_ptr<Prepared>>(
+        m, "PreparedQueuePair",
+        "A reliable-connected queue pair, created and waiting for its peer's Endpoint (connect()).")
+        .def(py::init([](const ProtectionDomain& pd, const Cq& cq, std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
+                         std::uint32_t max_send_sge, std::uint32_t max_recv_sge, std::uint32_t max_inline_data,
+                         std::uint8_t port) {
+                 auto p = std::make_shared<Prepared>();
+                 p->prepared = PreparedQueuePair(
+                     pd, cq.cq, cq.cq,
+                     qp_options(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data, port));
+                 p->context = cq.context;
+                 return p;
+             }),
+             py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
+             py::arg("max_send_sge") = 1, py::arg("max_recv_sge") = 1, py::arg("max_inline_data") = 0,
+             py::arg("port") = 1)
+        .def_property_readonly("endpoint", [](const Prepared& p) { return p.prepared.endpoint(); })
+        .def(
+            "connect",
+            [](Prepared& p, const Endpoint& remote, std::uint8_t timeout, std::uint8_t retry_count,
+               std::uint8_t rnr_retry_count) {
+                if (!p.prepared) throw py::value_error("connect: this PreparedQueuePair was already connected");
+                ConnectOptions o;
+                o.timeout = timeout;
+                o.retry_count = retry_count;
+                o.rnr_retry_count = rnr_retry_count;
+                auto q = std::make_shared<Qp>();
+                q->owned = std::move(p.prepared).connect(remote, o);
+                q->qp = &q->owned;
+                q->context = p.context;
+                return q;
+            },
+            py::arg("remote"), py::kw_only(), py::arg("timeout") = 14, py::arg("retry_count") = 6,
+            py::arg("rnr_retry_count") = 7, "Moves to RTR and RTS towards remote: the connected QueuePair.");
+
+    py::class_<Qp, std::shared_ptr<Qp>> qp(m, "QueuePair", "A connected reliable queue pair: the data path.");
+    qp.def_property_readonly("qp_num", [](const Qp& q) { return q.get().qp_num(); })
+        .def_property_readonly("remote_endpoint", [](const Qp& q) { return q.get().remote_endpoint(); })
+        .def_property_readonly("outstanding_sends", [](const Qp& q) { return q.get().outstanding_sends(); })
+        .def_property_readonly("outstanding_receives", [](const Qp& q) { return q.get().outstanding_receives(); })
+        .def_property_readonly("state", [](const Qp& q) { return std::string(to_string(q.get().state())); })
+        .def_property_readonly("context", [](const Qp& q) { return q.context; })
+        .def(
+            "close",
+            [](Qp& q) {
+                if (q.qp == &q.owned) q.owned = QueuePair();
+                q.qp = nullptr;
+                q.owner = py::none();
+            },
+            "Destroys the queue pair now (idempotent): its outstanding operations end with gpuverbs.Aborted.");
+    add_operations(qp);
+}
+
+} // namespace gpuverbs::python

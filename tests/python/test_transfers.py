@@ -1,0 +1,117 @@
+"""Block-list transfers from Python: lists as NumPy arrays (no Python loop
+over the blocks), one transfer with its notification, over one or two rails;
+the block list's wire form; refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import gpuverbs as gv
+
+RW = gv.Access.local_write | gv.Access.remote_write
+
+
+def scattered(pool: int, count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(pool)[:count].astype(np.uint64)
+
+
+def fill(pool: np.ndarray, ids: np.ndarray, block: int) -> None:
+    view = pool.reshape(-1, block)
+    for k, i in enumerate(ids[:50]):  # the rest keep the seeded pattern below
+        view[i] = (np.arange(block) * 7 + k) % 251
+
+
+def test_ten_thousand_blocks_move_in_one_transfer_with_its_notification(pair):
+    blocks, block = 10_000, 512
+    src_pool = np.random.default_rng(1).integers(0, 256, blocks * 2 * block, dtype=np.uint8)
+    dst_pool = np.zeros(blocks * 2 * block, dtype=np.uint8)
+    src_ids = scattered(blocks * 2, blocks, 2)
+    dst_ids = scattered(blocks * 2, blocks, 3)
+    rs = pair.a.pd.register(src_pool, gv.Access.local_write)
+    rd = pair.b.pd.register(dst_pool, RW)
+    local = gv.LocalBlocks(rs, src_ids * block, block)
+    remote = gv.RemoteBlocks(rd.remote(), dst_ids * block, np.full(blocks, block, dtype=np.int64))
+    # The decode side sends its list on the wire; prefill parses it.
+    remote = gv.RemoteBlocks.from_bytes(remote.to_bytes())
+    assert len(remote) == blocks and len(local) == blocks
+    assert list(remote.offsets[:3]) == list(dst_ids[:3] * block)
+    plan = gv.TransferPlan("write", local, remote, pair.qp_a)
+    assert plan.bytes == blocks * block
+    notified = pair.qp_b.receive(rd.slice(0, 0))
+
+    async def main():
+        op = gv.transfer(pair.qp_a, plan, notify=42)
+        moved = await op
+        got = await notified
+        return op, moved, got
+
+    op, moved, got = asyncio.run(main())
+    assert moved == blocks * block
+    assert got.immediate == 42
+    assert op.report.landed == blocks and op.report.not_posted == 0 and op.report.uncertain == 0
+    src = src_pool.reshape(-1, block)
+    dst = dst_pool.reshape(-1, block)
+    assert (dst[dst_ids.astype(np.int64)] == src[src_ids.astype(np.int64)]).all()
+    untouched = np.setdiff1d(np.arange(blocks * 2), dst_ids.astype(np.int64))
+    assert (dst[untouched] == 0).all()
+
+
+def test_a_read_transfer_over_two_rails_brings_every_block_back(context, sides, pair):
+    from conftest import connect_pair
+
+    second_a, second_b = connect_pair(context, pair.a, pair.b, max_send_sge=4)
+    blocks, block = 2000, 1024
+    remote_pool = np.random.default_rng(4).integers(0, 256, blocks * block, dtype=np.uint8)
+    local_pool = np.zeros(blocks * block, dtype=np.uint8)
+    rr = pair.b.pd.register(remote_pool, RW | gv.Access.remote_read)
+    rl = pair.a.pd.register(local_pool, RW)
+    order = np.arange(blocks, dtype=np.uint64)[::-1].copy()
+    plan = gv.TransferPlan("read", gv.LocalBlocks(rl, order * block, block),
+                           gv.RemoteBlocks(rr.remote(), np.arange(blocks, dtype=np.uint64) * block, block),
+                           pair.qp_a)
+    op = gv.transfer([pair.qp_a, second_a], plan)
+    assert op.wait(timeout=60) == blocks * block
+    rails = op.report.rails
+    assert len(rails) == 2 and all(r["bytes"] > 0 for r in rails) and sum(r["bytes"] for r in rails) == blocks * block
+    assert (local_pool.reshape(-1, block)[::-1] == remote_pool.reshape(-1, block)).all()
+
+
+def test_a_failed_transfer_reports_what_landed(pair):
+    rs = pair.a.pd.register(np.ones(64 * 1024, dtype=np.uint8), gv.Access.local_write)
+    rd = pair.b.pd.register(np.zeros(64 * 1024, dtype=np.uint8), RW)
+    wrong = gv.RemoteMemory(rd.remote().address, rd.length, rd.rkey ^ 0x55)
+    plan = gv.TransferPlan("write", gv.LocalBlocks(rs, np.arange(16) * 4096, 4096),
+                           gv.RemoteBlocks(wrong, np.arange(16) * 4096, 4096), pair.qp_a)
+    op = gv.transfer(pair.qp_a, plan, notify=1)
+    with pytest.raises(gv.CompletionError) as caught:
+        op.wait(timeout=30)
+    assert caught.value.verb == "async_transfer"
+    assert "remote block" in str(caught.value)
+    report = caught.value.report
+    assert report.landed + report.not_posted + report.uncertain == 16
+    assert report.landed == 0
+
+
+def test_block_lists_refuse_bad_input_by_name(pair):
+    rs = pair.a.pd.register(np.zeros(4096, dtype=np.uint8), gv.Access.local_write)
+    with pytest.raises(ValueError, match=r"offsets must not hold negative values \(got -4 at index 1\)"):
+        gv.LocalBlocks(rs, np.array([0, -4]), 8)
+    with pytest.raises(ValueError, match=r"lengths has 3 values; the offsets have 2"):
+        gv.LocalBlocks(rs, [0, 8], [8, 8, 8])
+    with pytest.raises(TypeError, match=r"offsets must hold integers \(its format is 'd'\)"):
+        gv.LocalBlocks(rs, np.array([0.5]), 8)
+    with pytest.raises(ValueError, match=r"direction must be 'write' or 'read', not 'copy'"):
+        gv.TransferPlan("copy", gv.LocalBlocks(rs, [0], 8), gv.RemoteBlocks(rs.remote(), [0], 8), pair.qp_a)
+    with pytest.raises(gv.Error) as caught:
+        gv.TransferPlan("write", gv.LocalBlocks(rs, [0], 8), gv.RemoteBlocks(rs.remote(), [0], 16), pair.qp_a)
+    assert caught.value.code == gv.Errc.invalid_argument
+    assert "8" in str(caught.value) and "16" in str(caught.value)
+    with pytest.raises(gv.Error) as caught:
+        gv.RemoteBlocks.from_bytes(b"GVBL garbage")
+    assert caught.value.code in (gv.Errc.malformed_record, gv.Errc.unsupported_version)
+    with pytest.raises(ValueError, match=r"rails is empty"):
+        gv.transfer([], gv.TransferPlan("write", gv.LocalBlocks(rs, [0], 8),
+                                        gv.RemoteBlocks(rs.remote(), [0], 8), pair.qp_a))
