@@ -85,8 +85,8 @@ py::dict memory_dict(const GpuMemory& g) {
     return d;
 }
 
-GpuMemory gpu_memory_of(const py::object& obj) {
-    Borrowed b = borrow(obj, "auto", false);
+GpuMemory gpu_memory_of(const py::object& obj, const std::string& via) {
+    Borrowed b = borrow(obj, via, false);
     if (!b.cuda) {
         throw py::value_error("obj is " + b.device + " memory, not CUDA device memory: register it as host memory");
     }
@@ -131,22 +131,25 @@ GpuRegistration policy_of(const std::string& name) {
 
 void bind_gpu(py::module_& m) {
     m.def(
-        "gpu_memory", [](const py::object& obj) { return memory_dict(gpu_memory_of(obj)); }, py::arg("obj"),
+        "gpu_memory",
+        [](const py::object& obj, const std::string& via) { return memory_dict(gpu_memory_of(obj, via)); },
+        py::arg("obj"), py::arg("via") = "auto",
         "What the CUDA driver says of obj's memory (a CUDA tensor or GpuBuffer): address, size, gpu, its "
         "allocation, whether it is GPUDirect RDMA capable, and buffer_id (which changes when an address is "
         "freed and reused: the registration cache's key).");
 
     m.def(
         "explain_gpu_registration",
-        [](const py::object& obj, const std::shared_ptr<ProtectionDomain>& pd, const std::string& policy) {
-            GpuMemory memory = gpu_memory_of(obj);
+        [](const py::object& obj, const std::shared_ptr<ProtectionDomain>& pd, const std::string& policy,
+           const std::string& via) {
+            GpuMemory memory = gpu_memory_of(obj, via);
             py::gil_scoped_release release;
             GpuRegistrationExplanation e = pd ? explain_gpu_registration(*pd, memory, policy_of(policy))
                                               : explain_gpu_registration(memory, policy_of(policy));
             py::gil_scoped_acquire gil;
             return explanation_dict(e);
         },
-        py::arg("obj"), py::arg("pd") = nullptr, py::arg("policy") = "auto",
+        py::arg("obj"), py::arg("pd") = nullptr, py::arg("policy") = "auto", py::arg("via") = "auto",
         "The registration decision for obj's GPU memory: each probe's answer, the methods in the order they would "
         "be tried and each one rejected with its reason. Without pd the NIC is not probed.");
 

@@ -405,7 +405,7 @@ void bind_memory(py::module_& m) {
         .def_property_readonly("access", [](const Region& r) { return static_cast<unsigned>(r.mr.access()); })
         .def_property_readonly(
             "method", [](const Region& r) { return std::string(to_string(r.mr.registration())); },
-            "How it was registered: 'host', 'dmabuf' or 'peermem'.")
+            "How it was registered: 'host', 'DMA-BUF' or 'peermem' (the C++ library's names).")
         .def_property_readonly(
             "reasons", [](const Region& r) { return rejections_list(r.reasons); },
             "GPU memory: (method, reason) for each method not taken.")

@@ -1,0 +1,175 @@
+"""The GPU half of the Python package, on a real GPU (scripts/test-gpu on
+the device machine, which has no RDMA device): PyTorch and CuPy CUDA memory
+through DLPack and __cuda_array_interface__, the registration decision with
+its reasons, the exact refusal where there is no RDMA device, a GpuBuffer
+exported to PyTorch and CuPy, and the buffer id that tells a reused address
+from the allocation a registration was made for.
+
+Runs under pytest, or as a script where pytest is not installed."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import gpuverbs as gv
+
+try:
+    import pytest
+except ImportError:  # the device machine may have no pytest: see __main__ below
+    pytest = None
+
+try:
+    import torch
+except ImportError:
+    torch = None
+try:
+    import cupy
+except ImportError:
+    cupy = None
+
+
+def needs(module, name):
+    if module is None or (module is torch and not torch.cuda.is_available()):
+        if pytest is not None:
+            pytest.skip(f"{name} with CUDA is not installed here")
+        raise Skip(f"{name} with CUDA is not installed here")
+
+
+class Skip(Exception):
+    pass
+
+
+def test_a_torch_cuda_tensor_is_seen_where_it_lies_through_dlpack():
+    needs(torch, "PyTorch")
+    t = torch.zeros(1 << 20, dtype=torch.float16, device="cuda")
+    m = gv.gpu_memory(t)
+    assert m["address"] == t.data_ptr()
+    assert m["size"] == t.numel() * 2
+    assert m["gpu"] == t.device.index
+    assert m["allocation_base"] <= m["address"] < m["allocation_base"] + m["allocation_size"]
+    assert m["buffer_id"] != 0
+
+
+def test_a_cupy_array_is_seen_through_both_protocols():
+    needs(cupy, "CuPy")
+    a = cupy.arange(4096, dtype=cupy.uint32)
+    via_dlpack = gv.gpu_memory(a, via="dlpack")
+    via_cai = gv.gpu_memory(a, via="cuda_array_interface")
+    assert via_dlpack == via_cai
+    assert via_cai["address"] == a.data.ptr and via_cai["size"] == a.nbytes
+
+
+def test_the_registration_decision_has_its_reasons_for_each_kind_of_memory():
+    needs(torch, "PyTorch")
+    objects = {"torch": torch.ones(4096, device="cuda"), "gpubuffer": gv.GpuBuffer(1 << 16)}
+    if cupy is not None:
+        objects["cupy"] = cupy.ones(4096)
+    for name, obj in objects.items():
+        e = gv.explain_gpu_registration(obj)
+        probes = e["probes"]
+        assert set(probes) == {"gpu_direct_rdma", "memory", "gpu_dmabuf", "nic_dmabuf", "peermem"}, name
+        assert probes["nic_dmabuf"] == {"ok": False, "reason": "the NIC was not probed: no protection domain was "
+                                                              "given (no RDMA device opened)"}
+        for probe in probes.values():
+            assert probe["ok"] or probe["reason"], (name, probe)
+        # DMA-BUF cannot be chosen without the NIC; peermem only where the module is loaded.
+        assert "DMA-BUF" not in e["order"], name
+        assert ("peermem" in e["order"]) == (probes["peermem"]["ok"] and probes["gpu_direct_rdma"]["ok"]
+                                             and probes["memory"]["ok"]), (name, e)
+        rejected = dict(e["rejected"])
+        assert rejected.get("DMA-BUF") == probes["nic_dmabuf"]["reason"], (name, e)
+        print(name, e["order"], e["rejected"])
+
+
+def test_without_an_rdma_device_opening_one_is_refused_in_the_librarys_words():
+    if gv.devices():
+        raise AssertionError("this test is for the GPU machine, which has no RDMA device")
+    try:
+        gv.Device.open_first()
+    except gv.Error as e:
+        assert e.code == gv.Errc.no_rdma_device
+        assert str(e).startswith("ibv_get_device_list: no RDMA device on this machine")
+    else:
+        raise AssertionError("open_first() found a device")
+
+
+def test_a_gpubuffer_is_read_back_through_torch_and_cupy_by_dlpack():
+    needs(torch, "PyTorch")
+    b = gv.GpuBuffer(1 << 20)
+    pattern = (np.arange(1 << 20) % 251).astype(np.uint8)
+    b.copy_from(pattern)
+    t = torch.from_dlpack(b)
+    assert t.device.type == "cuda" and t.dtype == torch.uint8 and t.numel() == 1 << 20
+    assert t.data_ptr() == b.address
+    assert bool((t.cpu().numpy() == pattern).all())
+    t.fill_(3)
+    torch.cuda.synchronize()
+    assert b.to_bytes() == bytes([3]) * (1 << 20)
+    del b  # the tensor keeps the buffer alive
+    assert int(t.sum().item()) == 3 << 20
+    if cupy is not None:
+        c = cupy.from_dlpack(gv.GpuBuffer(4096))
+        assert c.size == 4096
+
+
+def test_a_reused_address_gets_a_new_buffer_id():
+    needs(torch, "PyTorch")
+    n = 64 << 20
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    first = gv.gpu_memory(x)
+    del x
+    # The caching allocator hands the same block back: the same allocation, the same id
+    # (a cached registration of it stays valid).
+    y = torch.empty(n, dtype=torch.uint8, device="cuda")
+    again = gv.gpu_memory(y)
+    assert again["address"] == first["address"] and again["buffer_id"] == first["buffer_id"]
+    del y
+    # Freed to the driver and allocated again: where the address comes back, the id must differ.
+    for _ in range(8):
+        torch.cuda.empty_cache()
+        z = torch.empty(n, dtype=torch.uint8, device="cuda")
+        reused = gv.gpu_memory(z)
+        if reused["address"] == first["address"]:
+            assert reused["buffer_id"] != first["buffer_id"]
+            return
+        del z
+    if pytest is not None:
+        pytest.skip("the driver never handed the same address back")
+    raise Skip("the driver never handed the same address back")
+
+
+def test_refusals_name_the_problem():
+    needs(torch, "PyTorch")
+    try:
+        gv.gpu_memory(torch.zeros(8, 8, device="cuda").t())
+    except ValueError as e:
+        assert "not contiguous" in str(e)
+    else:
+        raise AssertionError("a transposed tensor was taken")
+    try:
+        gv.gpu_memory(torch.zeros(8))
+    except ValueError as e:
+        assert "obj is cpu memory, not CUDA device memory" in str(e)
+    else:
+        raise AssertionError("a CPU tensor was taken as GPU memory")
+
+
+if __name__ == "__main__":
+    passed = failed = skipped = 0
+    for name, test in list(globals().items()):
+        if not name.startswith("test_"):
+            continue
+        try:
+            test()
+            passed += 1
+            print(f"PASSED {name}")
+        except Skip as s:
+            skipped += 1
+            print(f"SKIPPED {name}: {s}")
+        except Exception as e:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            print(f"FAILED {name}: {type(e).__name__}: {e}")
+    print(f"python: {passed} passed, {failed} failed, {skipped} skipped")
+    sys.exit(1 if failed else 0)
