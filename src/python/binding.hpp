@@ -132,7 +132,7 @@ public:
         : context_(std::move(context)), kind_(kind), verb_(verb) {}
     Operation(const Operation&) = delete;
     Operation& operator=(const Operation&) = delete;
-    ~Operation();
+    ~Operation(); // NOLINT(bugprone-exception-escape): it catches what taking the GIL may throw
 
     [[nodiscard]] bool done() const noexcept { return done_; }
     [[nodiscard]] const std::shared_ptr<Context>& context() const noexcept { return context_; }

@@ -128,7 +128,8 @@ void bind_errors(py::module_& m) {
         .value("blocks_leased", errc::blocks_leased);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
-    py::register_exception_translator([](std::exception_ptr p) {
+    // pybind11's translator type takes the pointer by value.
+    py::register_exception_translator([](std::exception_ptr p) { // NOLINT(performance-unnecessary-value-param)
         if (!p) return;
         try {
             std::rethrow_exception(p);

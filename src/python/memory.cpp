@@ -24,7 +24,7 @@ Context::~Context() {
     if (epoll_ >= 0) ::close(epoll_);
 }
 
-void Context::watch(int fd) {
+void Context::watch(int fd) { // NOLINT(readability-make-member-function-const): changes the epoll set
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.fd = fd;
@@ -33,7 +33,7 @@ void Context::watch(int fd) {
     }
 }
 
-void Context::unwatch(int fd) noexcept {
+void Context::unwatch(int fd) noexcept { // NOLINT(readability-make-member-function-const): changes the epoll set
     (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
 }
 

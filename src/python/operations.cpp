@@ -7,12 +7,16 @@
 
 namespace gpuverbs::python {
 
+// The Python objects it holds are released under the GIL (the last reference
+// may go on a thread that runs completions without it).
 Operation::~Operation() {
-    if (!keep_.empty() || future_ || !regions.empty()) {
+    if (keep_.empty() && !future_ && regions.empty()) return;
+    try {
         py::gil_scoped_acquire gil;
         keep_.clear();
         regions.clear();
         future_ = py::object();
+    } catch (...) { // NOLINT(bugprone-empty-catch): a destructor never throws; only at interpreter exit
     }
 }
 

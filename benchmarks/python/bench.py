@@ -1,0 +1,115 @@
+"""What the Python layer costs, measured against the same work in C++
+(benchmarks/python/run puts both in one boot of the Soft-RoCE rig).
+
+    bench.py write --ops N --rounds R
+        a chain of N dependent 64-byte RDMA writes, each awaited on the running
+        asyncio loop (DEV0 -> DEV1, one process), as async_overhead's
+        "coroutine, event" form does in C++: prints the median ns per write.
+    bench.py transfer --blocks N --block BYTES --repeat K
+        transfer_bench's gpuverbs form from Python: N blocks scattered through
+        pools twice their size on both sides (no two neighbours coalesce), one
+        prepared plan, K awaited transfers; every byte checked after each,
+        outside the timed part. Prints transfer_bench's line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+import gpuverbs as gv
+
+
+def connected(context, send_sge=1):
+    devices = [gv.Device.open(os.environ["GPUVERBS_TEST_DEV0"]), gv.Device.open(os.environ["GPUVERBS_TEST_DEV1"])]
+    pds = [gv.ProtectionDomain(d) for d in devices]
+    cqs = [gv.CompletionQueue(d, 4096, context) for d in devices]
+    listener = gv.TcpListener(0, "127.0.0.1")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(b=gv.connect_tcp(pds[1], cqs[1], None, 0, listener=listener,
+                                                                    max_send_sge=send_sge)))
+    t.start()
+    qp, _, _ = gv.connect_tcp(pds[0], cqs[0], "127.0.0.1", listener.port, max_send_sge=send_sge)
+    t.join()
+    return pds, qp, got["b"][0]
+
+
+def bench_write(ops: int, rounds: int) -> None:
+    context = gv.Context()
+    pds, qp, peer = connected(context)
+    src = pds[0].register(np.ones(64, dtype=np.uint8), gv.Access.local_write)
+    dst = pds[1].register(np.zeros(64, dtype=np.uint8), gv.Access.local_write | gv.Access.remote_write)
+    remote = dst.remote()
+
+    async def chain() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(ops):
+            await qp.write(src, remote)
+        return (time.perf_counter_ns() - start) / ops
+
+    async def main():
+        await chain()  # warm-up
+        return [await chain() for _ in range(rounds)]
+
+    samples = asyncio.run(main())
+    print(f"python awaited write: {statistics.median(samples):.0f} ns/op median ({ops} dependent 64 B writes, "
+          f"{rounds} rounds)")
+
+
+def bench_transfer(blocks: int, block: int, repeat: int) -> None:
+    context = gv.Context()
+    pds, qp, peer = connected(context, send_sge=4)
+    pool = 2 * blocks
+    src = np.random.default_rng(1).integers(0, 256, pool * block, dtype=np.uint8)
+    dst = np.zeros(pool * block, dtype=np.uint8)
+    rs = pds[0].register(src, gv.Access.local_write)
+    rd = pds[1].register(dst, gv.Access.local_write | gv.Access.remote_write)
+    # Every other block, in a shuffled order on each side: nothing coalesces.
+    mine = (np.random.default_rng(2).permutation(blocks) * 2).astype(np.uint64)
+    theirs = (np.random.default_rng(3).permutation(blocks) * 2).astype(np.uint64)
+    plan = gv.TransferPlan("write", gv.LocalBlocks(rs, mine * block, block),
+                           gv.RemoteBlocks(rd.remote(), theirs * block, block), qp)
+
+    async def main() -> float:
+        await gv.transfer(qp, plan)  # warm-up
+        total = 0.0
+        for _ in range(repeat):
+            dst[:] = 0
+            start = time.perf_counter()
+            await gv.transfer(qp, plan)
+            total += time.perf_counter() - start
+            ok = (dst.reshape(-1, block)[theirs.astype(np.int64)] == src.reshape(-1, block)[mine.astype(np.int64)])
+            if not ok.all():
+                sys.exit("python: bytes wrong after the transfer")
+        return total
+
+    seconds = asyncio.run(main())
+    n = blocks * repeat
+    print(f"python: {blocks} blocks x {repeat}, 1 rail(s), {seconds:.3f} s, {n / seconds:.0f} blocks/s, "
+          f"{n * block / seconds / 1e9:.3f} GB/s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("form", choices=["write", "transfer"])
+    p.add_argument("--ops", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--blocks", type=int, default=1000)
+    p.add_argument("--block", type=int, default=16384)
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args()
+    if a.form == "write":
+        bench_write(a.ops, a.rounds)
+    else:
+        bench_transfer(a.blocks, a.block, a.repeat)
+
+
+if __name__ == "__main__":
+    main()
