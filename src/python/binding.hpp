@@ -74,15 +74,30 @@ struct Borrowed {
 /// ValueError naming the argument when it cannot.
 Borrowed borrow(const py::object& obj, const std::string& via, bool writable);
 
-/// A registered region and what keeps its memory alive.
+/// A registered region and what keeps its memory alive: its own registration,
+/// or a registration cache's region that covers the object (then `base` is
+/// where the object starts in it).
 struct Region {
-    MemoryRegion mr;
-    py::object owner; ///< the registered object itself
+    MemoryRegion own;
+    std::shared_ptr<const MemoryRegion> cached;
+    std::size_t base = 0;
+    std::size_t length = 0; ///< the object's bytes
+    py::object owner;       ///< the registered object itself
     Borrowed memory;
     std::vector<Rejection> reasons; ///< GPU memory: the methods not taken and why
     std::string policy;             ///< GPU memory: the policy in force
 
-    [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t length) const;
+    [[nodiscard]] const MemoryRegion& mr() const noexcept { return cached ? *cached : own; }
+    [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t size) const {
+        return mr().slice(base + offset, size);
+    }
+    [[nodiscard]] RemoteMemory remote(std::size_t offset, std::size_t size) const {
+        return mr().remote(base + offset, size);
+    }
+    void close() noexcept {
+        own = MemoryRegion();
+        cached.reset();
+    }
 };
 
 /// A LocalBuffer that keeps its Region (and so the memory) alive.
@@ -90,7 +105,7 @@ struct Slice {
     std::shared_ptr<Region> region;
     std::size_t offset = 0;
     std::size_t length = 0;
-    [[nodiscard]] LocalBuffer buffer() const { return region->mr.slice(offset, length); }
+    [[nodiscard]] LocalBuffer buffer() const { return region->slice(offset, length); }
 };
 
 /// A completion queue bound to a Context (event-driven: its channel is in the
@@ -111,6 +126,7 @@ struct Qp {
     QueuePair owned;
     QueuePair* qp = nullptr;
     std::shared_ptr<Context> context;
+    std::shared_ptr<Cq> cq; ///< held: destroying a CQ ends its queue pairs' operations
     py::object owner;
     /// The queue pair, or ValueError when closed.
     QueuePair& get() const;

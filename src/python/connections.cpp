@@ -159,9 +159,9 @@ void bind_connections(py::module_& m) {
         .def_property_readonly("peer_private_data", [](const Cm& c) { return to_py(c.conn.peer_private_data()); })
         .def(
             "create_qp",
-            [](const py::object& self, const ProtectionDomain& pd, const Cq& cq, std::uint32_t max_send_wr,
-               std::uint32_t max_recv_wr, std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
-               std::uint32_t max_inline_data) {
+            [](const py::object& self, const ProtectionDomain& pd, const std::shared_ptr<Cq>& cq,
+               std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
+               std::uint32_t max_recv_sge, std::uint32_t max_inline_data) {
                 auto& c = self.cast<Cm&>();
                 QueuePairOptions o;
                 o.max_send_wr = max_send_wr;
@@ -170,10 +170,11 @@ void bind_connections(py::module_& m) {
                 o.max_recv_sge = max_recv_sge;
                 o.max_inline_data = max_inline_data;
                 auto q = std::make_shared<Qp>();
-                q->qp = &c.conn.create_qp(pd, cq.cq, cq.cq, o);
-                q->context = cq.context;
+                q->qp = &c.conn.create_qp(pd, cq->cq, cq->cq, o);
+                q->context = cq->context;
+                q->cq = cq;
                 q->owner = self;
-                c.context = cq.context;
+                c.context = cq->context;
                 return q;
             },
             py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,

@@ -287,15 +287,11 @@ Borrowed borrow(const py::object& obj, const std::string& via, bool writable) {
     throw py::type_error("register: obj (" + type_name(obj) + ") cannot be registered via " + via);
 }
 
-LocalBuffer Region::slice(std::size_t offset, std::size_t length) const {
-    return mr.slice(offset, length);
-}
-
 Slice to_slice(const py::handle& arg, const char* name) {
     if (py::isinstance<Slice>(arg)) return arg.cast<Slice>();
     if (py::isinstance<Region>(arg)) {
         auto region = arg.cast<std::shared_ptr<Region>>();
-        return Slice{region, 0, region->mr.length()};
+        return Slice{region, 0, region->length};
     }
     throw py::type_error(std::string(name) +
                          " must be a gpuverbs.MemoryRegion or a LocalBuffer (region.slice()), not " + type_name(arg));
@@ -318,12 +314,13 @@ std::shared_ptr<Region> register_object(const ProtectionDomain& pd, const py::ob
     auto region = std::make_shared<Region>();
     region->memory = borrow(obj, via, writable);
     check_size(region->memory.size);
+    region->length = region->memory.size;
     region->owner = obj;
     const Borrowed& b = region->memory;
     if (!b.cuda) {
         py::gil_scoped_release release;
-        region->mr = MemoryRegion(pd, reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address)), // NOLINT
-                                  b.size, access);
+        region->own = MemoryRegion(pd, reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.address)), // NOLINT
+                                   b.size, access);
         return region;
     }
     py::gil_scoped_release release;
@@ -331,9 +328,41 @@ std::shared_ptr<Region> register_object(const ProtectionDomain& pd, const py::ob
     GpuRegistrationExplanation why = explain_gpu_registration(pd, memory, *policy);
     region->reasons = why.plan.rejected;
     region->policy = to_string(why.plan.policy);
-    region->mr = register_gpu_memory(pd, memory, access, *policy);
+    region->own = register_gpu_memory(pd, memory, access, *policy);
     region->memory.gpu = memory.gpu;
     region->memory.device = "cuda:" + std::to_string(memory.gpu);
+    return region;
+}
+
+/// A registration cache and the protection domain it registers in (held).
+struct Cache {
+    std::shared_ptr<ProtectionDomain> pd;
+    std::unique_ptr<RegistrationCache> cache;
+};
+
+std::shared_ptr<Region> cached_region(Cache& c, const py::object& obj, unsigned access_bits) {
+    const auto access = static_cast<Access>(access_bits);
+    const bool writable =
+        has(access, Access::local_write) || has(access, Access::remote_write) || has(access, Access::remote_atomic);
+    auto region = std::make_shared<Region>();
+    region->memory = borrow(obj, "auto", writable);
+    check_size(region->memory.size);
+    region->length = region->memory.size;
+    region->owner = obj;
+    const Borrowed& b = region->memory;
+    // The cache is not thread-safe: it is used with the GIL held.
+    if (b.cuda) {
+        GpuMemory memory = GpuMemory::from_address(b.address, b.size);
+        region->cached = c.cache->get(memory, access);
+        region->base =
+            static_cast<std::size_t>(memory.address - reinterpret_cast<std::uintptr_t>(region->cached->address()));
+        region->memory.device = "cuda:" + std::to_string(memory.gpu);
+    } else {
+        auto* p =
+            reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(b.address)); // NOLINT(performance-no-int-to-ptr)
+        region->cached = c.cache->get(std::span<std::byte>(p, b.size), access);
+        region->base = static_cast<std::size_t>(p - static_cast<std::byte*>(region->cached->address()));
+    }
     return region;
 }
 
@@ -398,13 +427,13 @@ void bind_memory(py::module_& m) {
         .def_property_readonly(
             "obj", [](const Region& r) { return r.owner; }, "The registered object (held).")
         .def_property_readonly("address", [](const Region& r) { return r.memory.address; })
-        .def_property_readonly("length", [](const Region& r) { return r.mr.length(); })
-        .def("__len__", [](const Region& r) { return r.mr.length(); })
-        .def_property_readonly("lkey", [](const Region& r) { return r.mr.lkey(); })
-        .def_property_readonly("rkey", [](const Region& r) { return r.mr.rkey(); })
-        .def_property_readonly("access", [](const Region& r) { return static_cast<unsigned>(r.mr.access()); })
+        .def_property_readonly("length", [](const Region& r) { return r.length; })
+        .def("__len__", [](const Region& r) { return r.length; })
+        .def_property_readonly("lkey", [](const Region& r) { return r.mr().lkey(); })
+        .def_property_readonly("rkey", [](const Region& r) { return r.mr().rkey(); })
+        .def_property_readonly("access", [](const Region& r) { return static_cast<unsigned>(r.mr().access()); })
         .def_property_readonly(
-            "method", [](const Region& r) { return std::string(to_string(r.mr.registration())); },
+            "method", [](const Region& r) { return std::string(to_string(r.mr().registration())); },
             "How it was registered: 'host', 'DMA-BUF' or 'peermem' (the C++ library's names).")
         .def_property_readonly(
             "reasons", [](const Region& r) { return rejections_list(r.reasons); },
@@ -419,11 +448,11 @@ void bind_memory(py::module_& m) {
         .def(
             "remote",
             [](const Region& r, std::size_t offset, std::optional<std::size_t> length) {
-                if (offset > r.mr.length()) {
+                if (offset > r.length) {
                     throw py::value_error("remote: offset " + std::to_string(offset) + " is past the region's end (" +
-                                          std::to_string(r.mr.length()) + " bytes)");
+                                          std::to_string(r.length) + " bytes)");
                 }
-                return r.mr.remote(offset, length.value_or(r.mr.length() - offset));
+                return r.remote(offset, std::min(length.value_or(r.length - offset), r.length - offset));
             },
             py::arg("offset") = 0, py::arg("length") = py::none(),
             "What a peer needs to reach [offset, offset + length) of this region (send it: RemoteMemory.to_bytes).")
@@ -432,7 +461,7 @@ void bind_memory(py::module_& m) {
             [](const std::shared_ptr<Region>& r, std::int64_t offset, std::optional<std::int64_t> length) {
                 if (offset < 0)
                     throw py::value_error("slice: offset must not be negative (got " + std::to_string(offset) + ")");
-                const auto size = static_cast<std::int64_t>(r->mr.length());
+                const auto size = static_cast<std::int64_t>(r->length);
                 std::int64_t n = length.value_or(size - std::min(offset, size));
                 if (n < 0) throw py::value_error("slice: length must not be negative (got " + std::to_string(n) + ")");
                 if (offset + n > size) {
@@ -443,9 +472,47 @@ void bind_memory(py::module_& m) {
             },
             py::arg("offset") = 0, py::arg("length") = py::none(), "A LocalBuffer of [offset, offset + length).")
         .def(
-            "close", [](Region& r) { r.mr = MemoryRegion(); },
+            "close", [](Region& r) { r.close(); },
             "Deregisters now (idempotent); the object stays held until the region is garbage collected, so an "
             "operation still using it fails instead of touching freed memory.");
+
+    py::class_<Cache, std::shared_ptr<Cache>>(
+        m, "RegistrationCache",
+        "Registrations reused across requests (the C++ RegistrationCache): get() hands back a region covering "
+        "the object, registering only on a miss; GPU memory is keyed by its buffer id, so a freed and reused "
+        "address is never served a stale registration.")
+        .def(py::init([](const std::shared_ptr<ProtectionDomain>& pd, std::size_t max_regions, std::size_t max_bytes) {
+                 RegistrationCacheOptions o;
+                 o.max_regions = max_regions;
+                 o.max_bytes = max_bytes;
+                 return std::make_shared<Cache>(Cache{pd, std::make_unique<RegistrationCache>(*pd, o)});
+             }),
+             py::arg("pd"), py::kw_only(), py::arg("max_regions") = 1024, py::arg("max_bytes") = std::size_t{4} << 30)
+        .def(
+            "_get", [](Cache& c, const py::object& obj, unsigned access) { return cached_region(c, obj, access); },
+            py::arg("obj"), py::arg("access"),
+            "A MemoryRegion for obj (held, zero copy) from the cache: a hit reuses a registration that covers it.")
+        .def(
+            "invalidate",
+            [](Cache& c, const py::object& obj) {
+                Borrowed b = borrow(obj, "auto", false);
+                c.cache->invalidate(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(b.address)), // NOLINT
+                                    b.size);
+            },
+            py::arg("obj"), "Drops the cached registrations overlapping obj's memory (call it before freeing it).")
+        .def_property_readonly("statistics", [](const Cache& c) {
+            RegistrationCacheStatistics s = c.cache->statistics();
+            py::dict d;
+            d["hits"] = s.hits;
+            d["misses"] = s.misses;
+            d["evictions"] = s.evictions;
+            d["merges"] = s.merges;
+            d["invalidations"] = s.invalidations;
+            d["stale"] = s.stale;
+            d["regions"] = s.regions;
+            d["bytes_pinned"] = s.bytes_pinned;
+            return d;
+        });
 
     m.def(
         "_register",

@@ -121,7 +121,12 @@ LocalBlocks make_local(const std::shared_ptr<Region>& region, const py::handle& 
             throw py::value_error("lengths[" + std::to_string(i) + "] is " + std::to_string(n[i]) +
                                   " bytes: a block is at most 4 GiB - 1");
         }
-        out.blocks.push_back(region->mr.slice(at[i], n[i]));
+        if (at[i] > region->length || n[i] > region->length - at[i]) {
+            throw py::value_error("block " + std::to_string(i) + " [" + std::to_string(at[i]) + ", " +
+                                  std::to_string(at[i] + n[i]) + ") is outside the region's " +
+                                  std::to_string(region->length) + " bytes");
+        }
+        out.blocks.push_back(region->slice(at[i], n[i]));
     }
     out.regions.push_back(region);
     return out;

@@ -53,6 +53,7 @@ QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr
 struct Prepared {
     PreparedQueuePair prepared;
     std::shared_ptr<Context> context;
+    std::shared_ptr<Cq> cq;
 };
 
 py::bytes as_bytes(std::span<const std::byte> b) {
@@ -63,6 +64,36 @@ std::span<const std::byte> view(const py::bytes& b, std::string_view& keep) {
     keep = b;
     return std::as_bytes(std::span(keep.data(), keep.size()));
 }
+
+std::string_view element_name(EventElement e) {
+    switch (e) {
+        case EventElement::device: return "device";
+        case EventElement::port: return "port";
+        case EventElement::queue_pair: return "queue_pair";
+        case EventElement::shared_receive_queue: return "shared_receive_queue";
+        case EventElement::completion_queue: return "completion_queue";
+    }
+    return "?";
+}
+
+py::object event_dict(const std::optional<DeviceEvent>& e) {
+    if (!e) return py::none();
+    py::dict d;
+    d["type"] = std::string(to_string(e->type));
+    d["element"] = std::string(element_name(e->element));
+    d["device"] = e->device;
+    d["port"] = e->port;
+    d["qp_num"] = e->qp_num;
+    d["native_type"] = e->native_type;
+    d["description"] = e->describe();
+    return d;
+}
+
+/// A device's asynchronous events and the device they come from (held).
+struct Events {
+    DeviceEvents events;
+    std::shared_ptr<Device> device;
+};
 
 } // namespace
 
@@ -136,6 +167,38 @@ void bind_verbs(py::module_& m) {
             py::arg("port") = 1)
         .def("__repr__", [](const Device& d) { return "<gpuverbs.Device " + d.name() + ">"; });
 
+    py::class_<Events, std::shared_ptr<Events>>(
+        m, "DeviceEvents",
+        "A device's asynchronous events (link up and down, a queue pair's fatal error, the device's removal), "
+        "each a dict: type, element, device, port, qp_num, native_type, description.")
+        .def(py::init([](const std::shared_ptr<Device>& device) {
+                 auto e = std::make_shared<Events>();
+                 e->events = DeviceEvents(*device);
+                 e->device = device;
+                 return e;
+             }),
+             py::arg("device"))
+        .def(
+            "poll", [](Events& e) { return event_dict(e.events.poll()); }, "The next event, or None (never blocks).")
+        .def(
+            "_wait_for",
+            [](Events& e, double timeout) {
+                std::optional<DeviceEvent> got;
+                {
+                    py::gil_scoped_release release;
+                    got = e.events.wait_for(std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000)));
+                }
+                return event_dict(got);
+            },
+            py::arg("timeout"))
+        .def(
+            "fileno", [](const Events& e) { return e.device->native_handle()->async_fd; },
+            "The device's event descriptor (readable when poll() may have an event; a removal is found by "
+            "polling, every DeviceEvents.removal_check_interval).")
+        .def_property_readonly_static("removal_check_interval", [](const py::object&) {
+            return std::chrono::duration<double>(DeviceEvents::removal_check_interval).count();
+        });
+
     py::class_<ProtectionDomain, std::shared_ptr<ProtectionDomain>>(m, "ProtectionDomain",
                                                                     "A protection domain: memory is registered in it.")
         .def(py::init([](const Device& d) { return std::make_shared<ProtectionDomain>(d); }), py::arg("device"))
@@ -184,14 +247,15 @@ void bind_verbs(py::module_& m) {
     py::class_<Prepared, std::shared_ptr<Prepared>>(
         m, "PreparedQueuePair",
         "A reliable-connected queue pair, created and waiting for its peer's Endpoint (connect()).")
-        .def(py::init([](const ProtectionDomain& pd, const Cq& cq, std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
-                         std::uint32_t max_send_sge, std::uint32_t max_recv_sge, std::uint32_t max_inline_data,
-                         std::uint8_t port) {
+        .def(py::init([](const ProtectionDomain& pd, const std::shared_ptr<Cq>& cq, std::uint32_t max_send_wr,
+                         std::uint32_t max_recv_wr, std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
+                         std::uint32_t max_inline_data, std::uint8_t port) {
                  auto p = std::make_shared<Prepared>();
                  p->prepared = PreparedQueuePair(
-                     pd, cq.cq, cq.cq,
+                     pd, cq->cq, cq->cq,
                      qp_options(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data, port));
-                 p->context = cq.context;
+                 p->context = cq->context;
+                 p->cq = cq;
                  return p;
              }),
              py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
@@ -211,6 +275,7 @@ void bind_verbs(py::module_& m) {
                 q->owned = std::move(p.prepared).connect(remote, o);
                 q->qp = &q->owned;
                 q->context = p.context;
+                q->cq = p.cq;
                 return q;
             },
             py::arg("remote"), py::kw_only(), py::arg("timeout") = 14, py::arg("retry_count") = 6,

@@ -28,6 +28,7 @@ from ._core import (
     CompletionQueue,
     Context,
     Device,
+    DeviceEvents,
     Endpoint,
     Errc,
     GpuBuffer,
@@ -40,6 +41,7 @@ from ._core import (
     QueuePair,
     Received,
     RemoteBlocks,
+    RegistrationCache,
     RemoteMemory,
     TcpChannel,
     TcpListener,
@@ -79,6 +81,7 @@ __all__ = [
     "ConnectionRejected",
     "Context",
     "Device",
+    "DeviceEvents",
     "Endpoint",
     "Errc",
     "Error",
@@ -93,6 +96,7 @@ __all__ = [
     "QueuePair",
     "Received",
     "RemoteBlocks",
+    "RegistrationCache",
     "RemoteMemory",
     "RequestRefused",
     "TcpChannel",
@@ -188,53 +192,73 @@ def connect_tcp(
 
 
 class _EventWait:
-    """``CmConnection.wait_event()``: awaitable on the running loop (the
-    connection's event channel is watched with ``loop.add_reader``), or
-    ``.wait()`` to block. The event is a dict: type, native_type, status,
-    description."""
+    """An awaitable wait for the next event of an rdma_cm connection or a
+    device: on the running loop its descriptor is watched with
+    ``loop.add_reader`` (a device is also polled every
+    ``DeviceEvents.removal_check_interval``, as in C++, for a removal that no
+    descriptor announces); ``.wait()`` blocks instead (GIL released). Either
+    gives the event as a dict, or None when ``timeout`` seconds pass first."""
 
-    __slots__ = ("_conn", "_timeout")
+    __slots__ = ("_poll", "_fd", "_wait", "_timeout", "_tick")
 
-    def __init__(self, conn: Any, timeout: Optional[float]) -> None:
-        self._conn = conn
+    def __init__(self, poll: Any, fd: int, wait: Any, timeout: Optional[float], tick: Optional[float] = None) -> None:
+        self._poll = poll
+        self._fd = fd
+        self._wait = wait
         self._timeout = timeout
+        self._tick = tick
 
     def wait(self) -> Optional[Dict[str, Any]]:
-        event: Optional[Dict[str, Any]] = self._conn._wait_event(30.0 if self._timeout is None else self._timeout)
+        event: Optional[Dict[str, Any]] = self._wait(86400.0 if self._timeout is None else self._timeout)
         return event
 
     def __await__(self) -> Any:
         return self._wait_async().__await__()
 
-    async def _wait_async(self) -> Dict[str, Any]:
-        event = self._conn.poll_event()
-        if event is not None:
-            return event  # type: ignore[no-any-return]
+    async def _wait_async(self) -> Optional[Dict[str, Any]]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Dict[str, Any]] = loop.create_future()
-        fd = self._conn.event_fd()
-
-        def ready() -> None:
-            if future.done():
-                return
+        deadline = None if self._timeout is None else loop.time() + self._timeout
+        while True:
+            event = self._poll()
+            if event is not None:
+                return event  # type: ignore[no-any-return]
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
+            if self._tick is not None:
+                left = self._tick if left is None else min(left, self._tick)
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self._fd, lambda: ready.done() or ready.set_result(None))
             try:
-                got = self._conn.poll_event()
-            except Error as e:
-                future.set_exception(e)
-                return
-            if got is not None:
-                future.set_result(got)
-
-        loop.add_reader(fd, ready)
-        try:
-            return await asyncio.wait_for(future, self._timeout)
-        finally:
-            loop.remove_reader(fd)
+                await asyncio.wait_for(ready, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                loop.remove_reader(self._fd)
 
 
 if have_rdma_cm:
 
-    def _wait_event(self: Any, timeout: Optional[float] = None) -> _EventWait:
-        return _EventWait(self, timeout)
+    def _cm_wait_event(self: Any, timeout: Optional[float] = None) -> _EventWait:
+        """The connection's next rdma_cm event (``await conn.wait_event(10)``, or ``.wait()``)."""
+        return _EventWait(self.poll_event, self.event_fd(), self._wait_event, timeout)
 
-    CmConnection.wait_event = _wait_event  # type: ignore[attr-defined]
+    CmConnection.wait_event = _cm_wait_event  # type: ignore[attr-defined]
+
+
+def _device_wait_event(self: DeviceEvents, timeout: Optional[float] = None) -> _EventWait:
+    """The device's next event (``await events.wait_event(10)``, or ``.wait()``)."""
+    return _EventWait(self.poll, self.fileno(), self._wait_for, timeout, DeviceEvents.removal_check_interval)
+
+
+DeviceEvents.wait_event = _device_wait_event  # type: ignore[attr-defined]
+
+
+def _cache_get(self: RegistrationCache, obj: Any, access: Union[Access, int] = Access.local_write) -> MemoryRegion:
+    """A region for ``obj`` from the cache (held, zero copy); registers only on a miss."""
+    if not isinstance(access, int):
+        raise TypeError(f"access must be gpuverbs.Access flags, not {type(access).__name__}")
+    return self._get(obj, int(access))
+
+
+RegistrationCache.get = _cache_get  # type: ignore[method-assign,assignment]
