@@ -96,16 +96,31 @@ def bench_transfer(blocks: int, block: int, repeat: int) -> None:
           f"{n * block / seconds / 1e9:.3f} GB/s")
 
 
+def bench_calibrate(ops: int) -> None:
+    """What this machine's Python pays for one bare await through the loop
+    (asyncio.sleep(0)): the unit that tells an emulated CPU's time from a real one's."""
+
+    async def main() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(ops):
+            await asyncio.sleep(0)
+        return (time.perf_counter_ns() - start) / ops
+
+    print(f"python bare await: {asyncio.run(main()):.0f} ns (asyncio.sleep(0), {ops} times)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("form", choices=["write", "transfer"])
+    p.add_argument("form", choices=["write", "transfer", "calibrate"])
     p.add_argument("--ops", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--blocks", type=int, default=1000)
     p.add_argument("--block", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
-    if a.form == "write":
+    if a.form == "calibrate":
+        bench_calibrate(a.ops * 10)
+    elif a.form == "write":
         bench_write(a.ops, a.rounds)
     else:
         bench_transfer(a.blocks, a.block, a.repeat)

@@ -41,7 +41,13 @@ class _Driver:
             self._loop.call_soon(self._run)
 
 
+_last: "tuple[Any, Any, Any]" = (None, None, None)  # (loop, context, driver) of the last await: no lookup
+
+
 def driver(loop: asyncio.AbstractEventLoop, context: _core.Context) -> _Driver:
+    global _last
+    if _last[0] is loop and _last[1] is context:
+        return _last[2]  # type: ignore[no-any-return]
     per_loop = _drivers.get(loop)
     if per_loop is None:
         per_loop = {}
@@ -50,6 +56,7 @@ def driver(loop: asyncio.AbstractEventLoop, context: _core.Context) -> _Driver:
     if d is None or d._context is not context:
         d = _Driver(loop, context)
         per_loop[id(context)] = d
+    _last = (loop, context, d)
     return d
 
 
@@ -60,12 +67,16 @@ def await_operation(op: _core.Operation) -> Generator[Any, None, Any]:
     if op.done:
         return op.result()
     loop = asyncio.get_running_loop()
+    context = op.context
+    driver(loop, context)
     future = loop.create_future()
     op._set_future(future)
-    driver(loop, op.context).kick()
+    # What the initiation posted (a refusal, a start that waited) runs now, on
+    # this thread; completions come through the descriptor.
+    context.poll()
     try:
         return (yield from future)
     except asyncio.CancelledError:
         op.cancel()
-        driver(loop, op.context).kick()  # the aborted operation's handler is posted, not signalled
+        context.poll()  # the aborted operation's handler is posted, not signalled
         raise
