@@ -78,14 +78,15 @@ Borrowed borrow(const py::object& obj, const std::string& via, bool writable);
 /// or a registration cache's region that covers the object (then `base` is
 /// where the object starts in it).
 struct Region {
+    // Declared first, destroyed last: the memory outlives its registration.
+    py::object owner; ///< the registered object itself
+    Borrowed memory;
+    std::vector<Rejection> reasons; ///< GPU memory: the methods not taken and why
+    std::string policy;             ///< GPU memory: the policy in force
     MemoryRegion own;
     std::shared_ptr<const MemoryRegion> cached;
     std::size_t base = 0;
     std::size_t length = 0; ///< the object's bytes
-    py::object owner;       ///< the registered object itself
-    Borrowed memory;
-    std::vector<Rejection> reasons; ///< GPU memory: the methods not taken and why
-    std::string policy;             ///< GPU memory: the policy in force
 
     [[nodiscard]] const MemoryRegion& mr() const noexcept { return cached ? *cached : own; }
     [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t size) const {
@@ -115,19 +116,23 @@ struct Cq {
     Cq(const Cq&) = delete;
     Cq& operator=(const Cq&) = delete;
     ~Cq();
-    CompletionQueue cq;
+    // Declared before what uses it: members are destroyed in reverse, and a CQ
+    // bound to an executor must go before its io_context.
     std::shared_ptr<Context> context;
+    CompletionQueue cq;
     int fd = -1;
 };
 
 /// A connected queue pair seen from Python: its own, or the one an rdma_cm
 /// connection holds (then `owner` keeps that connection alive).
 struct Qp {
-    QueuePair owned;
-    QueuePair* qp = nullptr;
+    // Destroyed in reverse: the queue pair first, then its connection, its CQ,
+    // and last the io_context its operations complete on.
     std::shared_ptr<Context> context;
     std::shared_ptr<Cq> cq; ///< held: destroying a CQ ends its queue pairs' operations
     py::object owner;
+    QueuePair owned;
+    QueuePair* qp = nullptr;
     /// The queue pair, or ValueError when closed.
     QueuePair& get() const;
 };

@@ -44,8 +44,8 @@ struct Listener {
 #if GPUVERBS_HAVE_RDMACM
 /// An rdma_cm connection and the queue pair made on it.
 struct Cm {
+    std::shared_ptr<Context> context; ///< destroyed after the connection (and its queue pair)
     CmConnection conn;
-    std::shared_ptr<Context> context;
 };
 
 CmOptions cm_options(std::uint8_t retry_count, std::uint8_t rnr_retry_count) {

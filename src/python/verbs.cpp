@@ -8,7 +8,7 @@
 namespace gpuverbs::python {
 
 Cq::Cq(const Device& device, int capacity, std::shared_ptr<Context> ctx)
-    : cq(device, capacity, ctx->io().get_executor(), AsyncOptions{}), context(std::move(ctx)) {
+    : context(std::move(ctx)), cq(device, capacity, context->io().get_executor(), AsyncOptions{}) {
     fd = cq.native_handle()->channel->fd;
     context->watch(fd);
 }
@@ -51,9 +51,9 @@ QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr
 
 /// A prepared queue pair and the CQ whose context will run its completions.
 struct Prepared {
-    PreparedQueuePair prepared;
     std::shared_ptr<Context> context;
     std::shared_ptr<Cq> cq;
+    PreparedQueuePair prepared;
 };
 
 py::bytes as_bytes(std::span<const std::byte> b) {
@@ -91,8 +91,8 @@ py::object event_dict(const std::optional<DeviceEvent>& e) {
 
 /// A device's asynchronous events and the device they come from (held).
 struct Events {
-    DeviceEvents events;
     std::shared_ptr<Device> device;
+    DeviceEvents events;
 };
 
 } // namespace
