@@ -50,6 +50,7 @@ def test_a_torch_cuda_tensor_is_seen_where_it_lies_through_dlpack():
     assert m["gpu"] == t.device.index
     assert m["allocation_base"] <= m["address"] < m["allocation_base"] + m["allocation_size"]
     assert m["buffer_id"] != 0
+    assert gv.gpu_memory(t, via="cuda_array_interface") == m  # PyTorch has both protocols
 
 
 def test_a_cupy_array_is_seen_through_both_protocols():
