@@ -21,6 +21,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -49,10 +50,15 @@ public:
     std::size_t poll();
     /// Runs at most one handler, waiting up to `timeout` (call with the GIL released).
     std::size_t run_one_for(std::chrono::microseconds timeout);
+    /// Makes fileno() readable until the next poll(): call it after something
+    /// posted a handler without a completion to announce it (a cancellation, a
+    /// queue pair or CQ closed, whose operations end with operation_aborted).
+    void wake() noexcept;
 
 private:
     boost::asio::io_context io_;
     int epoll_ = -1;
+    int wake_ = -1; ///< an eventfd in the epoll set
 };
 
 /// What a Python object lends us: where its bytes are, on which device, and
@@ -99,6 +105,12 @@ struct Region {
         own = MemoryRegion();
         cached.reset();
     }
+    Region() = default;
+    Region(const Region&) = delete;
+    Region& operator=(const Region&) = delete;
+    /// Deregisters, then lets the object go under the GIL (the last reference
+    /// may be dropped on a thread that runs completions without it).
+    ~Region(); // NOLINT(bugprone-exception-escape): it catches what taking the GIL may throw
 };
 
 /// A LocalBuffer that keeps its Region (and so the memory) alive.
@@ -133,8 +145,15 @@ struct Qp {
     py::object owner;
     QueuePair owned;
     QueuePair* qp = nullptr;
+    /// An rdma_cm connection's queue pair, looked up on each use (the
+    /// connection may have been refused or closed since): null when gone.
+    std::function<QueuePair*()> from_connection;
     /// The queue pair, or ValueError when closed.
-    QueuePair& get() const;
+    [[nodiscard]] QueuePair& get() const;
+    ~Qp(); // NOLINT(bugprone-exception-escape): wakes its context (noexcept)
+    Qp() = default;
+    Qp(const Qp&) = delete;
+    Qp& operator=(const Qp&) = delete;
 };
 
 /// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
@@ -173,6 +192,9 @@ public:
     [[nodiscard]] boost::asio::cancellation_slot slot() { return signal_.slot(); }
     /// Called by the handler, GIL held.
     void finish(const boost::system::error_code& ec);
+    /// The handler's body: stores nothing more, finishes, and never lets a
+    /// Python exception out (into Asio, whose completion paths are noexcept).
+    void finish_noexcept(const boost::system::error_code& ec) noexcept;
     /// The regions the NIC may use until the operation completes.
     std::vector<std::shared_ptr<Region>> regions;
     std::size_t bytes = 0;
@@ -192,6 +214,7 @@ private:
     bool done_ = false;
     boost::system::error_code ec_;
     py::object future_;
+    py::object loop_; ///< the future's loop
     std::vector<py::object> keep_;
     boost::asio::cancellation_signal signal_;
 };

@@ -170,7 +170,8 @@ void bind_connections(py::module_& m) {
                 o.max_recv_sge = max_recv_sge;
                 o.max_inline_data = max_inline_data;
                 auto q = std::make_shared<Qp>();
-                q->qp = &c.conn.create_qp(pd, cq->cq, cq->cq, o);
+                (void)c.conn.create_qp(pd, cq->cq, cq->cq, o);
+                q->from_connection = [conn = &c.conn]() -> QueuePair* { return *conn ? &conn->qp() : nullptr; };
                 q->context = cq->context;
                 q->cq = cq;
                 q->owner = self;

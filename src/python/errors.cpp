@@ -2,6 +2,8 @@
 // C++ library's words as the message, the error code kept (.code, .category).
 #include "binding.hpp"
 
+#include <boost/system/system_error.hpp>
+
 namespace gpuverbs::python {
 
 namespace {
@@ -73,6 +75,8 @@ py::object exception_for(const std::exception& error) {
         e = error_with_text(ours->code(), ours->verb(), ours->what());
     } else if (const auto* system = dynamic_cast<const std::system_error*>(&error)) {
         e = error_with_text(system->code(), "", system->what());
+    } else if (const auto* asio = dynamic_cast<const boost::system::system_error*>(&error)) {
+        e = error_with_text(static_cast<std::error_code>(asio->code()), "", asio->what());
     }
     return e;
 }
@@ -136,6 +140,8 @@ void bind_errors(py::module_& m) {
         } catch (const Error& e) {
             set_python_error(exception_for(e));
         } catch (const std::system_error& e) {
+            set_python_error(exception_for(e));
+        } catch (const boost::system::system_error& e) { // Asio's sockets (the TCP bootstrap)
             set_python_error(exception_for(e));
         }
     });

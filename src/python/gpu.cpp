@@ -169,11 +169,21 @@ void bind_gpu(py::module_& m) {
         .def(
             "copy_from",
             [](const GpuBuffer& b, const py::buffer& data, std::size_t offset) {
-                py::buffer_info info = data.request();
-                std::span<const std::byte> host(static_cast<const std::byte*>(info.ptr),
-                                                static_cast<std::size_t>(info.size * info.itemsize));
-                py::gil_scoped_release release;
-                b.copy_from_host(host, offset);
+                Py_buffer view{};
+                if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+                    PyErr_Clear();
+                    throw py::value_error("copy_from: data must be contiguous bytes (numpy.ascontiguousarray)");
+                }
+                std::span<const std::byte> host(static_cast<const std::byte*>(view.buf),
+                                                static_cast<std::size_t>(view.len));
+                try {
+                    py::gil_scoped_release release;
+                    b.copy_from_host(host, offset);
+                } catch (...) {
+                    PyBuffer_Release(&view);
+                    throw;
+                }
+                PyBuffer_Release(&view);
             },
             py::arg("data"), py::arg("offset") = 0, "Copies host bytes into the buffer at offset.")
         .def(

@@ -5,6 +5,7 @@
 #include "binding.hpp"
 
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,12 +17,33 @@ namespace gpuverbs::python {
 
 // --- Context -----------------------------------------------------------------
 
-Context::Context() : epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
-    if (epoll_ < 0) throw Error({errno, std::system_category()}, "epoll_create1", "for the Python context");
+Context::Context() : epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (epoll_ < 0 || wake_ < 0) {
+        const int err = errno;
+        const char* verb = epoll_ < 0 ? "epoll_create1" : "eventfd";
+        if (wake_ >= 0) ::close(wake_);
+        if (epoll_ >= 0) ::close(epoll_);
+        throw Error({err, std::system_category()}, verb, "for the Python context");
+    }
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = wake_;
+    if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_, &event) != 0) {
+        const int err = errno;
+        ::close(wake_);
+        ::close(epoll_);
+        throw Error({err, std::system_category()}, "epoll_ctl", "for the Python context");
+    }
 }
 
 Context::~Context() {
+    if (wake_ >= 0) ::close(wake_);
     if (epoll_ >= 0) ::close(epoll_);
+}
+
+void Context::wake() noexcept {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof one);
 }
 
 void Context::watch(int fd) { // NOLINT(readability-make-member-function-const): changes the epoll set
@@ -38,6 +60,8 @@ void Context::unwatch(int fd) noexcept { // NOLINT(readability-make-member-funct
 }
 
 std::size_t Context::poll() {
+    std::uint64_t woken = 0;
+    (void)!::read(wake_, &woken, sizeof woken);
     if (io_.stopped()) io_.restart();
     return io_.poll();
 }
@@ -285,6 +309,16 @@ Borrowed borrow(const py::object& obj, const std::string& via, bool writable) {
         return from_buffer(obj, writable);
     }
     throw py::type_error("register: obj (" + type_name(obj) + ") cannot be registered via " + via);
+}
+
+Region::~Region() {
+    close();
+    try {
+        py::gil_scoped_acquire gil;
+        memory.hold.reset();
+        owner = py::object();
+    } catch (...) { // NOLINT(bugprone-empty-catch): a destructor never throws; only at interpreter exit
+    }
 }
 
 Slice to_slice(const py::handle& arg, const char* name) {

@@ -10,12 +10,14 @@ namespace gpuverbs::python {
 // The Python objects it holds are released under the GIL (the last reference
 // may go on a thread that runs completions without it).
 Operation::~Operation() {
-    if (keep_.empty() && !future_ && regions.empty()) return;
+    if (keep_.empty() && !future_ && !loop_ && regions.empty() && !plan) return;
     try {
         py::gil_scoped_acquire gil;
         keep_.clear();
         regions.clear();
+        plan.reset();
         future_ = py::object();
+        loop_ = py::object();
     } catch (...) { // NOLINT(bugprone-empty-catch): a destructor never throws; only at interpreter exit
     }
 }
@@ -48,23 +50,52 @@ py::object Operation::result() {
 }
 
 void Operation::set_future(py::object future) {
+    if (future_ && !future_.attr("done")().cast<bool>()) {
+        throw py::value_error(
+            "this operation is already awaited by another task: await it in one task (share "
+            "that task, or asyncio.shield it)");
+    }
+    loop_ = future.attr("get_loop")();
     future_ = std::move(future);
     if (done_) deliver();
 }
 
+namespace {
+
+/// asyncio's running loop on this thread (None outside one): the C function, looked up once.
+py::object running_loop() {
+    // Never destroyed: a static py::object would be released after the interpreter is gone.
+    static const auto* get = new py::object(py::module_::import("asyncio.events").attr("_get_running_loop"));
+    return (*get)();
+}
+
+} // namespace
+
 void Operation::deliver() {
     py::object future = std::move(future_);
+    py::object loop = std::move(loop_);
     future_ = py::object();
-    if (!future || future.attr("done")().cast<bool>()) return;
-    if (ec_) {
-        future.attr("set_exception")(error());
-    } else {
-        future.attr("set_result")(value());
+    loop_ = py::object();
+    if (!future) return;
+    py::object outcome = ec_ ? error() : value();
+    const char* how = ec_ ? "set_exception" : "set_result";
+    if (running_loop().is(loop)) {
+        if (!future.attr("done")().cast<bool>()) future.attr(how)(outcome);
+        return;
     }
+    // Completed on another thread (a wait() there ran this handler): the
+    // future is the loop's, so the loop sets it, if it is still waiting.
+    py::object settle = py::cpp_function([future, how = std::string(how)](const py::object& result) {
+        if (!future.attr("done")().cast<bool>()) future.attr(how.c_str())(result);
+    });
+    loop.attr("call_soon_threadsafe")(settle, outcome);
 }
 
 void Operation::cancel() {
-    if (!done_) signal_.emit(boost::asio::cancellation_type::terminal);
+    if (!done_) {
+        signal_.emit(boost::asio::cancellation_type::terminal);
+        context_->wake(); // a taken-back operation's handler is posted: the loop must look
+    }
 }
 
 bool Operation::wait(double timeout) {
@@ -96,6 +127,20 @@ void Operation::finish(const boost::system::error_code& ec) {
     if (future_) deliver();
 }
 
+void Operation::finish_noexcept(const boost::system::error_code& ec) noexcept {
+    try {
+        py::gil_scoped_acquire gil;
+        try {
+            finish(ec);
+        } catch (py::error_already_set& e) {
+            // A loop closed under a waiting task, a KeyboardInterrupt: reported, never thrown into Asio.
+            e.discard_as_unraisable("gpuverbs: completing an operation");
+        }
+    } catch (...) { // NOLINT(bugprone-empty-catch): the operation is done; nothing can be told
+        done_ = true;
+    }
+}
+
 namespace {
 
 using boost::asio::bind_cancellation_slot;
@@ -103,16 +148,14 @@ using boost::asio::bind_cancellation_slot;
 /// The handler of every operation: stores the result and finishes, under the GIL.
 struct Finish {
     std::shared_ptr<Operation> op;
-    void operator()(const boost::system::error_code& ec, std::size_t n) const {
-        py::gil_scoped_acquire gil;
+    void operator()(const boost::system::error_code& ec, std::size_t n) const noexcept {
         op->bytes = n;
         op->old_value = n;
-        op->finish(ec);
+        op->finish_noexcept(ec);
     }
-    void operator()(const boost::system::error_code& ec, Received r) const {
-        py::gil_scoped_acquire gil;
+    void operator()(const boost::system::error_code& ec, Received r) const noexcept {
         op->received = r;
-        op->finish(ec);
+        op->finish_noexcept(ec);
     }
 };
 

@@ -158,10 +158,9 @@ std::string_view state_name(BlockState s) {
 
 struct Finish {
     std::shared_ptr<Operation> op;
-    void operator()(const boost::system::error_code& ec, std::size_t n) const {
-        py::gil_scoped_acquire gil;
+    void operator()(const boost::system::error_code& ec, std::size_t n) const noexcept {
         op->bytes = n;
-        op->finish(ec);
+        op->finish_noexcept(ec);
     }
 };
 

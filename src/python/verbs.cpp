@@ -15,11 +15,18 @@ Cq::Cq(const Device& device, int capacity, std::shared_ptr<Context> ctx)
 
 Cq::~Cq() {
     context->unwatch(fd);
+    context->wake();
 }
 
 QueuePair& Qp::get() const {
-    if (qp == nullptr || !*qp) throw py::value_error("the QueuePair is closed");
-    return *qp;
+    QueuePair* p = from_connection ? from_connection() : qp;
+    if (p == nullptr || !*p) throw py::value_error("the QueuePair is closed");
+    return *p;
+}
+
+Qp::~Qp() {
+    // Its operations end with operation_aborted, posted: the loop must look.
+    if (context) context->wake();
 }
 
 namespace {
@@ -291,11 +298,14 @@ void bind_verbs(py::module_& m) {
         .def(
             "close",
             [](Qp& q) {
-                if (q.qp == &q.owned) q.owned = QueuePair();
+                q.owned = QueuePair();
                 q.qp = nullptr;
+                q.from_connection = nullptr;
                 q.owner = py::none();
+                q.context->wake();
             },
-            "Destroys the queue pair now (idempotent): its outstanding operations end with gpuverbs.Aborted.");
+            "Destroys the queue pair now (idempotent): its outstanding operations end with gpuverbs.Aborted. An "
+            "rdma_cm connection's queue pair is only let go: close (or disconnect) the connection to end it.");
     add_operations(qp);
 }
 

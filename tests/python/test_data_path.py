@@ -225,3 +225,51 @@ def test_wait_with_a_timeout_says_the_operation_is_still_in_flight(pair):
         op.wait(timeout=0.05)
     pair.qp_a.send(pair.a.pd.register(struct.pack("<Q", 5) * 8, gv.Access.none)).wait()
     assert op.wait(timeout=10).bytes == 64
+
+
+def test_closing_a_queue_pair_wakes_the_task_awaiting_it(pair):
+    rin = pair.b.pd.register(np.zeros(64, dtype=np.uint8), RW)
+
+    async def main():
+        waiting = asyncio.ensure_future(pair.qp_b.receive(rin))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        pair.qp_b.close()  # nothing completes on the wire: the loop must still learn of the abort
+        with pytest.raises(gv.Aborted):
+            await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(main())
+
+
+def test_an_operation_is_awaited_by_one_task_only(pair):
+    rin = pair.b.pd.register(np.zeros(64, dtype=np.uint8), RW)
+
+    async def main():
+        op = pair.qp_b.receive(rin)
+        first = asyncio.ensure_future(op)
+        await asyncio.sleep(0.01)
+        with pytest.raises(ValueError, match="already awaited by another task"):
+            await op
+        await pair.qp_a.send(pair.a.pd.register(np.ones(64, dtype=np.uint8), gv.Access.local_write))
+        return (await first).bytes
+
+    assert asyncio.run(main()) == 64
+
+
+def test_a_completion_reached_by_another_threads_wait_is_handed_to_the_loop(pair):
+    import threading
+
+    rin = pair.b.pd.register(np.zeros(64, dtype=np.uint8), RW)
+    src = pair.a.pd.register(np.ones(64, dtype=np.uint8), gv.Access.local_write)
+
+    async def main():
+        op = pair.qp_b.receive(rin)
+        waiting = asyncio.ensure_future(op)
+        await asyncio.sleep(0.01)
+        # Another thread drives the same context: the receive's handler runs there.
+        t = threading.Thread(target=lambda: pair.qp_a.send(src).wait(timeout=10))
+        t.start()
+        await asyncio.to_thread(t.join)
+        return (await asyncio.wait_for(waiting, 10)).bytes
+
+    assert asyncio.run(main()) == 64

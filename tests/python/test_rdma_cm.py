@@ -118,8 +118,15 @@ def test_a_refused_connection_raises_connection_rejected_with_the_peers_data(con
     ip0, ip1 = rig_ips()
     listener = gv.CmListener(ip1, 0)
 
+    refused = {}
+
     def refuse():
-        listener.accept(20).reject(b"no room")
+        conn = listener.accept(20)
+        device = conn.device
+        pd = gv.ProtectionDomain(device)
+        refused["qp"] = conn.create_qp(pd, gv.CompletionQueue(device, 16, context))
+        refused["keep"] = (conn, pd)
+        conn.reject(b"no room")  # frees the queue pair made on it
 
     t = threading.Thread(target=refuse)
     t.start()
@@ -132,3 +139,6 @@ def test_a_refused_connection_raises_connection_rejected_with_the_peers_data(con
     t.join()
     assert caught.value.code == gv.Errc.connection_rejected
     assert conn.rejection["by_peer"] and conn.rejection["private_data"].startswith(b"no room")
+    region = refused["keep"][1].register(np.zeros(8, dtype=np.uint8), RW)
+    with pytest.raises(ValueError, match="the QueuePair is closed"):
+        refused["qp"].receive(region)

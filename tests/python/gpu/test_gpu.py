@@ -150,6 +150,12 @@ def test_refusals_name_the_problem():
     else:
         raise AssertionError("a transposed tensor was taken")
     try:
+        gv.GpuBuffer(64).copy_from(np.arange(128, dtype=np.uint8)[::2])
+    except ValueError as e:
+        assert "copy_from: data must be contiguous" in str(e)
+    else:
+        raise AssertionError("a strided array was copied")
+    try:
         gv.gpu_memory(torch.zeros(8))
     except ValueError as e:
         assert "obj is cpu memory, not CUDA device memory" in str(e)
