@@ -41,7 +41,7 @@ Context::~Context() {
     if (epoll_ >= 0) ::close(epoll_);
 }
 
-void Context::wake() noexcept {
+void Context::wake() noexcept { // NOLINT(readability-make-member-function-const): signals the eventfd
     const std::uint64_t one = 1;
     (void)!::write(wake_, &one, sizeof one);
 }
