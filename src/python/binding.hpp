@@ -156,6 +156,18 @@ struct Qp {
     Qp& operator=(const Qp&) = delete;
 };
 
+/// QueuePairOptions from the keyword arguments every queue-pair factory takes.
+inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
+                                   std::uint32_t max_recv_sge, std::uint32_t max_inline_data) {
+    QueuePairOptions o;
+    o.max_send_wr = max_send_wr;
+    o.max_recv_wr = max_recv_wr;
+    o.max_send_sge = max_send_sge;
+    o.max_recv_sge = max_recv_sge;
+    o.max_inline_data = max_inline_data;
+    return o;
+}
+
 /// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
 void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);
 /// The Context of the completion queue a QueuePair was made with.

@@ -163,12 +163,8 @@ void bind_connections(py::module_& m) {
                std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
                std::uint32_t max_recv_sge, std::uint32_t max_inline_data) {
                 auto& c = self.cast<Cm&>();
-                QueuePairOptions o;
-                o.max_send_wr = max_send_wr;
-                o.max_recv_wr = max_recv_wr;
-                o.max_send_sge = max_send_sge;
-                o.max_recv_sge = max_recv_sge;
-                o.max_inline_data = max_inline_data;
+                const QueuePairOptions o =
+                    qp_options(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data);
                 auto q = std::make_shared<Qp>();
                 (void)c.conn.create_qp(pd, cq->cq, cq->cq, o);
                 q->from_connection = [conn = &c.conn]() -> QueuePair* { return *conn ? &conn->qp() : nullptr; };

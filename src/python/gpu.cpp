@@ -2,6 +2,7 @@
 // registration decision with its reasons (also without a protection domain),
 // and GpuBuffer, exported to PyTorch and CuPy through DLPack.
 #include "binding.hpp"
+#include "dlpack.hpp"
 
 #include <cstring>
 
@@ -9,41 +10,14 @@ namespace gpuverbs::python {
 
 namespace {
 
-// DLPack's ABI, as memory.cpp reads it (the export side).
-struct DlDevice {
-    std::int32_t device_type;
-    std::int32_t device_id;
-};
-struct DlDataType {
-    std::uint8_t code;
-    std::uint8_t bits;
-    std::uint16_t lanes;
-};
-struct DlTensor {
-    void* data;
-    DlDevice device;
-    std::int32_t ndim;
-    DlDataType dtype;
-    std::int64_t* shape;
-    std::int64_t* strides;
-    std::uint64_t byte_offset;
-};
-struct DlManagedTensor {
-    DlTensor dl_tensor;
-    void* manager_ctx;
-    void (*deleter)(DlManagedTensor* self);
-};
-constexpr std::int32_t dl_cuda = 2;
-constexpr std::uint8_t dl_uint = 1;
-
 /// What an exported DLPack tensor holds: the buffer (through its Python object) and its shape.
 struct Export {
-    DlManagedTensor tensor{};
+    dlpack::ManagedTensor tensor{};
     std::int64_t shape = 0;
     py::object owner;
 };
 
-void delete_export(DlManagedTensor* t) {
+void delete_export(dlpack::ManagedTensor* t) {
     auto* e = static_cast<Export*>(t->manager_ctx);
     py::gil_scoped_acquire gil;
     delete e; // NOLINT(cppcoreguidelines-owning-memory): made in dlpack_of
@@ -54,9 +28,9 @@ py::capsule dlpack_of(const py::object& owner, const GpuBuffer& buffer) {
     e->owner = owner;
     e->shape = static_cast<std::int64_t>(buffer.size());
     e->tensor.dl_tensor.data = buffer.pointer();
-    e->tensor.dl_tensor.device = {dl_cuda, buffer.gpu()};
+    e->tensor.dl_tensor.device = {dlpack::cuda, buffer.gpu()};
     e->tensor.dl_tensor.ndim = 1;
-    e->tensor.dl_tensor.dtype = {dl_uint, 8, 1};
+    e->tensor.dl_tensor.dtype = {dlpack::uint_code, 8, 1};
     e->tensor.dl_tensor.shape = &e->shape;
     e->tensor.dl_tensor.strides = nullptr;
     e->tensor.dl_tensor.byte_offset = 0;
@@ -65,7 +39,7 @@ py::capsule dlpack_of(const py::object& owner, const GpuBuffer& buffer) {
     // An unconsumed capsule frees the tensor itself (DLPack's rule).
     PyCapsule_Destructor unconsumed = [](PyObject* capsule) {
         if (PyCapsule_IsValid(capsule, "dltensor") != 0) {
-            auto* t = static_cast<DlManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+            auto* t = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
             if (t != nullptr && t->deleter != nullptr) t->deleter(t);
         }
     };
@@ -198,7 +172,7 @@ void bind_gpu(py::module_& m) {
             },
             "The buffer's bytes, copied to the host.")
         .def("__len__", &GpuBuffer::size)
-        .def("__dlpack_device__", [](const GpuBuffer& b) { return py::make_tuple(dl_cuda, b.gpu()); })
+        .def("__dlpack_device__", [](const GpuBuffer& b) { return py::make_tuple(dlpack::cuda, b.gpu()); })
         .def(
             "__dlpack__",
             [](const py::object& self, const py::object& /*stream*/) {

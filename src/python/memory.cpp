@@ -3,6 +3,7 @@
 // (and what its protocol lent) for its whole life; a non-contiguous object is
 // refused, never copied. CUDA memory goes through register_gpu_memory.
 #include "binding.hpp"
+#include "dlpack.hpp"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -74,37 +75,6 @@ std::size_t Context::run_one_for(std::chrono::microseconds timeout) {
 // --- Borrowing an object's memory --------------------------------------------
 
 namespace {
-
-// The DLPack ABI (dlpack.h, v0.8 "dltensor" capsules): what a producer lends.
-namespace dlpack {
-struct Device {
-    std::int32_t device_type;
-    std::int32_t device_id;
-};
-struct DataType {
-    std::uint8_t code;
-    std::uint8_t bits;
-    std::uint16_t lanes;
-};
-struct Tensor {
-    void* data;
-    Device device;
-    std::int32_t ndim;
-    DataType dtype;
-    std::int64_t* shape;
-    std::int64_t* strides; ///< in elements; null: compact row-major
-    std::uint64_t byte_offset;
-};
-struct ManagedTensor {
-    Tensor dl_tensor;
-    void* manager_ctx;
-    void (*deleter)(ManagedTensor* self);
-};
-constexpr std::int32_t cpu = 1;
-constexpr std::int32_t cuda = 2;
-constexpr std::int32_t cuda_host = 3;
-constexpr std::int32_t cuda_managed = 13;
-} // namespace dlpack
 
 std::string type_name(const py::handle& obj) {
     return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();

@@ -44,18 +44,6 @@ py::dict port_dict(const PortAttributes& p) {
     return d;
 }
 
-QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
-                            std::uint32_t max_recv_sge, std::uint32_t max_inline_data, std::uint8_t port) {
-    QueuePairOptions o;
-    o.max_send_wr = max_send_wr;
-    o.max_recv_wr = max_recv_wr;
-    o.max_send_sge = max_send_sge;
-    o.max_recv_sge = max_recv_sge;
-    o.max_inline_data = max_inline_data;
-    o.port = port;
-    return o;
-}
-
 /// A prepared queue pair and the CQ whose context will run its completions.
 struct Prepared {
     std::shared_ptr<Context> context;
@@ -258,9 +246,12 @@ void bind_verbs(py::module_& m) {
                          std::uint32_t max_recv_wr, std::uint32_t max_send_sge, std::uint32_t max_recv_sge,
                          std::uint32_t max_inline_data, std::uint8_t port) {
                  auto p = std::make_shared<Prepared>();
-                 p->prepared = PreparedQueuePair(
-                     pd, cq->cq, cq->cq,
-                     qp_options(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data, port));
+                 p->prepared = PreparedQueuePair(pd, cq->cq, cq->cq, [&] {
+                     QueuePairOptions o =
+                         qp_options(max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data);
+                     o.port = port;
+                     return o;
+                 }());
                  p->context = cq->context;
                  p->cq = cq;
                  return p;
