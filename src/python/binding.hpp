@@ -170,8 +170,6 @@ inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_
 
 /// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
 void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);
-/// The Context of the completion queue a QueuePair was made with.
-std::shared_ptr<Context> context_of(const py::object& cq);
 
 /// A Slice from a Region or a Slice argument (TypeError naming `name` otherwise).
 Slice to_slice(const py::handle& arg, const char* name);
@@ -188,8 +186,6 @@ public:
 
     [[nodiscard]] bool done() const noexcept { return done_; }
     [[nodiscard]] const std::shared_ptr<Context>& context() const noexcept { return context_; }
-    /// Keeps `obj` alive until the operation completes (the NIC may use its memory until then).
-    void keep(py::object obj) { keep_.push_back(std::move(obj)); }
     /// The result, or raises the operation's gpuverbs.Error (only once done).
     py::object result();
     /// Attaches an asyncio future: completed (or failed) with the operation.
@@ -227,7 +223,6 @@ private:
     boost::system::error_code ec_;
     py::object future_;
     py::object loop_; ///< the future's loop
-    std::vector<py::object> keep_;
     boost::asio::cancellation_signal signal_;
 };
 

@@ -10,10 +10,9 @@ namespace gpuverbs::python {
 // The Python objects it holds are released under the GIL (the last reference
 // may go on a thread that runs completions without it).
 Operation::~Operation() {
-    if (keep_.empty() && !future_ && !loop_ && regions.empty() && !plan) return;
+    if (!future_ && !loop_ && regions.empty() && !plan) return;
     try {
         py::gil_scoped_acquire gil;
-        keep_.clear();
         regions.clear();
         plan.reset();
         future_ = py::object();
@@ -122,7 +121,6 @@ bool Operation::wait(double timeout) {
 void Operation::finish(const boost::system::error_code& ec) {
     done_ = true;
     ec_ = ec;
-    keep_.clear();
     regions.clear();
     if (future_) deliver();
 }
