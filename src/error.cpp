@@ -60,6 +60,16 @@ public:
                 return "the block list is older than one already received from its owner (its blocks may have been "
                        "reused)";
             case errc::blocks_leased: return "the blocks are leased to a reader that has not released them yet";
+            case errc::queue_pair_in_error:
+                return "the queue pair is in the error state (QueuePair::failure() says since when and why): "
+                       "nothing more can be posted on it; connect a new queue pair (or reset this one and "
+                       "connect it again)";
+            case errc::queue_pair_stalled:
+                return "the queue pair's requests made no progress for longer than the transport's own retry "
+                       "bound: gpuverbs declared it failed and moved it to the error state";
+            case errc::port_down:
+                return "the queue pair's port went down with requests outstanding: gpuverbs moved it to the error "
+                       "state";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";
@@ -87,6 +97,8 @@ public:
             case errc::peer_missing: return std::errc::timed_out;
             case errc::connection_rejected: return std::errc::connection_refused;
             case errc::not_connected: return std::errc::not_connected;
+            case errc::queue_pair_stalled: return std::errc::timed_out;
+            case errc::port_down: return std::errc::network_down;
             default: return {value, *this};
         }
     }

@@ -153,7 +153,52 @@ std::error_code QueuePair::force_error() noexcept {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
     int rc = ibv_modify_qp(core_->qp(), &attr, IBV_QP_STATE);
+    if (rc == 0) (void)core_->health.fail(QueuePairFailure::Cause::moved_to_error, 0);
     return rc == 0 ? std::error_code() : std::error_code(rc, std::system_category());
+}
+
+std::optional<QueuePairFailure> QueuePair::failure() const noexcept {
+    if (!core_ || !core_->health.failed()) return std::nullopt;
+    const detail::QpHealth& h = core_->health;
+    QueuePairFailure f;
+    f.cause = h.cause();
+    f.since = h.since();
+    switch (f.cause) {
+        case QueuePairFailure::Cause::completion_failed:
+            f.status = make_wc_error(static_cast<ibv_wc_status>(h.detail()));
+            break;
+        case QueuePairFailure::Cause::port_down:
+            f.status = errc::port_down;
+            f.port = static_cast<std::uint8_t>(h.detail());
+            break;
+        case QueuePairFailure::Cause::stalled: f.status = errc::queue_pair_stalled; break;
+        default: f.status = errc::queue_pair_in_error; break;
+    }
+    return f;
+}
+
+std::string QueuePairFailure::describe() const {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since);
+    std::string why;
+    switch (cause) {
+        case Cause::completion_failed: why = "a work completion failed (" + status.message() + ")"; break;
+        case Cause::moved_to_error: why = "force_error() moved it there"; break;
+        case Cause::provider_reports_error:
+            why = "the provider reports it in the error state (e.g. the peer answered a request with an error)";
+            break;
+        case Cause::port_down:
+            why = "its port " + std::to_string(port) +
+                  " went down with requests outstanding, and gpuverbs moved it "
+                  "to the error state";
+            break;
+        case Cause::stalled:
+            why =
+                "its requests made no progress for longer than the transport's retry bound, and gpuverbs moved "
+                "it to the error state";
+            break;
+    }
+    return "in the error state since " + std::to_string(ms.count()) + " ms ago: " + why +
+           "; connect a new queue pair (or reset this one and connect it again)";
 }
 
 PreparedQueuePair QueuePair::reset() && {
@@ -174,6 +219,8 @@ PreparedQueuePair QueuePair::reset() && {
     if (!to_reset_and_init(core_->qp(), port_, status)) status.raise();
     core_->send.reset();
     core_->receive.reset();
+    core_->health.clear();
+    core_->watch = detail::QpWatch{};
     PreparedQueuePair p;
     p.core_ = std::move(core_);
     p.port_ = port_;

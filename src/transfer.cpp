@@ -565,7 +565,10 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     executor_ = rails_[0].driver->executor();
     chain_ = options.doorbell_batch;
     failover_ = options.failover && rail_count_ > 1;
-    if (failover_) bound_.assign(bound.begin(), bound.end());
+    if (failover_) {
+        bound_.assign(bound.begin(), bound.end());
+        usable_.resize(rail_count_);
+    }
     if (rail_count_ > 1 || report_ != nullptr) outcomes_.resize(rail_count_);
     return true;
 }
@@ -580,6 +583,30 @@ struct TransferJobBase::Deadline {
     TransferJobBase* job;
 };
 
+/// What the machine asks while it decides, answered under the job's lock:
+/// a rail is usable when its queue pair is alive and accepts asynchronous
+/// operations (then held in usable_ until its streams are submitted).
+class TransferJobBase::Probe final : public TransferFsm::Rails {
+public:
+    explicit Probe(TransferJobBase& job) noexcept : job_(job) {}
+    bool usable(std::size_t rail) override {
+        std::shared_ptr<QpCore>& qp = job_.usable_[rail];
+        qp = job_.bound_[rail].qp.lock();
+        return qp && !async_refusal(qp.get());
+    }
+    bool reaches_notification(std::size_t rail) override {
+        return job_.rails_[rail].reaches_remote(job_.plan_->requests().back().remote.rkey);
+    }
+    void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
+                std::span<std::uint32_t> bounds) override {
+        job_.stripes_ = detail::stripe(*job_.plan_, first, end, weights);
+        std::copy(job_.stripes_.bounds.begin(), job_.stripes_.bounds.end(), bounds.begin());
+    }
+
+private:
+    TransferJobBase& job_;
+};
+
 void TransferJobBase::start() {
     // The rails with requests (by weight, an empty one may sit between
     // two). Counted before the first submit, and the last one found: once it
@@ -589,19 +616,24 @@ void TransferJobBase::start() {
     std::size_t n = 0, last = 0;
     {
         std::lock_guard lock(mutex_);
+        std::vector<std::uint32_t> bounds(rail_count_ + 1);
+        for (std::size_t k = 0; k < rail_count_; ++k) bounds[k] = rails[k].first();
+        bounds[rail_count_] = rails[rail_count_ - 1].end();
+        // Started first: a rail refused at once must not finish the job while others are still to start.
+        Probe probe(*this);
+        fsm_.start(bounds, failover_, notify_.has_value(), probe); // submit them (setup refused an empty plan)
         for (std::size_t k = 0; k < rail_count_; ++k) {
-            if (rails[k].first() == rails[k].end()) continue;
+            if (!fsm_.streams()[k].running) continue;
             ++n;
             last = k;
         }
-        running_ = n; // counted first: a rail refused at once must not finish the job while others are still to start
         started_at_ = std::chrono::steady_clock::now();
     }
     if (deadline_at_) {
         // Started before the rails: a deadline that passes while they are
         // submitted stops those not yet submitted as they are.
         deadline_ = std::make_shared<Deadline>(executor_, this);
-        std::lock_guard hold(deadline_->mutex); // its handler and settle() wait until the wait is started
+        std::lock_guard hold(deadline_->mutex); // its handler and the finish wait until the wait is started
         deadline_->timer.expires_at(*deadline_at_);
         deadline_->timer.async_wait([d = deadline_](const boost::system::error_code& ec) {
             if (ec) return; // cancelled: the transfer finished first
@@ -622,19 +654,15 @@ void TransferJobBase::start() {
 bool TransferJobBase::pin(std::error_code reason) {
     std::lock_guard lock(mutex_);
     // Finishing (nothing running), notifying (every block landed; the
-    // notification ends as it ends), or stopped already: nothing to do.
-    if (running_ == 0 || notified_ || stopping_ || destroyed_) return false;
-    if (!error_) {
-        // The words first: if they cannot be allocated, nothing has changed.
-        if (failed_blocks_ != nullptr) {
-            *failed_blocks_ = reason == std::errc::timed_out
-                                  ? "the deadline passed before every block had moved (nothing more was posted)"
-                                  : "the transfer was cancelled (nothing more was posted)";
-        }
-        error_ = reason;
+    // notification ends as it ends), destroyed, or stopped already: nothing to do.
+    if (!fsm_.stoppable()) return false;
+    // The words first: if they cannot be allocated, nothing has changed.
+    if (!fsm_.error() && failed_blocks_ != nullptr) {
+        *failed_blocks_ = reason == std::errc::timed_out
+                              ? "the deadline passed before every block had moved (nothing more was posted)"
+                              : "the transfer was cancelled (nothing more was posted)";
     }
-    stopping_ = true;
-    ++running_; // held open until stop_pinned() has stopped every rail
+    fsm_.stop(reason); // taken (stoppable): held open until stop_pinned() has stopped every stream
     return true;
 }
 
@@ -647,22 +675,23 @@ void TransferJobBase::stop(std::error_code reason) noexcept {
 // NOLINTNEXTLINE(bugprone-exception-escape): as finished_one
 void TransferJobBase::stop_pinned() noexcept {
     // Each stream stops under its driver's lock; a waiting one finishes here
-    // (finished_one), never the job: the pin holds it open. Streams that took
-    // over a failed rail's requests are listed under the lock (the list grows).
+    // (finished_one), never the job: the pin holds it open. The streams are
+    // listed under the lock (takeovers add to them).
     std::vector<RailStream*> streams;
     {
         std::lock_guard lock(mutex_);
         // Not those that finished: their queue pair (and driver) may be gone since.
-        for (std::size_t k = 0; k < rail_count_; ++k) {
-            if (rails_[k].first() < rails_[k].end() && !rails_[k].settled) streams.push_back(&rails_[k]);
-        }
-        for (const auto& s : extra_) {
-            if (!s->settled) streams.push_back(s.get());
+        const auto all = fsm_.streams();
+        for (std::uint32_t id = 0; id < all.size(); ++id) {
+            if (all[id].running) streams.push_back(&stream(id));
         }
     }
     for (RailStream* s : streams) s->driver->stop_stream(*s);
     std::unique_lock lock(mutex_);
-    settle(lock);
+    Probe probe(*this);
+    const TransferFsm::Action a = fsm_.unpin(probe);
+    explain(a.why, {});
+    perform(lock, a);
 }
 
 // Only std::bad_alloc (the words of an error, the handler's post) can escape;
@@ -696,104 +725,68 @@ void summarize_blocks(const TransferPlan& plan, TransferReport& r) {
 }
 
 void TransferJobBase::fill_report() const {
-    // A request's state over every stream that carried it: landed on any of
-    // them, else uncertain if any posted it, else never posted.
-    const auto requests = plan_->requests();
+    // A request's state over every stream that carried it (the machine's), per rail what the machine decided.
+    const std::size_t n = plan_->requests().size();
+    std::vector<RequestState> states(n);
+    fsm_.request_states(states);
     TransferReport& r = *report_;
-    r.requests.assign(requests.size(), BlockState::not_posted);
-    auto rank = [](BlockState s) { return s == BlockState::landed ? 2 : s == BlockState::uncertain ? 1 : 0; };
-    each_stream([&](const RailStream& rail) {
-        const std::uint32_t landed = rail.landed_end();
-        const std::uint32_t posted = rail.posted_end();
-        for (std::uint32_t i = rail.first(); i < rail.end(); ++i) {
-            const BlockState s = i < landed   ? BlockState::landed
-                                 : i < posted ? BlockState::uncertain
-                                              : BlockState::not_posted;
-            if (rank(s) > rank(r.requests[i])) r.requests[i] = s;
-        }
-    });
+    r.requests.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        r.requests[i] = states[i] == RequestState::landed      ? BlockState::landed
+                        : states[i] == RequestState::uncertain ? BlockState::uncertain
+                                                               : BlockState::not_posted;
+    }
     summarize_blocks(*plan_, r);
     r.rails = outcomes_;
-}
-
-namespace {
-/// Whether a rail's failure is its path's (another rail may do better), not the request's.
-bool path_failure(const RailStream& rail, std::error_code ec) {
-    if (rail.notification_failed()) return false; // never posted twice: it consumes a receive
-    if (rail.post_refused()) return true;
-    switch (rail.wc_status()) {
-        case IBV_WC_SUCCESS: return ec == aborted_error(); // its queue pair (or CQ) was destroyed
-        case IBV_WC_RETRY_EXC_ERR:
-        case IBV_WC_RNR_RETRY_EXC_ERR:
-        case IBV_WC_WR_FLUSH_ERR:
-        case IBV_WC_LOC_QP_OP_ERR: // Soft-RoCE: its port's link is down
-        case IBV_WC_FATAL_ERR:
-        case IBV_WC_RESP_TIMEOUT_ERR:
-        case IBV_WC_GENERAL_ERR:
-        case IBV_WC_REM_ABORT_ERR: return true;
-        default: // the request's keys, ranges or operation: as wrong on any rail
-            return false;
+    const auto rails = fsm_.rails();
+    for (std::size_t k = 0; k < r.rails.size() && k < rails.size(); ++k) {
+        r.rails[k].error = rails[k].error;
+        r.rails[k].taken_over = rails[k].taken_over;
+        r.rails[k].took_over = rails[k].took_over;
     }
 }
-} // namespace
 
-bool TransferJobBase::fail_over(RailStream& rail, std::vector<RailStream*>& streams,
-                                std::vector<std::shared_ptr<QpCore>>& hold) {
-    const std::size_t failed = rail.index;
-    const std::uint32_t first = rail.landed_end();
-    const std::uint32_t end = rail.end();
-    // The rails that have not failed and can still run, weighted equally.
-    std::vector<std::uint64_t> weights(rail_count_, 0);
-    std::vector<std::shared_ptr<QpCore>> qps(rail_count_);
-    bool any = false;
-    for (std::size_t j = 0; j < rail_count_; ++j) {
-        if (j == failed || outcomes_[j].error) continue;
-        qps[j] = bound_[j].qp.lock();
-        if (!qps[j] || async_refusal(qps[j].get())) continue;
-        weights[j] = 1;
-        any = true;
-    }
-    if (!any) return false;
-    if (first == end) return true; // every request of it landed (it failed after them)
-    const Stripes stripes = stripe(*plan_, first, end, weights);
+RailStream& TransferJobBase::stream(std::uint32_t id) const noexcept {
+    return id < rail_count_ ? rails_[id] : *extra_[id - rail_count_];
+}
+
+std::uint32_t TransferJobBase::stream_id(const RailStream& s) const noexcept {
+    if (s.index < rail_count_ && &rails_[s.index] == &s) return static_cast<std::uint32_t>(s.index);
+    std::size_t i = 0; // a takeover: few, and only after a failure
+    while (extra_[i].get() != &s) ++i;
+    return static_cast<std::uint32_t>(rail_count_ + i);
+}
+
+bool TransferJobBase::make_takeover(const TransferFsm::Action& action, Holds& hold) {
     std::vector<std::unique_ptr<RailStream>> made;
-    for (std::size_t j = 0; j < rail_count_; ++j) {
-        if (stripes.bounds[j] == stripes.bounds[j + 1]) continue;
+    for (std::uint32_t id = action.first_stream; id < action.end_stream; ++id) {
+        const TransferFsm::Stream& t = fsm_.streams()[id];
+        QpCore& qp = *usable_[t.rail]; // the machine asked: alive and usable
         auto s = std::make_unique<RailStream>();
         s->fn = &TransferJobBase::rail_done;
         s->job = this;
-        s->index = j;
+        s->index = t.rail;
         std::string why;
-        if (s->setup(*qps[j], *plan_, stripes.bounds[j], stripes.bounds[j + 1], stripes.bytes[j], bound_[j].local_keys,
-                     bound_[j].remote_keys, chain_, why)) {
+        if (s->setup(qp, *plan_, t.first, t.end, stripes_.bytes[t.rail], bound_[t.rail].local_keys,
+                     bound_[t.rail].remote_keys, chain_, why)) {
             return false; // a key it cannot translate: checked at the start only for its own share
         }
-        s->driver = qps[j]->send_cq()->driver();
+        s->driver = qp.send_cq()->driver();
         made.push_back(std::move(s));
     }
-    for (const auto& s : made) { // counted once every stream could be made
-        outcomes_[s->index].took_over += s->end() - s->first();
-        hold.push_back(qps[s->index]);
-    }
-    outcomes_[failed].taken_over += end - first;
-    for (auto& s : made) {
-        streams.push_back(s.get());
+    for (auto& s : made) { // kept once every stream could be made, in the machine's order
+        hold.push_back(usable_[s->index]);
         extra_.push_back(std::move(s));
     }
-    running_ += streams.size();
     return true;
 }
 
 void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
     const std::size_t k = rail.index;
-    std::vector<RailStream*> takeover;
-    std::vector<std::shared_ptr<QpCore>> hold; // their queue pairs, alive until submitted
+    Holds hold; // the takeovers' queue pairs, alive until submitted
     std::unique_lock lock(mutex_);
-    rail.settled = true;
-    // An abort (its queue pair or CQ destroyed) completes us under that
-    // driver's lock: what is submitted from here must wait until it is released.
-    deferred_ = how == AsyncOpBase::How::post;
-    if (how == AsyncOpBase::How::destroy) destroyed_ = true;
+    // Every completion, an abort's too, comes after its driver released its
+    // lock (async_driver.hpp): takeovers are submitted from here directly.
     std::error_code e = rail.error();
     if (!e && rail.failure) e = *rail.failure;
     if (!e) e = ec;
@@ -804,116 +797,114 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
         outcomes_[k].bytes += moved;
         outcomes_[k].busy = std::chrono::steady_clock::now() - started_at_;
     }
+    std::string text;
     if (e) {
-        std::string text;
+        const bool stopping = fsm_.phase() == TransferFsm::Phase::stopping;
         if (rail.notification_failed()) {
             text = "the notification after the last block";
         } else if (rail.failed()) {
             text = plan_->blocks_of(rail.failed_request());
-        } else if (!stopping_ && e == aborted_error()) {
+        } else if (!stopping && e == aborted_error()) {
             text = "its queue pair or completion queue was destroyed";
         } else {
             text = "the transfer was stopped (" + e.message() + ")";
         }
         if (rail_count_ > 1) text += " on rail " + std::to_string(k);
-        // Not once the notification is armed: every block has landed, and the notification is never posted twice.
-        const bool could_move =
-            failover_ && !stopping_ && !destroyed_ && !notified_ && !error_ && path_failure(rail, e);
-        const bool moved_on = could_move && fail_over(rail, takeover, hold);
-        // A rail that failed while the transfer was stopping failed all the same (its group should know).
-        if (!outcomes_.empty() && !outcomes_[k].error && (!stopping_ || rail.failed())) {
-            outcomes_[k].error = e;
-            outcomes_[k].failure = e.message() + ": " + text;
-        }
-        if (!moved_on && !error_) {
-            error_ = e;
-            if (could_move) {
-                // No rail was left to take its requests: name every rail that failed, and why.
-                text = "every rail failed:";
-                for (std::size_t j = 0; j < rail_count_; ++j) {
-                    if (outcomes_[j].error) text += " rail " + std::to_string(j) + ": " + outcomes_[j].failure + ";";
-                }
-                text.pop_back();
-            }
-            if (failed_blocks_ != nullptr) *failed_blocks_ = std::move(text);
-        }
     }
-    const bool defer = deferred_;
-    settle(lock); // cannot finish the job while streams that took over are counted
-    if (takeover.empty()) return;
-    if (lock.owns_lock()) lock.unlock();
-    for (RailStream* s : takeover) submit_stream(s, defer);
+    TransferFsm::StreamEnd end;
+    end.stream = stream_id(rail);
+    end.landed_end = rail.landed_end();
+    end.posted_end = rail.posted_end();
+    end.error = e;
+    end.failure = classify_stream_failure(e, rail.wc_status(), rail.post_refused(), rail.notification_failed());
+    end.own_failure = rail.failed();
+    end.destroyed = how == AsyncOpBase::How::destroy;
+    Probe probe(*this);
+    TransferFsm::Action a = fsm_.stream_finished(end, probe);
+    if (a.kind == TransferFsm::Action::Kind::make_streams) a = fsm_.takeover_made(make_takeover(a, hold), probe);
+    // A rail that failed while the transfer was stopping failed all the same (its group should know).
+    if (a.record_failure && !outcomes_.empty()) outcomes_[k].failure = e.message() + ": " + text;
+    explain(a.why, std::move(text));
+    perform(lock, a); // `hold` outlives the submissions
 }
 
-namespace {
-/// A stream's submission posted to its driver's executor (when the caller
-/// holds a driver's lock); destroyed unrun (its execution context is going
-/// away), it completes the stream as destroyed, so the transfer still ends.
-struct DeferredSubmit {
-    RailStream* stream;
-    explicit DeferredSubmit(RailStream* s) noexcept : stream(s) {}
-    DeferredSubmit(DeferredSubmit&& other) noexcept : stream(std::exchange(other.stream, nullptr)) {}
-    DeferredSubmit(const DeferredSubmit&) = delete;
-    DeferredSubmit& operator=(const DeferredSubmit&) = delete;
-    DeferredSubmit& operator=(DeferredSubmit&&) = delete;
-    ~DeferredSubmit() {
-        if (stream != nullptr) stream->complete(AsyncOpBase::How::destroy);
-    }
-    void operator()() {
-        RailStream* s = std::exchange(stream, nullptr);
-        s->driver->submit(s);
-    }
-};
-} // namespace
-
-void TransferJobBase::submit_stream(RailStream* s, bool defer) {
-    if (!defer) {
-        s->driver->submit(s);
-        return;
-    }
-    boost::asio::post(s->driver->executor(), DeferredSubmit(s));
-}
-
-void TransferJobBase::settle(std::unique_lock<std::mutex>& lock) {
-    if (--running_ != 0) return;
-    if (!destroyed_ && !error_ && notify_ && !notified_) {
-        // On the first rail that has not failed and reaches the plan's last remote block.
-        RailStream* notify = nullptr;
-        std::shared_ptr<QpCore> held;
-        const std::uint32_t last_key = plan_->requests().back().remote.rkey;
-        for (std::size_t j = 0; j < rail_count_ && notify == nullptr; ++j) {
-            if (!outcomes_.empty() && outcomes_[j].error) continue;
-            if (failover_) {
-                held = bound_[j].qp.lock();
-                if (!held || async_refusal(held.get())) continue;
+void TransferJobBase::explain(TransferFsm::Why why, std::string text) {
+    if (failed_blocks_ == nullptr) return;
+    switch (why) {
+        case TransferFsm::Why::none:
+        case TransferFsm::Why::stopped: return; // pin() wrote them before the stop was taken
+        case TransferFsm::Why::stream_failed: *failed_blocks_ = std::move(text); return;
+        case TransferFsm::Why::every_rail_failed: {
+            // No rail was left to take its requests: name every rail that failed, and why.
+            std::string all = "every rail failed:";
+            const auto rails = fsm_.rails();
+            for (std::size_t j = 0; j < rail_count_; ++j) {
+                if (rails[j].error) all += " rail " + std::to_string(j) + ": " + outcomes_[j].failure + ";";
             }
-            if (rails_[j].reaches_remote(last_key)) notify = &rails_[j];
-        }
-        if (notify != nullptr) {
-            notified_ = true;
-            running_ = 1;
-            notify->settled = false;
-            const bool defer = deferred_;
-            lock.unlock();
-            notify->reset_for_resubmit();
-            notify->arm_notification(*notify_);
-            submit_stream(notify, defer);
+            all.pop_back();
+            *failed_blocks_ = std::move(all);
             return;
         }
-        error_ = errc::invalid_argument;
-        if (failed_blocks_ != nullptr) {
+        case TransferFsm::Why::no_rail_for_notification:
             *failed_blocks_ =
                 "every block landed, but no rail that has not failed reaches the notification's "
                 "remote region (give its key on another rail: TransferRail::remote)";
-        }
+            return;
     }
-    const bool destroy = destroyed_;
+}
+
+void TransferJobBase::submit_stream(RailStream* s) {
+    // Never under a driver's lock: every completion, aborts included, reaches
+    // the job after the driver released it, so a takeover may go to any driver.
+    s->driver->submit(s);
+}
+
+void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const TransferFsm::Action& action) {
+    using Kind = TransferFsm::Action::Kind;
+    // The queue pairs the machine looked at are not held past this event, but those about to be submitted to.
+    // They are let go after the job's lock (the last reference destroys a
+    // queue pair, which waits for its CQ's pollers: never under our lock).
+    std::shared_ptr<QpCore> notify_qp;
+    if (action.kind == Kind::notify && failover_) notify_qp = std::move(usable_[action.rail]);
+    Holds released(usable_.size());
+    released.swap(usable_);
+    switch (action.kind) {
+        case Kind::wait:
+        case Kind::make_streams: // answered in finished_one
+        case Kind::stop_streams: // performed by stop_pinned
+            lock.unlock();
+            return;
+        case Kind::submit: {
+            // Listed under the lock; once the last is submitted the job may be gone.
+            std::vector<RailStream*> streams;
+            const auto all = fsm_.streams();
+            for (std::uint32_t id = action.first_stream; id < action.end_stream; ++id) {
+                if (all[id].running) streams.push_back(&stream(id));
+            }
+            lock.unlock();
+            for (RailStream* s : streams) submit_stream(s);
+            return;
+        }
+        case Kind::notify: {
+            // On the first rail that has not failed and reaches the plan's last remote block.
+            RailStream* notify = &rails_[action.rail];
+            const std::uint32_t immediate = *notify_;
+            lock.unlock();
+            notify->reset_for_resubmit();
+            notify->arm_notification(immediate);
+            submit_stream(notify);
+            return;
+        }
+        case Kind::finish: break;
+    }
+    error_ = fsm_.error();
+    const bool destroy = fsm_.destroyed();
     lock.unlock();
     if (deadline_) {
         // The timer's handler finds no job from here on; a pending wait ends
         // early (not while the execution context is being destroyed: its
         // services are shutting down, and the wait is destroyed with them).
-        std::lock_guard hold(deadline_->mutex);
+        std::lock_guard held(deadline_->mutex);
         deadline_->job = nullptr;
         if (!destroy) deadline_->timer.cancel();
     }

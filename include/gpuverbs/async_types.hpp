@@ -52,6 +52,19 @@ struct AsyncOptions {
     /// destroying a QueuePair or the CompletionQueue from another thread is a
     /// data race. Default: any thread (a spin lock around the engine).
     bool single_threaded = false;
+    /// Liveness (docs/transfers.md, "Bounds"): while operations are
+    /// outstanding, the engine looks this often at their queue pairs — their
+    /// state, their port, whether their send queue still makes progress —
+    /// and ends what the provider will not complete. Zero turns the watch
+    /// off: an operation then ends only when the provider completes it.
+    std::chrono::milliseconds liveness_tick{50};
+    /// How long the provider gets to flush a queue pair gpuverbs knows is in
+    /// the error state before gpuverbs completes its operations itself.
+    std::chrono::milliseconds flush_grace{250};
+    /// Added to twice the transport's retry bound ((retry_count + 1) ×
+    /// 4.096 µs × 2^timeout) to give how long a send queue with requests
+    /// outstanding may go without any completion before it is declared stalled.
+    std::chrono::milliseconds stall_margin{500};
 };
 
 /// What an asynchronous receive hands back.
@@ -71,6 +84,10 @@ struct AsyncStatistics {
     std::uint64_t empty_polls = 0;      ///< … that found nothing
     std::uint64_t wakeups = 0;          ///< completion-channel events waited for
     std::uint64_t work_completions = 0; ///< entries polled from the CQ (a transfer signals one per chain)
+    /// Queue pairs the liveness watch declared failed (the provider in error, a port down, a stall).
+    std::uint64_t queue_pairs_failed = 0;
+    /// Operations the watch ended itself because the provider did not complete them in time.
+    std::uint64_t completed_by_library = 0;
 };
 
 namespace detail {

@@ -65,6 +65,11 @@ enum class errc {
     // Leases on a peer's blocks (leases.hpp).
     stale_block_list, ///< a block list older than one already received from the same owner
     blocks_leased,    ///< the owner may not reuse these blocks yet: a reader holds a lease on them
+    // Liveness: what gpuverbs knows of a queue pair's state (QueuePair::failure()).
+    queue_pair_in_error, ///< the queue pair is in the error state: nothing more can be posted on it; reconnect it
+    queue_pair_stalled,  ///< its requests made no progress for longer than the transport's retry bound: gpuverbs moved
+                         ///< it to error
+    port_down,           ///< its port went down with requests outstanding: gpuverbs moved it to error
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

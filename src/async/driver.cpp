@@ -4,6 +4,7 @@
 #include "gpuverbs/detail/async/async_driver.hpp"
 
 #include "gpuverbs/detail/async/async_op.hpp"
+#include "gpuverbs/detail/async/liveness.hpp"
 #include "gpuverbs/detail/data_path/completion_path.hpp"
 #include "gpuverbs/detail/data_path/posting_path.hpp"
 #include "gpuverbs/detail/transfers/transfer_stream.hpp"
@@ -31,7 +32,8 @@ AsyncDriver::AsyncDriver(const asio::any_io_executor& executor, CqCore& cq, cons
       cq_(&cq),
       channel_(cq.channel_core()),
       descriptor_(executor, channel_->channel()->fd),
-      options_(options) {
+      options_(options),
+      watch_timer_(executor) {
     descriptor_.non_blocking(true);
 }
 
@@ -66,10 +68,13 @@ void single_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, st
                       OpList& done) noexcept {
     driver.finish(op, wc, done);
 }
+void single_abandon(AsyncOpBase& op, std::error_code ec) noexcept {
+    op.failure = ec;
+}
 } // namespace
 
-const OpBehaviour send_behaviour{&send_has_room, &send_post, &single_completed};
-const OpBehaviour receive_behaviour{&receive_has_room, &receive_post, &single_completed};
+const OpBehaviour send_behaviour{&send_has_room, &send_post, &single_completed, &single_abandon};
+const OpBehaviour receive_behaviour{&receive_has_room, &receive_post, &single_completed, &single_abandon};
 
 void AsyncDriver::finish(AsyncOpBase& op, const ibv_wc& wc, OpList& done) noexcept {
     if (!fsm_.finished(&op)) return;
@@ -84,6 +89,7 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
     std::error_code refused;
     {
         std::lock_guard lock(mutex_);
+        if (!watching_) start_watch();
         switch (fsm_.submit(op, op->behaviour->has_room(*op))) {
             case AsyncFsm::Submit::abort: refused = aborted_error(); break;
             case AsyncFsm::Submit::wait: break;
@@ -303,13 +309,146 @@ void AsyncDriver::stop_waiting_if_idle() noexcept {
     }
 }
 
+// --- liveness (liveness.hpp) ------------------------------------------------
+
+void AsyncDriver::start_watch() {
+    if (watching_ || closed_ || options_.liveness_tick.count() <= 0) return;
+    watching_ = true;
+    watch_timer_.expires_after(options_.liveness_tick);
+    watch_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) { self->on_watch(ec); });
+}
+
+// Only std::bad_alloc from Asio (the next wait's handler) can escape: as submit().
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void AsyncDriver::on_watch(const boost::system::error_code& ec) {
+    OpList done;
+    {
+        std::lock_guard lock(mutex_);
+        watching_ = false;
+        // Nothing outstanding: the watch stops (the next submit starts it), so
+        // an idle CQ keeps no timer and lets its io_context's run() return.
+        if (ec || closed_ || fsm_.outstanding() == 0) return;
+        watch(done);
+        post_ready(done);
+        stop_waiting_if_idle();
+        if (fsm_.outstanding() > 0) start_watch();
+    }
+    deliver(done);
+}
+
+void AsyncDriver::watch(OpList& done) noexcept {
+    ++tick_;
+    ports_seen_count_ = 0;
+    const auto now = Clock::now();
+    // The queue pairs whose operations gpuverbs ends now: collected first (ending them edits the lists walked).
+    std::array<QpCore*, 16> ending{};
+    std::size_t n = 0;
+    for (AsyncOpLinks* list : {fsm_.first_posted(), fsm_.first_waiting()}) {
+        for (AsyncOpLinks* l = list; l != nullptr && n < ending.size(); l = l->next) {
+            QpCore* qp = op_of(l)->qp;
+            if (qp == nullptr || qp->watch.stamp == tick_) continue;
+            qp->watch.stamp = tick_;
+            if (examine(*qp, now)) ending[n++] = qp; // more than 16 at once: the rest on the next tick
+        }
+    }
+    for (std::size_t k = 0; k < n; ++k) complete_by_library(*ending[k], done);
+}
+
+bool AsyncDriver::examine(QpCore& qp, Clock::time_point now) noexcept {
+    QpWatch& w = qp.watch;
+    if (qp.qp()->qp_type != IBV_QPT_RC) return false; // a datagram queue pair has no connection to lose
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    if (!w.timers_known &&
+        ibv_query_qp(qp.qp(), &attr, IBV_QP_PORT | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &init) == 0) {
+        w.port = attr.port_num;
+        w.timeout = attr.timeout;
+        w.retry_count = attr.retry_cnt;
+        w.rnr_retry = attr.rnr_retry;
+        w.timers_known = true;
+    }
+    QpSight sight;
+    sight.known_failed = qp.health.failed();
+    if (!sight.known_failed) {
+        attr = {};
+        if (ibv_query_qp(qp.qp(), &attr, IBV_QP_STATE, &init) == 0)
+            sight.provider_error = attr.qp_state == IBV_QPS_ERR || attr.qp_state == IBV_QPS_SQE;
+        sight.send_outstanding = qp.send.outstanding();
+        sight.send_retired = qp.send.retired();
+        if (sight.send_outstanding > 0) {
+            sight.port_active = port_active(qp);
+            if (w.timers_known) sight.stall_after = stall_bound(w, qp.send.oldest_opcode(), options_.stall_margin);
+        }
+    }
+    using Cause = QueuePairFailure::Cause;
+    auto move_to_error = [&] {
+        // The provider flushes what it holds (or, if it does not, the flush grace ends it)
+        // and nothing more of this queue pair goes on the wire.
+        ibv_qp_attr err{};
+        err.qp_state = IBV_QPS_ERR;
+        (void)ibv_modify_qp(qp.qp(), &err, IBV_QP_STATE);
+        w.moved_to_error = true;
+    };
+    switch (judge(w, sight, now, options_.flush_grace)) {
+        case LivenessVerdict::healthy:
+        case LivenessVerdict::wait_for_flush: return false;
+        case LivenessVerdict::provider_error:
+            if (qp.health.fail(Cause::provider_reports_error, 0)) ++declared_failed_;
+            return false;
+        case LivenessVerdict::port_down:
+            if (qp.health.fail(Cause::port_down, w.port)) ++declared_failed_;
+            move_to_error();
+            return false;
+        case LivenessVerdict::stalled:
+            if (qp.health.fail(Cause::stalled, 0)) ++declared_failed_;
+            move_to_error();
+            return false;
+        case LivenessVerdict::complete_by_library: return true;
+    }
+    return false;
+}
+
+bool AsyncDriver::port_active(QpCore& qp) noexcept {
+    ibv_context* context = qp.qp()->context;
+    const std::uint8_t port = qp.watch.port;
+    if (port == 0) return true;
+    for (std::size_t k = 0; k < ports_seen_count_; ++k) {
+        if (ports_seen_[k].context == context && ports_seen_[k].port == port) return ports_seen_[k].active;
+    }
+    ibv_port_attr attr{};
+    const bool active = ibv_query_port(context, port, &attr) != 0 || attr.state == IBV_PORT_ACTIVE;
+    if (ports_seen_count_ < ports_seen_.size()) ports_seen_[ports_seen_count_++] = {context, port, active};
+    return active;
+}
+
+void AsyncDriver::complete_by_library(QpCore& qp, OpList& done) noexcept {
+    std::error_code ec = errc::queue_pair_in_error;
+    if (qp.health.cause() == QueuePairFailure::Cause::port_down) ec = errc::port_down;
+    if (qp.health.cause() == QueuePairFailure::Cause::stalled) ec = errc::queue_pair_stalled;
+    OpList ops = fsm_.release(&qp);
+    while (AsyncOpLinks* links = ops.pop_front()) {
+        AsyncOpBase* op = op_of(links);
+        op->behaviour->abandon(*op, ec);
+        ++completed_by_library_;
+        done.push_back(op);
+    }
+    // What the provider delivers later finds no operation (they are freed once their handlers ran).
+    qp.send.forget_outstanding();
+    if (qp.srq() == nullptr) qp.receive.forget_outstanding();
+}
+
 void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) noexcept {
     std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // the QP may hold the last reference to us
-    std::lock_guard lock(mutex_);
-    OpList ops = fsm_.release(qp.get());
+    OpList ops;
+    {
+        std::lock_guard lock(mutex_);
+        ops = fsm_.release(qp.get());
+        stop_waiting_if_idle();
+        qp.reset(); // destroys the QP under the lock: no poll runs concurrently
+    }
+    // Completed once the lock is released: a transfer's rail may fail over
+    // and submit to this very driver (no library code runs under the lock).
     abort(ops);
-    stop_waiting_if_idle();
-    qp.reset(); // destroys the QP under the lock: no poll runs concurrently
 }
 
 bool AsyncDriver::has_operations(const QpCore& qp) noexcept {
@@ -320,13 +459,17 @@ bool AsyncDriver::has_operations(const QpCore& qp) noexcept {
 
 void AsyncDriver::shutdown() noexcept {
     std::shared_ptr<AsyncDriver> self = weak_from_this().lock(); // dropping the CQ may drop the last reference
-    std::lock_guard lock(mutex_);
-    closed_ = true;
-    OpList ops = fsm_.shutdown();
-    abort(ops);
-    boost::system::error_code ignored;
-    descriptor_.cancel(ignored);
-    if (descriptor_.is_open()) (void)descriptor_.release();
+    OpList ops;
+    {
+        std::lock_guard lock(mutex_);
+        closed_ = true;
+        ops = fsm_.shutdown();
+        boost::system::error_code ignored;
+        descriptor_.cancel(ignored);
+        watch_timer_.cancel();
+        if (descriptor_.is_open()) (void)descriptor_.release();
+    }
+    abort(ops); // after the lock, as release_qp
 }
 
 void AsyncDriver::destroy_all() noexcept {
@@ -346,8 +489,8 @@ void AsyncDriver::destroy(OpList& ops) noexcept {
 AsyncStatistics AsyncDriver::statistics() noexcept {
     std::lock_guard lock(mutex_);
     const AsyncCounters& c = fsm_.counters();
-    return {c.submitted, c.waited,     c.finished, c.aborted,        c.cancelled,
-            polls_,      empty_polls_, wakeups_,   work_completions_};
+    return {c.submitted,  c.waited, c.finished,        c.aborted,        c.cancelled,          polls_,
+            empty_polls_, wakeups_, work_completions_, declared_failed_, completed_by_library_};
 }
 
 // --- operation memory -------------------------------------------------------

@@ -38,7 +38,10 @@ void rail_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std:
                     OpList& done) noexcept {
     driver.advance(static_cast<RailStream&>(op), wc, sequence, done);
 }
-const OpBehaviour rail_behaviour{&rail_has_room, &rail_post, &rail_completed};
+void rail_abandon(AsyncOpBase& op, std::error_code ec) noexcept {
+    static_cast<RailStream&>(op).abandon(ec);
+}
+const OpBehaviour rail_behaviour{&rail_has_room, &rail_post, &rail_completed, &rail_abandon};
 
 } // namespace
 
@@ -222,6 +225,24 @@ void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
     --chains_in_flight_;
 }
 
+void RailStream::abandon(std::error_code ec) noexcept {
+    // Whether what it holds is the notification: armed and not yet posted, or its chain in flight.
+    const auto plan_size = static_cast<std::uint32_t>(plan_->requests().size());
+    const bool notification = notify_ || (chains_in_flight_ > 0 && ring_[ring_head_].count == 0 &&
+                                          ring_[ring_head_].first_request >= plan_size);
+    if (!failed()) {
+        abandon_error_ = ec;
+        // As if the provider had flushed it (a path's failure: failover may
+        // move its requests). Every request before done_until_ completed;
+        // those after it were posted and may or may not have landed.
+        wc_error_ = IBV_WC_WR_FLUSH_ERR;
+        failed_request_ = notification ? plan_size : done_until_;
+    }
+    notify_ = false;
+    chains_in_flight_ = 0;
+    ring_head_ = 0;
+}
+
 std::uint64_t RailStream::bytes() const noexcept {
     // The requests known to have completed without error (landed_end()), summed once, not per request.
     std::uint64_t total = total_bytes_;
@@ -259,6 +280,7 @@ bool RailStream::reaches_remote(std::uint32_t plan_rkey) const noexcept {
 
 std::error_code RailStream::error() const noexcept {
     if (post_error_) return post_error_;
+    if (abandon_error_) return abandon_error_; // why gpuverbs ended it, rather than the flush it stands for
     if (wc_error_ != IBV_WC_SUCCESS) return make_wc_error(wc_error_);
     return {};
 }

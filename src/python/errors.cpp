@@ -129,7 +129,10 @@ void bind_errors(py::module_& m) {
         .value("connection_rejected", errc::connection_rejected)
         .value("not_connected", errc::not_connected)
         .value("stale_block_list", errc::stale_block_list)
-        .value("blocks_leased", errc::blocks_leased);
+        .value("blocks_leased", errc::blocks_leased)
+        .value("queue_pair_in_error", errc::queue_pair_in_error)
+        .value("queue_pair_stalled", errc::queue_pair_stalled)
+        .value("port_down", errc::port_down);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
     // pybind11's translator type takes the pointer by value.

@@ -221,6 +221,10 @@ void bind_verbs(py::module_& m) {
             d["polls"] = s.polls;
             d["wakeups"] = s.wakeups;
             d["work_completions"] = s.work_completions;
+            d["waited"] = s.waited;
+            d["empty_polls"] = s.empty_polls;
+            d["queue_pairs_failed"] = s.queue_pairs_failed;
+            d["completed_by_library"] = s.completed_by_library;
             return d;
         });
 

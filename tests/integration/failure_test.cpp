@@ -24,12 +24,17 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
         CHECK(done[0].context == 3);
         CHECK(done[0].opcode == Opcode::write); // known even though ibv_wc.opcode is not valid on errors
         CHECK(done[0].status.message().find("wrong rkey") != std::string::npos);
-        // The QP is now in the error state: later requests are flushed, not lost.
-        REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, {.context = 4}));
-        auto flushed = poll_for(p.a.cq, 1);
-        REQUIRE(flushed.size() == 1);
-        CHECK(flushed[0].status == make_wc_error(IBV_WC_WR_FLUSH_ERR));
-        CHECK(flushed[0].context == 4);
+        // The QP is now in the error state, and gpuverbs knows it from the
+        // completion: a later request is refused at once, saying so, and
+        // nothing reaches the provider (which may never complete it).
+        const std::optional<QueuePairFailure> failure = p.a.qp.failure();
+        REQUIRE(failure);
+        CHECK(failure->cause == QueuePairFailure::Cause::completion_failed);
+        CHECK(failure->status == make_wc_error(IBV_WC_REM_ACCESS_ERR));
+        CHECK_MESSAGE(failure->describe().find("a work completion failed") != std::string::npos, failure->describe());
+        CHECK(p.a.qp.post_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, {.context = 4}) == errc::queue_pair_in_error);
+        CHECK(p.a.qp.outstanding_sends() == 0);
+        CHECK(poll_for(p.a.cq, 1, std::chrono::milliseconds(200)).empty());
         CHECK(p.a.qp.state() == QpState::error);
     }
 

@@ -26,6 +26,7 @@
 #include "gpuverbs/detail/async/async_op.hpp"
 #include "gpuverbs/detail/async/async_token.hpp"
 #include "gpuverbs/detail/transfers/plan_array.hpp"
+#include "gpuverbs/detail/transfers/transfer_fsm.hpp"
 #include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
 #include <boost/asio/append.hpp>
@@ -282,9 +283,11 @@ struct LockedRail {
     const BoundRail* rail = nullptr;
 };
 
-/// What a transfer shares between its rails: counts them down, keeps the
-/// first error and the bytes, sends the notification after the last one, and
-/// completes the handler once (typed part: TransferJob).
+/// What a transfer shares between its rails: the I/O layer of a transfer.
+/// Its decisions (failover, the notification, the end and its error, the
+/// report) are TransferFsm's; the job feeds it every event under its lock and
+/// performs what it returns with the queue pairs, the drivers and the
+/// deadline's timer, then completes the handler once (typed part: TransferJob).
 class TransferJobBase {
 public:
     TransferJobBase(const TransferJobBase&) = delete;
@@ -319,45 +322,43 @@ protected:
 
 private:
     struct Deadline; // its timer and a link back here (transfer.cpp)
+    class Probe;     // the machine's questions, answered from the queue pairs and the plan (transfer.cpp)
+    using Holds = std::vector<std::shared_ptr<QpCore>>; ///< queue pairs kept alive until their streams are submitted
 
     // Only std::bad_alloc (the words of an error, the handler's post): termination rather than a lost handler.
     // NOLINTNEXTLINE(bugprone-exception-escape)
     static void rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept;
     void finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec);
-    /// Under the lock: `rail` failed as a path fails; its unfinished
-    /// requests go to new streams on the rails that have not failed (added
-    /// to running_, returned in `streams` to submit after the lock). False
-    /// when no rail can take them.
-    bool fail_over(RailStream& rail, std::vector<RailStream*>& streams, std::vector<std::shared_ptr<QpCore>>& hold);
-    /// Every stream: the rails' own, then those that took over.
-    template <class F>
-    void each_stream(F&& f) const {
-        for (std::size_t k = 0; k < rail_count_; ++k) f(rails_[k]);
-        for (const auto& s : extra_) f(*s);
-    }
-    /// One participant (a rail, or a pin) is done: under the lock, decides
-    /// whether to notify or finish; then does it.
-    void settle(std::unique_lock<std::mutex>& lock);
-    /// Submits `s` to its driver: at once, or (`defer`: the caller holds a
-    /// driver's lock, as an abort does) posted to the driver's executor.
-    static void submit_stream(RailStream* s, bool defer);
+    /// Under the lock: makes the takeover streams the machine asked for (Action::make_streams);
+    /// false, and none kept, when one cannot be made (a key its rail cannot translate).
+    bool make_takeover(const TransferFsm::Action& action, Holds& hold);
+    /// Under the lock: writes the words of the transfer's error, set for `why` (`text`: the stream's own).
+    void explain(TransferFsm::Why why, std::string text);
+    /// Performs the machine's action: submits, arms the notification or
+    /// finishes (after releasing the lock), or
+    /// waits. Returns with the lock released, and lets go of the queue pairs
+    /// the machine looked at only then.
+    void perform(std::unique_lock<std::mutex>& lock, const TransferFsm::Action& action);
+    /// The stream the machine calls `id`: rail id's own, then those that took over.
+    [[nodiscard]] RailStream& stream(std::uint32_t id) const noexcept;
+    [[nodiscard]] std::uint32_t stream_id(const RailStream& s) const noexcept;
+    /// Submits `s` to its driver (never called under a driver's lock).
+    static void submit_stream(RailStream* s);
 
     Finish finish_;
     std::mutex mutex_;
+    TransferFsm fsm_;
     const TransferPlan* plan_ = nullptr;
     std::unique_ptr<RailStream[]> rails_;
     std::size_t rail_count_ = 0;
     std::chrono::steady_clock::time_point started_at_; ///< for TransferReport::Rail::busy
-    std::size_t running_ = 0;                          ///< rails not finished, plus pins
-    bool destroyed_ = false;
-    bool notified_ = false;
-    bool stopping_ = false;
-    bool deferred_ = false; ///< the participant that finished last was aborted under a driver's lock
     // Failover (with several rails).
     bool failover_ = false;
     std::uint32_t chain_ = 32;
     std::vector<BoundRail> bound_;                   ///< the rails as given, to take over
-    std::vector<TransferReport::Rail> outcomes_;     ///< per rail
+    Holds usable_;                                   ///< per rail: locked when the machine asked if it is usable
+    Stripes stripes_;                                ///< the last takeover's striping (its bytes per rail)
+    std::vector<TransferReport::Rail> outcomes_;     ///< per rail: bytes, busy, the failure in words
     std::vector<std::unique_ptr<RailStream>> extra_; ///< streams that took over a failed rail's requests
     std::optional<std::chrono::steady_clock::time_point> deadline_at_;
     boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
@@ -367,7 +368,7 @@ private:
     std::span<std::uint64_t> rail_bytes_;
     TransferReport* report_ = nullptr;
 
-    /// Fills report_ from the rails once all have finished.
+    /// Fills report_ from the machine once every stream has finished.
     void fill_report() const;
 };
 

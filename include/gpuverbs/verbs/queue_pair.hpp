@@ -124,8 +124,14 @@ public:
     /// The QP's state as the device reports it (ibv_query_qp).
     [[nodiscard]] QpState state() const;
     /// Moves the QP to the error state: outstanding requests complete with
-    /// IBV_WC_WR_FLUSH_ERR, new ones too. For shutdown and tests.
+    /// IBV_WC_WR_FLUSH_ERR; new posts are refused (errc::queue_pair_in_error).
+    /// For shutdown and tests.
     std::error_code force_error() noexcept;
+    /// Whether gpuverbs knows the QP is in the error state, since when and
+    /// why (a failed completion, force_error(), the provider's state, its port
+    /// down, a stall); empty while it is not known to be. Posts are refused
+    /// then: reset it and connect again, or connect a new queue pair.
+    [[nodiscard]] std::optional<QueuePairFailure> failure() const noexcept;
     /// Back to RESET and INIT with a new PSN, ready to connect again (e.g.
     /// after an error). Poll the CQ empty of this QP's completions first; with
     /// asynchronous operations still outstanding it throws

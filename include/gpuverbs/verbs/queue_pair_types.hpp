@@ -7,9 +7,12 @@
 #include "gpuverbs/verbs/memory_region.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <system_error>
 
 namespace gpuverbs {
 
@@ -137,6 +140,33 @@ struct QueuePairCounters {
     std::uint64_t receives_completed = 0;
     /// Failed work completions by status (index: ibv_wc_status; both queues).
     std::array<std::uint64_t, 32> errors{};
+};
+
+/// Why gpuverbs knows a queue pair is in the error state (QueuePair::failure()).
+/// Posting on it is refused with errc::queue_pair_in_error until it is reset
+/// and connected again; its asynchronous operations end within the bounds of
+/// docs/transfers.md ("Bounds"), whether or not the provider completes them.
+struct QueuePairFailure {
+    enum class Cause : std::uint8_t {
+        completion_failed,      ///< a work completion failed (status: its ibv_wc_status)
+        moved_to_error,         ///< QueuePair::force_error() moved it there
+        provider_reports_error, ///< ibv_query_qp reported ERROR (e.g. the peer's NAK) with operations outstanding
+        port_down,              ///< its port left ACTIVE with requests outstanding: gpuverbs moved it to error
+        stalled,                ///< outstanding requests made no progress for longer than the transport's retry
+                                ///< bound: gpuverbs moved it to error
+    };
+    Cause cause = Cause::completion_failed;
+    /// When gpuverbs learned of it.
+    std::chrono::steady_clock::time_point since{};
+    /// The failed completion's status (wc category), else errc::queue_pair_in_error, port_down or
+    /// queue_pair_stalled: what operations that gpuverbs itself completes end with.
+    std::error_code status;
+    /// The port, for Cause::port_down.
+    std::uint8_t port = 0;
+
+    /// "in the error state for 1.2 s: a work completion failed (transport retry counter exceeded); connect a
+    /// new queue pair (or reset this one)".
+    [[nodiscard]] std::string describe() const;
 };
 
 } // namespace gpuverbs

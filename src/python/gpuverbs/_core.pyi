@@ -52,6 +52,9 @@ class Errc(enum.IntEnum):
     not_connected: int
     stale_block_list: int
     blocks_leased: int
+    queue_pair_in_error: int
+    queue_pair_stalled: int
+    port_down: int
 
 class Context:
     """Runs completions for Python; an asyncio loop drives it through fileno()."""

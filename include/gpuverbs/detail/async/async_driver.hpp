@@ -12,7 +12,12 @@
 // - destroying the CompletionQueue aborts everything still outstanding;
 // - handlers never run under the lock; a handler whose executor is the CQ's
 //   runs directly from the completion processing (already on that executor),
-//   any other is posted to its own executor; aborts are always posted;
+//   any other is posted to its own executor; aborts are always posted, and
+//   every operation (a transfer's rail included) is completed after the lock
+//   is released, so no library code runs under it;
+// - nothing waits forever for a provider: while operations are outstanding a
+//   watch looks at their queue pairs every AsyncOptions::liveness_tick and
+//   ends what the provider will not (liveness.hpp);
 // - if the execution context is destroyed with operations outstanding, the
 //   service below destroys them without invoking them (Asio's rule).
 // The lock is a spin lock: on the per-operation path its critical sections are
@@ -30,7 +35,9 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/execution_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -79,6 +86,9 @@ struct OpBehaviour {
     /// A completion of one of its requests (`sequence`: the request's place in its queue).
     void (*completed)(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
                       OpList& done) noexcept;
+    /// Its queue pair failed and the provider did not complete what it holds
+    /// within the flush grace: gpuverbs ends it with `ec` (liveness.hpp).
+    void (*abandon)(AsyncOpBase& op, std::error_code ec) noexcept;
 };
 /// The behaviours of a single asynchronous send-side operation and receive.
 extern const OpBehaviour send_behaviour;
@@ -104,7 +114,8 @@ public:
     /// Stops a transfer's rail (any thread): it posts nothing more; waiting,
     /// it is taken back and completed with operation_aborted at once (inline:
     /// the caller holds the transfer open); posted, it finishes when what it
-    /// has in flight completes. Not yet submitted, its submission finishes it.
+    /// has in flight completes (or its queue pair fails: liveness.hpp). Not
+    /// yet submitted, its submission finishes it.
     void stop_stream(RailStream& s) noexcept;
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
     void release_qp(std::shared_ptr<QpCore> qp) noexcept;
@@ -146,6 +157,18 @@ private:
     void on_readable(const boost::system::error_code& ec);
     void spin();
     void stop_waiting_if_idle() noexcept;
+    /// Liveness (liveness.hpp): starts the watch's timer unless it runs.
+    void start_watch();
+    void on_watch(const boost::system::error_code& ec);
+    /// One look at every queue pair with operations; those failed for the
+    /// flush grace have their operations ended into `done`.
+    void watch(OpList& done) noexcept;
+    /// Looks at one queue pair (once per tick); true when gpuverbs must end its operations now.
+    bool examine(QpCore& qp, std::chrono::steady_clock::time_point now) noexcept;
+    /// Whether `qp`'s port is ACTIVE (read once per tick per port).
+    bool port_active(QpCore& qp) noexcept;
+    /// Ends every operation of `qp` with its failure's error (the provider did not).
+    void complete_by_library(QpCore& qp, OpList& done) noexcept;
     /// Runs the handlers of `done` (outside the lock): directly where they may, else posted.
     static void deliver(OpList& done) noexcept;
     /// Posts operation_aborted to each operation of `ops`.
@@ -168,6 +191,20 @@ private:
     std::uint64_t empty_polls_ = 0;
     std::uint64_t wakeups_ = 0;
     std::uint64_t work_completions_ = 0;
+    // Liveness.
+    boost::asio::steady_timer watch_timer_;
+    bool watching_ = false;
+    std::uint64_t tick_ = 0;
+    /// Ports read this tick: (context, port) and whether ACTIVE. A few entries; more are read again.
+    struct PortSeen {
+        ibv_context* context = nullptr;
+        std::uint8_t port = 0;
+        bool active = true;
+    };
+    std::array<PortSeen, 8> ports_seen_{};
+    std::size_t ports_seen_count_ = 0;
+    std::uint64_t declared_failed_ = 0;      ///< queue pairs the watch declared failed (port down, stall, error state)
+    std::uint64_t completed_by_library_ = 0; ///< operations the watch ended itself
 };
 
 /// Keeps track of every driver of an execution context so that, when the

@@ -219,6 +219,9 @@ public:
     }
 
     [[nodiscard]] bool closed() const noexcept { return closed_; }
+    /// The posted operations, and those waiting, oldest first (the liveness watch walks them).
+    [[nodiscard]] AsyncOpLinks* first_posted() const noexcept { return live_.front(); }
+    [[nodiscard]] AsyncOpLinks* first_waiting() const noexcept { return waiting_.front(); }
     /// Operations submitted and not yet done.
     [[nodiscard]] std::size_t outstanding() const noexcept { return live_count_ + waiting_count_; }
     [[nodiscard]] std::size_t waiting_count() const noexcept { return waiting_count_; }

@@ -43,6 +43,15 @@ GPUVERBS_HOT WorkQueueState* queue_of(const ibv_wc& wc, QpRegistry& registry) no
     return kind == QueueKind::send ? &qp->send : &qp->receive;
 }
 
+/// A failed completion of an RC queue pair: the queue pair is in the error
+/// state from now on (QpHealth). Off the success path. Inside a PollGuard.
+inline void note_failed_completion(const ibv_wc& wc, QpRegistry& registry) noexcept {
+    if (WrId::kind(wc.wr_id) == QueueKind::shared_receive) return; // an SRQ completion names no queue pair cheaply
+    QpCore* qp = registry.find(WrId::index(wc.wr_id), WrId::generation(wc.wr_id));
+    if (qp != nullptr && qp->qp()->qp_type == IBV_QPT_RC)
+        (void)qp->health.fail(QueuePairFailure::Cause::completion_failed, static_cast<int>(wc.status));
+}
+
 /// Turns one work completion into a Completion: the caller's context and the
 /// operation come from the slot the wr_id names (ibv_wc.opcode is undefined
 /// on errors). Pure apart from the slot's retirement.
@@ -86,8 +95,10 @@ GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnC
         // Each completion goes to its queue's state; a failed one is counted there too.
         auto each = [&](int i) {
             WorkQueueState* queue = queue_of(wc[i], registry);
-            if (wc[i].status != IBV_WC_SUCCESS && queue != nullptr) [[unlikely]]
+            if (wc[i].status != IBV_WC_SUCCESS && queue != nullptr) [[unlikely]] {
                 queue->count_error(static_cast<unsigned>(wc[i].status));
+                note_failed_completion(wc[i], registry);
+            }
             on(wc[i], queue, total + i);
         };
         if constexpr (Guarded) {

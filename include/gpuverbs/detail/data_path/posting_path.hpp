@@ -126,18 +126,19 @@ struct ReceiveTarget {
     QueueKind kind;
     std::uint32_t tag;
     std::uint32_t max_sge;
-    ibv_qp* qp;   ///< when posting to the QP
-    ibv_srq* srq; ///< when posting to the SRQ
+    ibv_qp* qp;             ///< when posting to the QP
+    ibv_srq* srq;           ///< when posting to the SRQ
+    const QpHealth* health; ///< the QP's (nullptr for an SRQ)
 };
 /// The QP's receive queue; errc::receives_through_srq when the QP takes its
 /// receives from a SharedReceiveQueue (post them there).
 inline std::error_code receive_target(QpCore& qp, ReceiveTarget& out) noexcept {
     if (qp.srq() != nullptr) return errc::receives_through_srq;
-    out = {&qp.receive, QueueKind::receive, qp.recv_tag(), qp.caps().max_recv_sge, qp.qp(), nullptr};
+    out = {&qp.receive, QueueKind::receive, qp.recv_tag(), qp.caps().max_recv_sge, qp.qp(), nullptr, &qp.health};
     return no_error();
 }
 inline ReceiveTarget receive_target(SrqCore& srq) noexcept {
-    return {&srq.receive, QueueKind::shared_receive, srq.tag(), srq.max_sge, nullptr, srq.srq()};
+    return {&srq.receive, QueueKind::shared_receive, srq.tag(), srq.max_sge, nullptr, srq.srq(), nullptr};
 }
 
 /// Posts a chain of lowered send requests, each with at most one
@@ -195,10 +196,18 @@ class SubmitChain {
 public:
     /// A send queue's chain.
     explicit SubmitChain(QpCore& qp) noexcept requires std::is_same_v<Wr, ibv_send_wr>
-        : queue_(&qp.send), qp_(qp.qp()), qpx_(qp.extended()), id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
+        : queue_(&qp.send),
+          health_(&qp.health),
+          qp_(qp.qp()),
+          qpx_(qp.extended()),
+          id_(WrId::encode(QueueKind::send, qp.send_tag(), 0)) {}
     /// A receive queue's chain (the QP's own or an SRQ).
     explicit SubmitChain(const ReceiveTarget& target) noexcept requires std::is_same_v<Wr, ibv_recv_wr>
-        : queue_(target.queue), qp_(target.qp), srq_(target.srq), id_(WrId::encode(target.kind, target.tag, 0)) {}
+        : queue_(target.queue),
+          health_(target.health),
+          qp_(target.qp),
+          srq_(target.srq),
+          id_(WrId::encode(target.kind, target.tag, 0)) {}
 
     /// Whether the queue has room for `n` more requests of this chain.
     [[nodiscard]] bool reserve(std::uint32_t n) const noexcept { return queue_->has_room_for(count_ + n); }
@@ -244,6 +253,13 @@ public:
     GPUVERBS_HOT std::error_code submit() noexcept {
         taken_ = 0;
         if (count_ == 0) return no_error();
+        // A queue pair known to be in error takes nothing: the provider may
+        // never complete what it is given (a receive on Soft-RoCE).
+        if (health_ != nullptr && health_->failed()) [[unlikely]] {
+            count_ = 0;
+            first_ = last_ = nullptr;
+            return errc::queue_pair_in_error;
+        }
         Wr* bad = nullptr;
         int rc = 0;
         if constexpr (std::is_same_v<Wr, ibv_send_wr>) {
@@ -294,6 +310,7 @@ private:
     }
 
     WorkQueueState* queue_;
+    const QpHealth* health_ = nullptr; ///< the queue pair's (none for an SRQ)
     ibv_qp* qp_ = nullptr;
     ibv_qp_ex* qpx_ = nullptr; ///< set when the QP posts through the extended verbs
     ibv_srq* srq_ = nullptr;

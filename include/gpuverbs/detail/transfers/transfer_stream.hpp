@@ -74,6 +74,11 @@ public:
     [[nodiscard]] bool finished() const noexcept {
         return chains_in_flight_ == 0 && (next_ == end_ || failed() || stopped_);
     }
+    /// Its queue pair failed and the provider did not complete what it
+    /// holds (liveness.hpp): what is in flight ends now, as not known to have
+    /// landed, and the rail has failed with `ec` (errc::port_down,
+    /// queue_pair_stalled or queue_pair_in_error: its path's failure).
+    void abandon(std::error_code ec) noexcept;
     /// Posts nothing more (a deadline passed, or the transfer was cancelled);
     /// what is in flight drains. Under the driver's lock.
     void stop() noexcept { stopped_ = true; }
@@ -83,10 +88,12 @@ public:
     // What the transfer reads once the rail has finished.
     [[nodiscard]] bool failed() const noexcept { return wc_error_ != IBV_WC_SUCCESS || post_error_; }
     [[nodiscard]] std::error_code error() const noexcept;
-    /// The first failed completion's status (IBV_WC_SUCCESS: none).
+    /// The first failed completion's status (IBV_WC_SUCCESS: none; IBV_WC_WR_FLUSH_ERR when gpuverbs ended it).
     [[nodiscard]] ibv_wc_status wc_status() const noexcept { return wc_error_; }
-    /// The provider refused a post (error() is its errno).
+    /// The provider refused a post (error() is its errno), or gpuverbs did (its queue pair is in error).
     [[nodiscard]] bool post_refused() const noexcept { return static_cast<bool>(post_error_); }
+    /// gpuverbs ended it (abandon()): its queue pair failed as a path fails.
+    [[nodiscard]] bool abandoned() const noexcept { return static_cast<bool>(abandon_error_); }
     /// Whether it carried the notification and that failed.
     [[nodiscard]] bool notification_failed() const noexcept;
     /// Whether this rail has a key for the plan's remote key `plan_rkey`.
@@ -109,7 +116,6 @@ public:
 
     TransferJobBase* job = nullptr; ///< the transfer it is a rail of
     std::size_t index = 0;          ///< which rail
-    bool settled = false;           ///< the transfer counted it finished (under the transfer's lock)
 
 private:
     struct Chain {
@@ -151,6 +157,7 @@ private:
     std::uint64_t counted_ = 0;     ///< bytes already reported (before the notification)
     ibv_wc_status wc_error_ = IBV_WC_SUCCESS;
     std::error_code post_error_;
+    std::error_code abandon_error_;
     std::uint32_t failed_request_ = 0;
 };
 

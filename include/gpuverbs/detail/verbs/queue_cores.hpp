@@ -6,6 +6,7 @@
 #pragma once
 
 #include "gpuverbs/detail/verbs/device_core.hpp"
+#include "gpuverbs/detail/verbs/qp_health.hpp"
 #include "gpuverbs/detail/verbs/work_queue_state.hpp"
 #include "gpuverbs/verbs/completion.hpp"
 #include "gpuverbs/verbs/protection_domain.hpp"
@@ -392,6 +393,10 @@ public:
     WorkQueueState receive;
     AsyncWorkQueue async_send;
     AsyncWorkQueue async_receive;
+    /// What gpuverbs knows of its state (posting reads it; anyone may mark it failed).
+    QpHealth health;
+    /// The asynchronous engine's watch over it (under the driver's lock).
+    QpWatch watch;
 };
 
 } // namespace gpuverbs::detail

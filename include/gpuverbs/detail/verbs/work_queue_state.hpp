@@ -75,6 +75,24 @@ public:
     void forget_last(std::uint32_t n) noexcept {
         for (std::uint64_t k = posted_ - n; k < posted_; ++k) slots_[static_cast<std::uint32_t>(k) & mask_].context = 0;
     }
+    /// Every outstanding request leads nowhere from now on and counts as
+    /// finished: gpuverbs completed their owners itself (the queue pair is in
+    /// error and the provider did not flush them in time). A completion the
+    /// provider delivers later finds no context and retires nothing new.
+    /// Only where no other thread polls or posts this queue (the driver's lock).
+    void forget_outstanding() noexcept {
+        const std::uint64_t done = retired_.load(std::memory_order_acquire);
+        for (std::uint64_t k = done; k < posted_; ++k) {
+            Slot& s = slots_[static_cast<std::uint32_t>(k) & mask_];
+            s.context = 0;
+            s.sequence = posted_;
+        }
+        retired_.store(posted_, std::memory_order_release);
+    }
+    /// The opcode of the oldest outstanding request (the next to complete); only when outstanding() > 0.
+    [[nodiscard]] Opcode oldest_opcode() const noexcept {
+        return slots_[static_cast<std::uint32_t>(retired_.load(std::memory_order_acquire)) & mask_].opcode;
+    }
     /// Empties the queue's bookkeeping (the QP went back to RESET).
     void reset() noexcept {
         posted_ = 0;

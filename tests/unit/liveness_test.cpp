@@ -1,0 +1,145 @@
+// The liveness decisions (detail/async/liveness.hpp) and the bookkeeping they
+// rely on (QpHealth, WorkQueueState::forget_outstanding), without a device.
+// The rig tests the same code on Soft-RoCE (tests/integration/liveness_test.cpp).
+#include "gpuverbs/detail/async/liveness.hpp"
+#include "gpuverbs/detail/verbs/qp_health.hpp"
+#include "gpuverbs/detail/verbs/work_queue_state.hpp"
+
+#include <doctest/doctest.h>
+
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using gpuverbs::Opcode;
+using gpuverbs::QueuePairFailure;
+using namespace gpuverbs::detail;
+
+namespace {
+QpWatch watch_with(std::uint8_t timeout, std::uint8_t retry, std::uint8_t rnr) {
+    QpWatch w;
+    w.timers_known = true;
+    w.timeout = timeout;
+    w.retry_count = retry;
+    w.rnr_retry = rnr;
+    return w;
+}
+} // namespace
+
+TEST_CASE("the transport's retry bound is (retry_count + 1) x 4.096 us x 2^timeout, and none for timeout 0") {
+    CHECK(transport_retry_bound(14, 6) == std::chrono::nanoseconds(4096LL << 14) * 7); // ~470 ms: the default
+    CHECK(transport_retry_bound(1, 0) == std::chrono::nanoseconds(8192));
+    CHECK(transport_retry_bound(14, 9) == std::chrono::nanoseconds(4096LL << 14) * 8); // at most 7 retries
+    CHECK_FALSE(transport_retry_bound(0, 3).has_value());
+}
+
+TEST_CASE(
+    "a stall is judged after twice the retry bound plus the margin, never while a send waits for the "
+    "peer's receive with rnr_retry 7") {
+    const QpWatch w = watch_with(14, 6, 7);
+    const auto bound = *transport_retry_bound(14, 6);
+    CHECK(stall_bound(w, Opcode::write, 500ms) == bound * 2 + 500ms);
+    CHECK(stall_bound(w, Opcode::read, 0ms) == bound * 2);
+    CHECK_FALSE(stall_bound(w, Opcode::send, 500ms).has_value());
+    CHECK_FALSE(stall_bound(w, Opcode::write_with_imm, 500ms).has_value());
+    CHECK(stall_bound(watch_with(14, 6, 6), Opcode::send, 500ms).has_value()); // a finite RNR count fails in time
+    CHECK_FALSE(stall_bound(watch_with(0, 6, 6), Opcode::write, 500ms).has_value());
+}
+
+TEST_CASE("judge: a healthy queue pair that keeps completing is never declared failed") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight s;
+    s.send_outstanding = 10;
+    s.stall_after = 1s;
+    for (int k = 0; k < 100; ++k) {
+        s.send_retired = static_cast<std::uint64_t>(k); // progress on every tick
+        CHECK(judge(w, s, t0 + k * 500ms, 250ms) == LivenessVerdict::healthy);
+    }
+}
+
+TEST_CASE("judge: outstanding sends with no progress past the stall bound are declared stalled, not before") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight s;
+    s.send_outstanding = 3;
+    s.send_retired = 5;
+    s.stall_after = 1s;
+    CHECK(judge(w, s, t0, 250ms) == LivenessVerdict::healthy); // the first look starts the clock
+    CHECK(judge(w, s, t0 + 999ms, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, s, t0 + 1001ms, 250ms) == LivenessVerdict::stalled);
+    // An idle send queue is progress: the clock starts again.
+    QpSight idle = s;
+    idle.send_outstanding = 0;
+    CHECK(judge(w, idle, t0 + 2s, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, s, t0 + 2500ms, 250ms) == LivenessVerdict::healthy);
+    // No stall bound (an RNR wait that may last): never stalled.
+    QpSight waiting = s;
+    waiting.stall_after.reset();
+    CHECK(judge(w, waiting, t0 + 1h, 250ms) == LivenessVerdict::healthy);
+}
+
+TEST_CASE("judge: the provider's error state and a port that is down with sends outstanding fail the queue pair") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight s;
+    s.provider_error = true;
+    CHECK(judge(w, s, t0, 250ms) == LivenessVerdict::provider_error);
+    QpSight down;
+    down.port_active = false;
+    CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::healthy); // only receives wait: the port may come back
+    down.send_outstanding = 1;
+    CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::port_down);
+}
+
+TEST_CASE("judge: a failed queue pair gets the flush grace from when it was learned, then gpuverbs completes it") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight s;
+    s.known_failed = true;
+    CHECK(judge(w, s, t0, 250ms) == LivenessVerdict::wait_for_flush);
+    CHECK(judge(w, s, t0 + 249ms, 250ms) == LivenessVerdict::wait_for_flush);
+    CHECK(judge(w, s, t0 + 250ms, 250ms) == LivenessVerdict::complete_by_library);
+}
+
+TEST_CASE("QpHealth: the first mark wins and says when and why; clear() makes it healthy again") {
+    QpHealth h;
+    CHECK_FALSE(h.failed());
+    CHECK(h.fail(QueuePairFailure::Cause::port_down, 2));
+    CHECK_FALSE(h.fail(QueuePairFailure::Cause::stalled, 0));
+    CHECK(h.failed());
+    CHECK(h.cause() == QueuePairFailure::Cause::port_down);
+    CHECK(h.detail() == 2);
+    CHECK(h.since() <= std::chrono::steady_clock::now());
+    h.clear();
+    CHECK_FALSE(h.failed());
+    // Many threads marking at once: exactly one wins.
+    std::atomic<int> wins{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&h, &wins, t] {
+            if (h.fail(QueuePairFailure::Cause::completion_failed, t)) ++wins;
+        });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(wins == 1);
+    CHECK(h.failed());
+}
+
+TEST_CASE("forget_outstanding: every outstanding slot leads nowhere and a late completion retires nothing new") {
+    WorkQueueState q(8);
+    for (std::uint32_t i = 0; i < 5; ++i) q.record(i, 100 + i, Opcode::write);
+    q.commit(5);
+    (void)q.complete(1); // requests 0 and 1 finished
+    CHECK(q.outstanding() == 3);
+    CHECK(q.oldest_opcode() == Opcode::write);
+    q.forget_outstanding();
+    CHECK(q.outstanding() == 0);
+    CHECK(q.has_room_for(8));
+    // The provider flushes them after all: no context, and the count stays.
+    for (std::uint32_t slot = 2; slot < 5; ++slot) {
+        const WorkQueueState::Finished f = q.complete(slot);
+        CHECK(f.context == 0);
+        CHECK(q.outstanding() == 0);
+    }
+}

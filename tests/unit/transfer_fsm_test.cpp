@@ -1,0 +1,754 @@
+// The transfer's decisions as a pure state machine, without a device (as
+// Boost.Redis tests its exec_fsm): failover, the notification, stopping, the
+// end of the transfer and its report — one transition per case, then a model
+// of the device that finishes the machine's streams in random order with
+// random outcomes and checks the transfer's promises after every event.
+#include "gpuverbs/detail/transfers/transfer_fsm.hpp"
+#include "gpuverbs/detail/async/async_token.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/verbs/completion.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace gpuverbs;
+using namespace gpuverbs::detail;
+using Kind = TransferFsm::Action::Kind;
+using Why = TransferFsm::Why;
+using Phase = TransferFsm::Phase;
+
+namespace {
+
+const std::error_code timed_out = std::make_error_code(std::errc::timed_out);
+
+// The world as the machine asks about it: which rails are usable, which reach
+// the notification's region, and a striping (equal counts over the weighted
+// rails, or random cuts when a generator is given).
+struct FakeRails final : TransferFsm::Rails {
+    std::vector<bool> up;
+    std::vector<bool> reach;
+    std::mt19937_64* random = nullptr;
+
+    explicit FakeRails(std::size_t n) : up(n, true), reach(n, true) {}
+    bool usable(std::size_t rail) override { return up[rail]; }
+    bool reaches_notification(std::size_t rail) override { return reach[rail]; }
+    void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
+                std::span<std::uint32_t> bounds) override {
+        std::vector<std::size_t> weighted;
+        for (std::size_t k = 0; k < weights.size(); ++k) {
+            if (weights[k] > 0) weighted.push_back(k);
+        }
+        // Each weighted rail's end, in order: equal counts, or random cuts (sorted).
+        std::vector<std::uint32_t> ends(weighted.size(), end);
+        const std::uint32_t n = end - first;
+        for (std::size_t t = 0; t + 1 < weighted.size(); ++t) {
+            ends[t] = random != nullptr ? first + static_cast<std::uint32_t>((*random)() % (n + 1))
+                                        : first + static_cast<std::uint32_t>(n * (t + 1) / weighted.size());
+        }
+        std::sort(ends.begin(), ends.end());
+        std::uint32_t at = first;
+        std::size_t t = 0;
+        for (std::size_t k = 0; k < weights.size(); ++k) {
+            bounds[k] = at;
+            if (weights[k] > 0) at = ends[t++];
+        }
+        bounds[weights.size()] = end;
+    }
+};
+
+// A stream's end: every request landed.
+TransferFsm::StreamEnd landed(const TransferFsm& fsm, std::uint32_t id) {
+    const auto& s = fsm.streams()[id];
+    return {id, s.end, s.end, {}, StreamFailure::none, false, false};
+}
+// … a completion failed with `status` after [first, landed) landed and [landed, posted) went out.
+TransferFsm::StreamEnd failed(std::uint32_t id, std::uint32_t landed_end, std::uint32_t posted_end,
+                              ibv_wc_status status) {
+    const std::error_code ec = make_wc_error(status);
+    return {id, landed_end, posted_end, ec, classify_stream_failure(ec, status, false, false), true, false};
+}
+// … ended from outside (its queue pair destroyed, or stopped).
+TransferFsm::StreamEnd aborted(std::uint32_t id, std::uint32_t landed_end, std::uint32_t posted_end) {
+    return {id,
+            landed_end,
+            posted_end,
+            aborted_error(),
+            classify_stream_failure(aborted_error(), IBV_WC_SUCCESS, false, false),
+            false,
+            false};
+}
+
+std::vector<RequestState> states(const TransferFsm& fsm, std::size_t n) {
+    std::vector<RequestState> out(n);
+    fsm.request_states(out);
+    return out;
+}
+
+} // namespace
+
+TEST_SUITE("the transfer's state machine") {
+    TEST_CASE("a rail's failure is a path failure when another rail may do better, and a request failure otherwise") {
+        auto kind = [](ibv_wc_status s) { return classify_stream_failure(make_wc_error(s), s, false, false); };
+        for (ibv_wc_status s :
+             {IBV_WC_RETRY_EXC_ERR, IBV_WC_RNR_RETRY_EXC_ERR, IBV_WC_WR_FLUSH_ERR, IBV_WC_LOC_QP_OP_ERR,
+              IBV_WC_FATAL_ERR, IBV_WC_RESP_TIMEOUT_ERR, IBV_WC_GENERAL_ERR, IBV_WC_REM_ABORT_ERR}) {
+            CHECK(kind(s) == StreamFailure::path);
+        }
+        for (ibv_wc_status s : {IBV_WC_REM_ACCESS_ERR, IBV_WC_LOC_PROT_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR,
+                                IBV_WC_MW_BIND_ERR}) {
+            CHECK(kind(s) == StreamFailure::request);
+        }
+        // No completion failed: its queue pair destroyed, or found broken by gpuverbs.
+        for (std::error_code ec : {aborted_error(), std::error_code(errc::queue_pair_in_error),
+                                   std::error_code(errc::queue_pair_stalled), std::error_code(errc::port_down)}) {
+            CHECK(classify_stream_failure(ec, IBV_WC_SUCCESS, false, false) == StreamFailure::path);
+        }
+        CHECK(classify_stream_failure(errc::invalid_argument, IBV_WC_SUCCESS, false, false) == StreamFailure::request);
+        const std::error_code refused(EINVAL, std::system_category());
+        CHECK(classify_stream_failure(refused, IBV_WC_SUCCESS, true, false) == StreamFailure::path);
+        // The notification consumes a receive: never moved, whatever the status.
+        CHECK(classify_stream_failure(make_wc_error(IBV_WC_RETRY_EXC_ERR), IBV_WC_RETRY_EXC_ERR, false, true) ==
+              StreamFailure::notification);
+        CHECK(classify_stream_failure({}, IBV_WC_SUCCESS, false, false) == StreamFailure::none);
+    }
+
+    TEST_CASE("the rails with requests are submitted at start; a rail with an empty range is not") {
+        TransferFsm fsm;
+        FakeRails rails(3);
+        const std::array<std::uint32_t, 4> bounds{0, 4, 4, 8};
+        const auto a = fsm.start(bounds, true, false, rails);
+        CHECK(a.kind == Kind::submit);
+        CHECK(a.first_stream == 0);
+        CHECK(a.end_stream == 3);
+        CHECK(fsm.streams()[0].running);
+        CHECK_FALSE(fsm.streams()[1].running);
+        CHECK(fsm.streams()[2].running);
+        CHECK(fsm.phase() == Phase::running);
+    }
+
+    TEST_CASE("a transfer whose every stream landed finishes with success and every request landed") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, false, rails);
+        CHECK(fsm.stream_finished(landed(fsm, 1), rails).kind == Kind::wait);
+        const auto a = fsm.stream_finished(landed(fsm, 0), rails);
+        CHECK(a.kind == Kind::finish);
+        CHECK_FALSE(fsm.error());
+        CHECK_FALSE(fsm.destroyed());
+        CHECK(states(fsm, 6) == std::vector<RequestState>(6, RequestState::landed));
+    }
+
+    TEST_CASE(
+        "the notification is armed once every stream landed, on the first rail, and its success ends the transfer") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        CHECK(fsm.stream_finished(landed(fsm, 0), rails).kind == Kind::wait);
+        const auto a = fsm.stream_finished(landed(fsm, 1), rails);
+        CHECK(a.kind == Kind::notify);
+        CHECK(a.rail == 0);
+        CHECK(fsm.phase() == Phase::notifying);
+        CHECK(fsm.streams()[0].running);
+        CHECK(fsm.stream_finished({0, 0, 0, {}, StreamFailure::none, false, false}, rails).kind == Kind::finish);
+        CHECK_FALSE(fsm.error());
+        CHECK(states(fsm, 6) == std::vector<RequestState>(6, RequestState::landed)); // its data kept
+    }
+
+    TEST_CASE("a path failure moves the requests not known to have landed, from the failed stream's landed end") {
+        TransferFsm fsm;
+        FakeRails rails(3);
+        const std::array<std::uint32_t, 4> bounds{0, 5, 10, 15};
+        fsm.start(bounds, true, false, rails);
+        // Rail 1 failed with [5, 7) landed and [7, 9) posted: [7, 10) goes to rails 0 and 2.
+        auto a = fsm.stream_finished(failed(1, 7, 9, IBV_WC_RETRY_EXC_ERR), rails);
+        REQUIRE(a.kind == Kind::make_streams);
+        REQUIRE(a.end_stream - a.first_stream == 2);
+        const auto t0 = fsm.streams()[a.first_stream];
+        const auto t1 = fsm.streams()[a.first_stream + 1];
+        CHECK(t0.rail == 0);
+        CHECK(t0.first == 7);
+        CHECK(t1.rail == 2);
+        CHECK(t0.end == t1.first);
+        CHECK(t1.end == 10);
+        a = fsm.takeover_made(true, rails);
+        CHECK(a.kind == Kind::submit);
+        CHECK(a.record_failure);
+        CHECK(a.why == Why::none);
+        CHECK_FALSE(fsm.error());
+        CHECK(fsm.rails()[1].error == make_wc_error(IBV_WC_RETRY_EXC_ERR));
+        CHECK(fsm.rails()[1].taken_over == 3);
+        CHECK(fsm.rails()[0].took_over + fsm.rails()[2].took_over == 3);
+        for (std::uint32_t id : {0U, 2U, a.first_stream, a.first_stream + 1})
+            fsm.stream_finished(landed(fsm, id), rails);
+        CHECK(fsm.phase() == Phase::finished);
+        CHECK_FALSE(fsm.error());
+        CHECK(states(fsm, 15) == std::vector<RequestState>(15, RequestState::landed));
+    }
+
+    TEST_CASE("a failed stream whose every request had landed needs no takeover and fails nothing") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 2, 4};
+        fsm.start(bounds, true, false, rails);
+        const auto a = fsm.stream_finished(aborted(1, 4, 4), rails);
+        CHECK(a.kind == Kind::wait);
+        CHECK(a.record_failure);
+        CHECK_FALSE(fsm.error());
+        CHECK(fsm.rails()[1].taken_over == 0);
+        CHECK(fsm.stream_finished(landed(fsm, 0), rails).kind == Kind::finish);
+        CHECK_FALSE(fsm.error());
+    }
+
+    TEST_CASE("a request failure fails the transfer on the spot: nothing is moved, the others drain") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        auto a = fsm.stream_finished(failed(0, 1, 3, IBV_WC_REM_ACCESS_ERR), rails);
+        CHECK(a.kind == Kind::wait);
+        CHECK(a.why == Why::stream_failed);
+        CHECK(fsm.phase() == Phase::draining);
+        CHECK(fsm.error() == make_wc_error(IBV_WC_REM_ACCESS_ERR));
+        // A later path failure moves nothing either, and the first error stays.
+        a = fsm.stream_finished(failed(1, 3, 5, IBV_WC_RETRY_EXC_ERR), rails);
+        CHECK(a.kind == Kind::finish); // no notification after a failure
+        CHECK(a.why == Why::none);
+        CHECK(a.record_failure);
+        CHECK(fsm.error() == make_wc_error(IBV_WC_REM_ACCESS_ERR));
+        CHECK(states(fsm, 6) == std::vector<RequestState>{RequestState::landed, RequestState::uncertain,
+                                                          RequestState::uncertain, RequestState::uncertain,
+                                                          RequestState::uncertain, RequestState::not_posted});
+    }
+
+    TEST_CASE("a path failure with no usable rail left fails the transfer with the every-rail-failed words") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        rails.up[0] = false; // rail 0's queue pair is gone
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, false, rails);
+        const auto a = fsm.stream_finished(failed(1, 4, 5, IBV_WC_RETRY_EXC_ERR), rails);
+        CHECK(a.why == Why::every_rail_failed);
+        CHECK(a.record_failure);
+        CHECK(fsm.error() == make_wc_error(IBV_WC_RETRY_EXC_ERR));
+    }
+
+    TEST_CASE("a takeover that cannot be made fails the transfer as if no rail were left, counting nothing") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, false, rails);
+        REQUIRE(fsm.stream_finished(failed(1, 4, 5, IBV_WC_RETRY_EXC_ERR), rails).kind == Kind::make_streams);
+        const auto a = fsm.takeover_made(false, rails);
+        CHECK(a.kind == Kind::wait);
+        CHECK(a.why == Why::every_rail_failed);
+        CHECK(fsm.streams().size() == 2);
+        CHECK(fsm.rails()[1].taken_over == 0);
+        CHECK(fsm.rails()[0].took_over == 0);
+    }
+
+    TEST_CASE("without failover (one rail, or turned off) a path failure fails the transfer with its own words") {
+        for (bool one_rail : {true, false}) {
+            TransferFsm fsm;
+            FakeRails rails(one_rail ? 1 : 2);
+            const std::array<std::uint32_t, 3> two{0, 3, 6};
+            const std::array<std::uint32_t, 2> one{0, 6};
+            if (one_rail) {
+                fsm.start(one, true, false, rails);
+            } else {
+                fsm.start(two, false, false, rails);
+            }
+            const auto a = fsm.stream_finished(failed(0, 1, 2, IBV_WC_RETRY_EXC_ERR), rails);
+            CHECK(a.why == Why::stream_failed);
+            CHECK(fsm.error() == make_wc_error(IBV_WC_RETRY_EXC_ERR));
+        }
+    }
+
+    TEST_CASE("a stop while running pins the job; it ends with the reason once the pin and every stream are done") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        CHECK(fsm.stoppable());
+        auto a = fsm.stop(timed_out);
+        CHECK(a.kind == Kind::stop_streams);
+        CHECK(a.why == Why::stopped);
+        CHECK(fsm.phase() == Phase::stopping);
+        CHECK_FALSE(fsm.stoppable());
+        CHECK(fsm.stop(aborted_error()).kind == Kind::wait); // a second stop changes nothing
+        CHECK(fsm.stream_finished(aborted(0, 1, 2), rails).kind == Kind::wait);
+        CHECK(fsm.rails()[0].error == std::error_code()); // only stopped: not the rail's failure
+        // A rail whose own completion failed while stopping is recorded, and not moved.
+        a = fsm.stream_finished(failed(1, 3, 4, IBV_WC_RETRY_EXC_ERR), rails);
+        CHECK(a.kind == Kind::wait); // the pin holds it open
+        CHECK(a.record_failure);
+        CHECK(fsm.streams().size() == 2);
+        a = fsm.unpin(rails);
+        CHECK(a.kind == Kind::finish); // no notification: nothing more is posted
+        CHECK(fsm.error() == timed_out);
+        CHECK(states(fsm, 6) == std::vector<RequestState>{RequestState::landed, RequestState::uncertain,
+                                                          RequestState::not_posted, RequestState::uncertain,
+                                                          RequestState::not_posted, RequestState::not_posted});
+    }
+
+    TEST_CASE("a stop after an error keeps the first error and takes no words") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, false, rails);
+        fsm.stream_finished(failed(0, 0, 1, IBV_WC_REM_ACCESS_ERR), rails);
+        const auto a = fsm.stop(aborted_error());
+        CHECK(a.kind == Kind::stop_streams);
+        CHECK(a.why == Why::none);
+        CHECK(fsm.error() == make_wc_error(IBV_WC_REM_ACCESS_ERR));
+    }
+
+    TEST_CASE("a stop before the start, while notifying, once finished or once destroyed changes nothing") {
+        TransferFsm fsm;
+        FakeRails rails(1);
+        CHECK(fsm.stop(timed_out).kind == Kind::wait); // idle
+        const std::array<std::uint32_t, 2> bounds{0, 2};
+        fsm.start(bounds, false, true, rails);
+        REQUIRE(fsm.stream_finished(landed(fsm, 0), rails).kind == Kind::notify);
+        CHECK(fsm.stop(timed_out).kind == Kind::wait);
+        CHECK_FALSE(fsm.error());
+        CHECK(fsm.stream_finished({0, 0, 0, {}, StreamFailure::none, false, false}, rails).kind == Kind::finish);
+        CHECK(fsm.stop(timed_out).kind == Kind::wait);
+        CHECK_FALSE(fsm.error());
+
+        TransferFsm gone;
+        FakeRails two(2);
+        const std::array<std::uint32_t, 3> halves{0, 1, 2};
+        gone.start(halves, true, true, two);
+        gone.stream_finished({0, 0, 0, {}, StreamFailure::none, false, true}, two);
+        CHECK_FALSE(gone.stoppable());
+        CHECK(gone.stop(aborted_error()).kind == Kind::wait);
+    }
+
+    TEST_CASE("the execution context destroyed: no takeover, no notification, and the handler is destroyed") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        auto end = aborted(1, 3, 4);
+        end.destroyed = true;
+        auto a = fsm.stream_finished(end, rails);
+        CHECK(a.kind == Kind::wait);
+        CHECK(fsm.streams().size() == 2);
+        a = fsm.stream_finished(landed(fsm, 0), rails);
+        CHECK(a.kind == Kind::finish);
+        CHECK(fsm.destroyed());
+    }
+
+    TEST_CASE("a failed notification fails the transfer, is never moved and names the notification") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        fsm.stream_finished(landed(fsm, 0), rails);
+        REQUIRE(fsm.stream_finished(landed(fsm, 1), rails).kind == Kind::notify);
+        const std::error_code ec = make_wc_error(IBV_WC_RETRY_EXC_ERR);
+        const auto a = fsm.stream_finished(
+            {0, 3, 3, ec, classify_stream_failure(ec, IBV_WC_RETRY_EXC_ERR, false, true), true, false}, rails);
+        CHECK(a.kind == Kind::finish);
+        CHECK(a.why == Why::stream_failed);
+        CHECK(fsm.error() == ec);
+        CHECK(fsm.streams().size() == 2);
+        CHECK(states(fsm, 6) == std::vector<RequestState>(6, RequestState::landed));
+    }
+
+    TEST_CASE("with failover the notification goes to the first rail that has not failed, is usable and reaches it") {
+        TransferFsm fsm;
+        FakeRails rails(4);
+        rails.up[1] = false;
+        rails.reach[2] = false;
+        const std::array<std::uint32_t, 5> bounds{0, 2, 4, 6, 8};
+        fsm.start(bounds, true, true, rails);
+        REQUIRE(fsm.stream_finished(failed(0, 2, 2, IBV_WC_RETRY_EXC_ERR), rails).kind == Kind::wait); // all landed
+        fsm.stream_finished(landed(fsm, 1), rails);
+        fsm.stream_finished(landed(fsm, 2), rails);
+        const auto a = fsm.stream_finished(landed(fsm, 3), rails);
+        CHECK(a.kind == Kind::notify);
+        CHECK(a.rail == 3);
+    }
+
+    TEST_CASE("no rail that has not failed reaches the notification: invalid_argument once every request landed") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        rails.reach = {false, false};
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        fsm.stream_finished(landed(fsm, 0), rails);
+        const auto a = fsm.stream_finished(landed(fsm, 1), rails);
+        CHECK(a.kind == Kind::finish);
+        CHECK(a.why == Why::no_rail_for_notification);
+        CHECK(fsm.error() == errc::invalid_argument);
+    }
+
+    TEST_CASE("once the notification is armed a rail's failure moves nothing") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+        fsm.start(bounds, true, true, rails);
+        fsm.stream_finished(landed(fsm, 0), rails);
+        REQUIRE(fsm.stream_finished(landed(fsm, 1), rails).kind == Kind::notify);
+        // The notification's queue pair destroyed: a path failure, but never posted twice.
+        const auto a = fsm.stream_finished(aborted(0, 3, 3), rails);
+        CHECK(a.kind == Kind::finish);
+        CHECK(a.why == Why::stream_failed);
+        CHECK(fsm.error() == aborted_error());
+    }
+
+    TEST_CASE("the report combines every stream that carried a request: landed on any wins, else uncertain if posted") {
+        TransferFsm fsm;
+        FakeRails rails(2);
+        const std::array<std::uint32_t, 3> bounds{0, 4, 8};
+        fsm.start(bounds, true, false, rails);
+        // Rail 1: [4, 5) landed, [5, 7) uncertain; taken over from 5 by rail 0 alone.
+        REQUIRE(fsm.stream_finished(failed(1, 5, 7, IBV_WC_RETRY_EXC_ERR), rails).kind == Kind::make_streams);
+        const auto a = fsm.takeover_made(true, rails);
+        REQUIRE(a.kind == Kind::submit);
+        const auto& t = fsm.streams()[a.first_stream];
+        CHECK(t.first == 5);
+        CHECK(t.end == 8);
+        // The takeover lands 5 and posts 6 when rail 0 fails as a request fails.
+        fsm.stream_finished(landed(fsm, 0), rails);
+        const auto e = fsm.stream_finished(failed(a.first_stream, 6, 7, IBV_WC_REM_ACCESS_ERR), rails);
+        CHECK(e.kind == Kind::finish);
+        CHECK(states(fsm, 8) == std::vector<RequestState>{RequestState::landed, RequestState::landed,
+                                                          RequestState::landed, RequestState::landed,
+                                                          RequestState::landed, RequestState::landed,
+                                                          RequestState::uncertain, RequestState::not_posted});
+    }
+}
+
+namespace {
+
+// What the random sequences exercised (so a change that stops them reaching a path shows).
+struct Coverage {
+    std::uint64_t takeovers = 0, refused_takeovers = 0, notifications = 0, stops = 0, destroyed = 0, successes = 0,
+                  every_rail_failed = 0;
+};
+
+// The device and the world around one transfer, played at random; checks the
+// promises after every event. A violation is returned as words (fast: no
+// doctest assertion per event).
+class Model {
+public:
+    Model(std::uint64_t seed, Coverage& coverage) : rng_(seed), rails_(1), coverage_(coverage) {
+        const std::size_t n_rails = std::array<std::size_t, 3>{1, 2, 4}[rng_() % 3];
+        requests_ = 1 + static_cast<std::uint32_t>(rng_() % 12);
+        rails_ = FakeRails(n_rails);
+        rails_.random = &rng_;
+        for (std::size_t k = 0; k < n_rails; ++k) rails_.reach[k] = rng_() % 8 != 0;
+        // Contiguous ranges, some empty (a rail of weight 0).
+        std::vector<std::uint32_t> cuts;
+        for (std::size_t k = 0; k + 1 < n_rails; ++k)
+            cuts.push_back(static_cast<std::uint32_t>(rng_() % (requests_ + 1)));
+        std::sort(cuts.begin(), cuts.end());
+        bounds_.push_back(0);
+        bounds_.insert(bounds_.end(), cuts.begin(), cuts.end());
+        bounds_.push_back(requests_);
+        failover_ = rng_() % 4 != 0;
+        notify_ = rng_() % 2 == 0;
+        landed_.assign(requests_, false);
+        posted_.assign(requests_, false);
+    }
+
+    /// Runs the transfer to its end; empty when every promise held.
+    std::string run() {
+        apply(fsm_.start(bounds_, failover_, notify_, rails_), Phase::idle);
+        for (int step = 0; step < 400 && failure_.empty(); ++step) {
+            if (finished_) return check_end();
+            const std::uint64_t roll = rng_() % 100;
+            if (roll < 70 && !device_.empty()) {
+                finish_one();
+            } else if (roll < 78) {
+                stop();
+            } else if (roll < 90 && pinned_) {
+                unpin();
+            } else if (roll < 96) {
+                const std::size_t k = rng_() % rails_.up.size();
+                rails_.up[k] = !rails_.up[k];
+            } else if (device_.empty() && !pinned_) {
+                return "nothing runs and nothing is pinned, yet the transfer has not finished";
+            }
+        }
+        if (!failure_.empty()) return failure_;
+        return finished_ ? check_end() : "the transfer did not finish within 400 events";
+    }
+
+private:
+    void fail(const std::string& what) {
+        if (failure_.empty()) failure_ = what;
+    }
+
+    // The device finishes one of the streams it holds, with a random outcome.
+    void finish_one() {
+        const std::size_t at = rng_() % device_.size();
+        const std::uint32_t id = device_[at];
+        device_.erase(device_.begin() + static_cast<std::ptrdiff_t>(at));
+        const TransferFsm::Stream s = fsm_.streams()[id];
+        const bool notification = notifying_ && id == notify_rail_;
+        TransferFsm::StreamEnd end;
+        end.stream = id;
+        const std::uint64_t outcome = rng_() % 10;
+        end.destroyed = rng_() % 40 == 0;
+        // Where its requests stand when it did not land them all.
+        const std::uint32_t span = s.end - s.first;
+        std::uint32_t p = s.first + static_cast<std::uint32_t>(rng_() % (span + 1));
+        std::uint32_t l = s.first + static_cast<std::uint32_t>(rng_() % (span + 1));
+        if (l > p) std::swap(l, p);
+        if (outcome < 4 && !end.destroyed) { // every request landed
+            end.landed_end = end.posted_end = s.end;
+        } else {
+            end.landed_end = l;
+            end.posted_end = p;
+            static constexpr std::array<ibv_wc_status, 6> statuses{IBV_WC_RETRY_EXC_ERR, IBV_WC_WR_FLUSH_ERR,
+                                                                   IBV_WC_LOC_QP_OP_ERR, IBV_WC_REM_ACCESS_ERR,
+                                                                   IBV_WC_LOC_PROT_ERR,  IBV_WC_RNR_RETRY_EXC_ERR};
+            ibv_wc_status status = IBV_WC_SUCCESS;
+            bool refused = false;
+            if (outcome < 6 || end.destroyed) { // ended from outside: destroyed, aborted, stopped, or found broken
+                static const std::array<std::error_code, 4> outside{aborted_error(), errc::queue_pair_in_error,
+                                                                    errc::queue_pair_stalled, errc::port_down};
+                end.error = outside[rng_() % outside.size()];
+                if (end.destroyed && rng_() % 2 == 0) end.error = {};
+            } else if (outcome < 9) {
+                status = statuses[rng_() % statuses.size()];
+                end.error = make_wc_error(status);
+                end.own_failure = true;
+            } else {
+                refused = true;
+                end.error = std::error_code(EINVAL, std::system_category());
+                end.own_failure = true;
+            }
+            if (!end.error) end.landed_end = end.posted_end = s.end; // a clean end lands everything
+            end.failure = classify_stream_failure(end.error, status, refused, notification && end.own_failure);
+        }
+        if (!notification) {
+            for (std::uint32_t i = s.first; i < end.posted_end; ++i) posted_[i] = true;
+            for (std::uint32_t i = s.first; i < end.landed_end; ++i) landed_[i] = true;
+        }
+        if (end.destroyed) destroyed_ = true;
+        const Phase before = fsm_.phase();
+        const std::error_code error_before = fsm_.error();
+        const std::vector<TransferFsm::Rail> rails_before(fsm_.rails().begin(), fsm_.rails().end());
+        std::size_t usable_left = 0;
+        for (std::size_t j = 0; j < rails_.up.size(); ++j) {
+            usable_left += j != s.rail && !rails_before[j].error && rails_.up[j] ? 1 : 0;
+        }
+        TransferFsm::Action a = fsm_.stream_finished(end, rails_);
+        if (a.kind == Kind::make_streams) {
+            check_takeover(a, s, end, before, error_before);
+            const bool made = rng_() % 10 != 0;
+            a = fsm_.takeover_made(made, rails_);
+            ++(made ? coverage_.takeovers : coverage_.refused_takeovers);
+        }
+        const bool may_move = failover_ && rails_.up.size() > 1 && before == Phase::running && !destroyed_ &&
+                              end.failure == StreamFailure::path;
+        if (end.error && !error_before) {
+            // Invariant 5: a request failure fails it; a path failure with no rail left fails it, in those words.
+            if (end.failure != StreamFailure::path && fsm_.error() != end.error)
+                fail("a request failure did not fail the transfer");
+            coverage_.every_rail_failed += a.why == Why::every_rail_failed ? 1 : 0;
+            if (may_move && usable_left == 0 && (fsm_.error() != end.error || a.why != Why::every_rail_failed))
+                fail("a path failure with no rail left did not fail the transfer with every rail failed");
+            if (!may_move && a.why != Why::stream_failed) fail("a failure that cannot move did not name the stream");
+        }
+        if (end.error && !rails_before[s.rail].error && (before != Phase::stopping || end.own_failure) &&
+            !a.record_failure)
+            fail("a rail's failure was not recorded");
+        apply(a, before);
+        check_error(error_before, end.error);
+    }
+
+    void stop() {
+        const Phase before = fsm_.phase();
+        const std::error_code error_before = fsm_.error();
+        const std::error_code reason = rng_() % 2 == 0 ? timed_out : aborted_error();
+        const bool could = fsm_.stoppable();
+        const TransferFsm::Action a = fsm_.stop(reason);
+        // Invariant 6: once finishing or notifying (or destroyed), nothing changes.
+        const bool takes = (before == Phase::running || before == Phase::draining) && !destroyed_;
+        if (takes != (a.kind == Kind::stop_streams) || could != takes) fail("a stop was taken or refused wrongly");
+        if (!takes) {
+            if (fsm_.phase() != before || fsm_.error() != error_before) fail("a refused stop changed the transfer");
+            return;
+        }
+        ++coverage_.stops;
+        pinned_ = true;
+        if (!error_before && (fsm_.error() != reason || a.why != Why::stopped)) fail("a stop did not set its reason");
+        if (error_before && (fsm_.error() != error_before || a.why != Why::none))
+            fail("a stop replaced the first error");
+        if (!stop_reason_ && !error_before) stop_reason_ = reason;
+    }
+
+    void unpin() {
+        pinned_ = false;
+        const Phase before = fsm_.phase();
+        const std::error_code error_before = fsm_.error();
+        apply(fsm_.unpin(rails_), before);
+        check_error(error_before, {});
+    }
+
+    // The first error stays; a new one comes from this event.
+    void check_error(std::error_code before, std::error_code event) {
+        const std::error_code now = fsm_.error();
+        if (before && now != before) fail("the first error was replaced");
+        if (!before && now && now != event && now != errc::invalid_argument) fail("an error came from nowhere");
+    }
+
+    // Invariants 4 and 5: a takeover only when it may, never re-posting what landed.
+    void check_takeover(const TransferFsm::Action& a, const TransferFsm::Stream& s, const TransferFsm::StreamEnd& end,
+                        Phase before, std::error_code error_before) {
+        if (!failover_ || before != Phase::running || destroyed_ || error_before ||
+            end.failure != StreamFailure::path) {
+            fail("a takeover where none may be");
+        }
+        std::uint32_t at = end.landed_end;
+        for (std::uint32_t id = a.first_stream; id < a.end_stream; ++id) {
+            const auto& t = fsm_.streams()[id];
+            if (t.first != at || t.first >= t.end) fail("takeover ranges do not continue the failed stream's");
+            at = t.end;
+            if (t.rail == s.rail || fsm_.rails()[t.rail].error || !rails_.up[t.rail])
+                fail("a takeover on a rail that cannot run");
+            for (std::uint32_t i = t.first; i < t.end; ++i) {
+                if (landed_[i]) fail("a takeover re-posts a request that landed");
+            }
+        }
+        if (at != s.end) fail("takeover ranges do not end where the failed stream did");
+    }
+
+    void apply(const TransferFsm::Action& a, Phase before) {
+        switch (a.kind) {
+            case Kind::wait: break;
+            case Kind::make_streams: fail("make_streams must be answered first"); break;
+            case Kind::submit:
+                for (std::uint32_t id = a.first_stream; id < a.end_stream; ++id) {
+                    if (!fsm_.streams()[id].running) continue;
+                    if (std::find(device_.begin(), device_.end(), id) != device_.end())
+                        fail("a stream submitted twice");
+                    device_.push_back(id);
+                    if (id >= rails_.up.size()) took_ += fsm_.streams()[id].end - fsm_.streams()[id].first;
+                }
+                break;
+            case Kind::stop_streams: fail("stop_streams outside stop()"); break;
+            case Kind::notify: {
+                // Invariant 3: once, after every request landed, with no error, on a rail that may carry it.
+                if (notifying_ || !notify_) fail("the notification armed twice or unasked");
+                if (before != Phase::running || fsm_.error() || destroyed_) fail("the notification after an error");
+                if (std::find(landed_.begin(), landed_.end(), false) != landed_.end())
+                    fail("the notification before every request landed");
+                if (!device_.empty() || pinned_) fail("the notification while streams run");
+                if (fsm_.rails()[a.rail].error || !rails_.reach[a.rail] ||
+                    (failover_ && rails_.up.size() > 1 && !rails_.up[a.rail]))
+                    fail("the notification on a rail that cannot carry it");
+                ++coverage_.notifications;
+                notifying_ = true;
+                notify_rail_ = static_cast<std::uint32_t>(a.rail);
+                device_.push_back(notify_rail_);
+                break;
+            }
+            case Kind::finish:
+                // Invariant 2: once, with nothing left with the device.
+                if (finished_) fail("the handler completed twice");
+                if (!device_.empty() || pinned_) fail("the handler completed while streams run");
+                for (const auto& s : fsm_.streams()) {
+                    if (s.running) fail("the machine finished with a running stream");
+                }
+                finished_ = true;
+                break;
+        }
+        if (!finished_ && fsm_.phase() == Phase::finished) fail("finished without a finish action");
+        check_report();
+    }
+
+    // Invariants 1 and 7: the report agrees with what was fed in.
+    void check_report() {
+        std::vector<RequestState> got(requests_);
+        fsm_.request_states(got);
+        for (std::uint32_t i = 0; i < requests_; ++i) {
+            const RequestState want = landed_[i]   ? RequestState::landed
+                                      : posted_[i] ? RequestState::uncertain
+                                                   : RequestState::not_posted;
+            if (got[i] != want) fail("request " + std::to_string(i) + "'s state disagrees with the events");
+        }
+    }
+
+    std::string check_end() {
+        if (fsm_.destroyed() != destroyed_) fail("destroyed() disagrees with the events");
+        coverage_.destroyed += destroyed_ ? 1 : 0;
+        coverage_.successes += !destroyed_ && !fsm_.error() ? 1 : 0;
+        if (!fsm_.error() && !destroyed_) { // destroyed: the handler is not called, there is no outcome
+            if (std::find(landed_.begin(), landed_.end(), false) != landed_.end())
+                fail("success with a request not landed");
+            if (notify_ && !notifying_) fail("success without the notification");
+            if (stop_reason_) fail("success after a stop was taken");
+        }
+        if (stop_reason_ && fsm_.error() != stop_reason_) fail("a stop's reason was lost");
+        std::uint32_t taken = 0, took = 0;
+        for (const auto& r : fsm_.rails()) {
+            taken += r.taken_over;
+            took += r.took_over;
+        }
+        if (taken != took || took != took_) fail("taken_over and took_over disagree with the takeovers");
+        return failure_;
+    }
+
+    std::mt19937_64 rng_;
+    FakeRails rails_;
+    TransferFsm fsm_;
+    std::uint32_t requests_ = 0;
+    std::vector<std::uint32_t> bounds_;
+    bool failover_ = false;
+    bool notify_ = false;
+    std::vector<bool> landed_;          ///< landed on some stream
+    std::vector<bool> posted_;          ///< posted on some stream
+    std::vector<std::uint32_t> device_; ///< the streams the device holds
+    bool pinned_ = false;
+    bool destroyed_ = false;
+    bool notifying_ = false;
+    bool finished_ = false;
+    std::uint32_t notify_rail_ = 0;
+    std::error_code stop_reason_;
+    std::uint32_t took_ = 0;
+    Coverage& coverage_;
+    std::string failure_;
+};
+
+} // namespace
+
+TEST_CASE("random event sequences over 1, 2 and 4 rails keep every promise of the transfer") {
+    std::uint64_t base = 0x9e3779b97f4a7c15ULL;
+    if (const char* s = std::getenv("GPUVERBS_TRANSFER_FSM_SEED")) base = std::strtoull(s, nullptr, 0);
+    constexpr std::uint64_t sequences = 100000;
+    const auto t0 = std::chrono::steady_clock::now();
+    Coverage c;
+    for (std::uint64_t i = 0; i < sequences; ++i) {
+        const std::uint64_t seed = base + i;
+        const std::string why = Model(seed, c).run();
+        if (!why.empty()) {
+            FAIL("sequence with seed " << seed << " (GPUVERBS_TRANSFER_FSM_SEED=" << seed << "): " << why);
+        }
+    }
+    MESSAGE(sequences
+            << " sequences in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()
+            << " ms: " << c.successes << " succeeded, " << c.takeovers << " takeovers (" << c.refused_takeovers
+            << " not made), " << c.notifications << " notifications, " << c.stops << " stops taken, " << c.destroyed
+            << " destroyed, " << c.every_rail_failed << " with every rail failed");
+    CHECK(c.takeovers > 1000);
+    CHECK(c.notifications > 1000);
+    CHECK(c.every_rail_failed > 100);
+}
