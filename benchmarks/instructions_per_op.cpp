@@ -291,6 +291,10 @@ int run_async(const char* dev0, const char* dev1, const std::string& form, int o
     const bool coroutine = shape.starts_with("coroutine");
     gv::AsyncOptions options{adaptive ? gv::CompletionMode::adaptive : gv::CompletionMode::event_driven,
                              std::chrono::microseconds(adaptive ? 100000 : 0), single};
+    // GPUVERBS_LIVENESS_TICK_MS=0 turns the liveness watch off (what it costs: docs/performance.md).
+    if (const char* tick = std::getenv("GPUVERBS_LIVENESS_TICK_MS")) { // NOLINT(concurrency-mt-unsafe): one thread
+        options.liveness_tick = std::chrono::milliseconds(std::atoi(tick));
+    }
     Pair p(dev0, dev1, [&](const gv::Device& d, const gv::CompletionChannel&) {
         return gv::CompletionQueue(d, 256, io.get_executor(), options);
     });
