@@ -1,6 +1,7 @@
 // The asynchronous data path on Asio executors, on rxe0 <-> rxe1, in both
 // completion modes: every handler runs exactly once, with the right result or error.
 #include "allocation_counter.hpp"
+#include "async_pair.hpp"
 #include "connected_pair.hpp"
 
 #include <doctest/doctest.h>
@@ -25,48 +26,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct AsyncSide {
-    Device device;
-    ProtectionDomain pd;
-    CompletionQueue cq;
-    std::vector<std::byte> memory;
-    MemoryRegion mr;
-    PreparedQueuePair prepared;
-    QueuePair qp;
-    AsyncSide(const std::string& name, const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes,
-              const QueuePairOptions& options)
-        : device(Device::open(name)),
-          pd(device),
-          cq(device, 4096, ex, mode),
-          memory(bytes),
-          mr(pd, memory, access_all),
-          prepared(pd, cq, cq, gpuverbs::test::test_qp_options(options)) {}
-};
-
-struct AsyncPair {
-    AsyncSide a, b;
-    AsyncPair(const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes = 1 << 20,
-              const QueuePairOptions& options = {}, const ConnectOptions& connect = {})
-        : a(gpuverbs::test::rig_devices()->dev0, ex, mode, bytes, options),
-          b(gpuverbs::test::rig_devices()->dev1, ex, mode, bytes, options) {
-        Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
-        a.qp = std::move(a.prepared).connect(eb, connect);
-        b.qp = std::move(b.prepared).connect(ea, connect);
-    }
-};
-
-// Every test whose operations start, complete and end on one thread runs in
-// the single-threaded mode too (no lock, no poll guard: a race would show
-// under TSan); the tests with a second thread use only the shared modes.
-constexpr AsyncOptions shared_modes[] = {{CompletionMode::event_driven, {}}, {CompletionMode::adaptive, 50us}};
-constexpr AsyncOptions modes[] = {{CompletionMode::event_driven, {}},
-                                  {CompletionMode::adaptive, 50us},
-                                  {CompletionMode::event_driven, {}, true},
-                                  {CompletionMode::adaptive, 50us, true}};
-std::string mode_name(const AsyncOptions& m) {
-    return std::string(m.mode == CompletionMode::adaptive ? "adaptive" : "event") +
-           (m.single_threaded ? ", single-threaded" : "");
-}
+using test::AsyncPair;
+using test::mode_name;
+using test::modes;
+using test::shared_modes;
 
 const auto aborted = boost::asio::error::operation_aborted;
 

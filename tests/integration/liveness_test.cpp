@@ -5,8 +5,10 @@
 // down in RTS with its requests outstanding). The decisions are unit-tested
 // in tests/unit/liveness_test.cpp.
 #include "gpuverbs/detail/async/liveness.hpp"
+#include "async_pair.hpp"
 #include "connected_pair.hpp"
 #include "gpuverbs/gpuverbs.hpp"
+#include "rails.hpp"
 #include "rig.hpp"
 #include "rig_faults.hpp"
 
@@ -30,41 +32,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct LiveSide {
-    Device device;
-    ProtectionDomain pd;
-    CompletionQueue cq;
-    std::vector<std::byte> memory;
-    MemoryRegion mr;
-    PreparedQueuePair prepared;
-    QueuePair qp;
-    LiveSide(const std::string& name, const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes)
-        : device(Device::open(name)),
-          pd(device),
-          cq(device, 1024, ex, mode),
-          memory(bytes),
-          mr(pd, memory, access_all),
-          prepared(pd, cq, cq, test::test_qp_options({})) {}
-};
-
-struct LivePair {
-    LiveSide a, b;
-    LivePair(const asio::any_io_executor& ex, const AsyncOptions& mode, std::size_t bytes = 1 << 20)
-        : a(test::rig_devices()->dev0, ex, mode, bytes), b(test::rig_devices()->dev1, ex, mode, bytes) {
-        Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
-        a.qp = std::move(a.prepared).connect(eb);
-        b.qp = std::move(b.prepared).connect(ea);
-    }
-};
-
-constexpr AsyncOptions modes[] = {{CompletionMode::event_driven, {}},
-                                  {CompletionMode::adaptive, 50us},
-                                  {CompletionMode::event_driven, {}, true},
-                                  {CompletionMode::adaptive, 50us, true}};
-std::string mode_name(const AsyncOptions& m) {
-    return std::string(m.mode == CompletionMode::adaptive ? "adaptive" : "event") +
-           (m.single_threaded ? ", single-threaded" : "");
-}
+using test::AsyncPair;
+using test::AsyncSide;
+using test::mode_name;
+using test::modes;
 
 /// The bound docs/transfers.md promises for an operation on a queue pair
 /// that is already in error: two ticks (one to see it, one to end it) plus
@@ -121,7 +92,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            LivePair p(io.get_executor(), mode);
+            AsyncPair p(io.get_executor(), mode);
             // A write with a key the peer never gave: both queue pairs go to ERROR (rxe NAKs it).
             RemoteMemory bad = p.b.mr.remote();
             bad.rkey ^= 0x00a5a500;
@@ -160,8 +131,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
                 ++ended;
                 results.push_back(ec);
             };
-            for (LiveSide* s : {&p.a, &p.b}) {
-                LiveSide& peer = s == &p.a ? p.b : p.a;
+            for (AsyncSide* s : {&p.a, &p.b}) {
+                AsyncSide& peer = s == &p.a ? p.b : p.a;
                 s->qp.async_write(s->mr.slice(0, 64), peer.mr.remote(), 0, record);
                 s->qp.async_read(s->mr.slice(64, 64), peer.mr.remote(), 0, record);
                 s->qp.async_send(s->mr.slice(128, 64), record);
@@ -186,7 +157,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            LivePair p(io.get_executor(), mode);
+            AsyncPair p(io.get_executor(), mode);
             std::optional<boost::system::error_code> received;
             p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { received = ec; });
             RemoteMemory bad = p.b.mr.remote();
@@ -216,30 +187,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         test::Heal down("rails-down");
         // 16,384 scattered 4 KiB blocks (64 MiB), rail 1's link cut ~300 ms in (issue 33's report).
         constexpr std::size_t blocks = 16384, block = 4096;
-        struct Wire {
-            Device d0, d1;
-            ProtectionDomain pd0, pd1;
-            CompletionQueue cq0, cq1;
-            MemoryRegion mr0, mr1;
-            QueuePair qp0, qp1;
-            Wire(const char* a, const char* b, const asio::any_io_executor& ex, std::span<std::byte> m0,
-                 std::span<std::byte> m1)
-                : d0(Device::open(a)),
-                  d1(Device::open(b)),
-                  pd0(d0),
-                  pd1(d1),
-                  cq0(d0, 1024, ex),
-                  cq1(d1, 1024, ex),
-                  mr0(pd0, m0, Access::local_write | Access::remote_write),
-                  mr1(pd1, m1, Access::local_write | Access::remote_write) {
-                QueuePairOptions o;
-                o.max_send_wr = 256;
-                PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
-                const Endpoint ea = a0.endpoint(), eb = b1.endpoint();
-                qp0 = std::move(a0).connect(eb);
-                qp1 = std::move(b1).connect(ea);
-            }
-        };
+        using Wire = test::RailWire;
         std::vector<std::byte> m0(blocks * block), m1(2 * blocks * block);
         for (std::size_t i = 0; i < m0.size(); ++i) m0[i] = std::byte((i * 2654435761U >> 13) & 0xff);
         int succeeded = 0;
@@ -247,8 +195,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             CAPTURE(run);
             asio::io_context io(1);
             std::fill(m1.begin(), m1.end(), std::byte{0});
-            Wire rail0("rxe0", "rxe1", io.get_executor(), m0, m1);
-            Wire rail1("rxe2", "rxe3", io.get_executor(), m0, m1);
+            Wire rail0("rxe0", "rxe1", io.get_executor(), m0, m1, 256);
+            Wire rail1("rxe2", "rxe3", io.get_executor(), m0, m1, 256);
             std::vector<TransferRail> rails{TransferRail{&rail0.qp0, {}, {}}, TransferRail{&rail1.qp0, {}, {}}};
             rails[1].local(rail0.mr0, rail1.mr0).remote(rail0.mr1.remote(), rail1.mr1.remote());
             std::vector<LocalBuffer> local;
@@ -319,8 +267,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : {modes[0], modes[1]}) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            LiveSide a(test::rig_devices()->dev0, io.get_executor(), mode, 1 << 20);
-            LiveSide b(test::rig_devices()->dev1, io.get_executor(), mode, 1 << 20);
+            AsyncSide a(test::rig_devices()->dev0, io.get_executor(), mode, 1 << 20, {});
+            AsyncSide b(test::rig_devices()->dev1, io.get_executor(), mode, 1 << 20, {});
             ConnectOptions forever;
             forever.retry_count = 7; // rxe never counts 7 down (SOFTROCE.md): only gpuverbs can end this
             forever.timeout = 12;    // ~16.8 ms a try: the stall bound is 2 x 8 x 16.8 ms + the margin

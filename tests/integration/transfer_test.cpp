@@ -3,6 +3,7 @@
 // its block; a queue pair destroyed mid-transfer.
 #include "process_resources.hpp"
 #include "prometheus_parse.hpp"
+#include "rails.hpp"
 #include "rig.hpp"
 #include "rig_faults.hpp"
 
@@ -889,48 +890,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
 
 namespace {
 
-/// The rig's two-rail topology: rail 0 rxe0 -> rxe1, rail 1 rxe2 -> rxe3
-/// (setup-rxe rails-up); one pool on each side registered on both of its devices.
-struct Rails {
-    struct Wire {
-        Device d0, d1;
-        ProtectionDomain pd0, pd1;
-        CompletionQueue cq0, cq1;
-        MemoryRegion mr0, mr1;
-        QueuePair qp0, qp1;
-        Wire(const char* a, const char* b, const asio::any_io_executor& ex, std::span<std::byte> m0,
-             std::span<std::byte> m1)
-            : d0(Device::open(a)),
-              d1(Device::open(b)),
-              pd0(d0),
-              pd1(d1),
-              cq0(d0, 1024, ex),
-              cq1(d1, 1024, ex),
-              mr0(pd0, m0, Access::local_write | Access::remote_write),
-              mr1(pd1, m1, Access::local_write | Access::remote_write) {
-            QueuePairOptions o;
-            o.max_send_wr = 128;
-            // The default transport timeout (14: ~67 ms per try) and retries
-            // (6): a dead rail is noticed in about half a second. Shorter
-            // ones (12 and 3: 64 ms in all) failed the healthy rail too when
-            // the rig's CPUs were loaded (a CI run: acknowledgements late).
-            ConnectOptions c;
-            PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
-            Endpoint ea = a0.endpoint(), eb = b1.endpoint();
-            qp0 = std::move(a0).connect(eb, c);
-            qp1 = std::move(b1).connect(ea, c);
-        }
-    };
-    std::vector<std::byte> m0, m1;
-    Wire rail0, rail1;
-    Rails(const asio::any_io_executor& ex, std::size_t bytes)
-        : m0(bytes), m1(bytes), rail0("rxe0", "rxe1", ex, m0, m1), rail1("rxe2", "rxe3", ex, m0, m1) {}
-    std::vector<TransferRail> spec() {
-        std::vector<TransferRail> s{TransferRail{&rail0.qp0, {}, {}}, TransferRail{&rail1.qp0, {}, {}}};
-        s[1].local(rail0.mr0, rail1.mr0).remote(rail0.mr1.remote(), rail1.mr1.remote());
-        return s;
-    }
-};
+using test::Rails;
 
 } // namespace
 
