@@ -2,8 +2,13 @@
 """Reads the chaos soak's logs (tests/integration/chaos-soak) and prints its
 figures: transfers, bytes verified, faults by kind, failovers, queue pairs the
 watch declared failed, and every violation of a promise. Exit status 1 when
-anything was lost, corrupted, doubled, missing or late, or resident memory
-grew by 5 % or more after warm-up."""
+anything was lost, corrupted, doubled, missing or late, a process opened
+descriptors after warm-up, or its resident memory grew by 5 % and at least
+4 MiB after warm-up. A new queue pair costs a process a few hundred KiB the
+first time (the provider's queues, the allocator's arenas): growth below the
+floor is that, not a leak. With GPUVERBS_SOAK_MEMORY=report (the thread
+sanitizer's run, whose shadow memory grows by megabytes with every new mapping)
+the memory is printed and not judged."""
 import collections
 import glob
 import os
@@ -66,6 +71,7 @@ def main(out):
     for n in missing:
         violations.append(f"owner: notification {n:#x} of a transfer that succeeded never arrived")
     growth = []
+    judge_memory = os.environ.get("GPUVERBS_SOAK_MEMORY", "judge") != "report"
     for key, samples in resources.items():
         if len(samples) < 6:
             continue
@@ -76,7 +82,8 @@ def main(out):
         growth.append((key[0], fd_growth, rss_growth))
         if fd_growth > 0:
             violations.append(f"{os.path.basename(key[0])}: open descriptors grew by {fd_growth} after warm-up")
-        if rss_growth >= 0.05:
+        rss_kib = last[1] - warm[1]
+        if judge_memory and rss_growth >= 0.05 and rss_kib >= 4096:
             violations.append(f"{os.path.basename(key[0])}: resident memory grew {rss_growth:.1%} after warm-up")
     print(f"chaos-soak: {transfers_logged['ok'] + transfers_logged['failed']} transfers "
           f"({transfers_logged['ok']} succeeded, {transfers_logged['failed']} failed by a fault), "
@@ -89,7 +96,8 @@ def main(out):
     print(f"chaos-soak: notifications {sum(notified.values())} received, {len(doubled)} doubled, "
           f"{len(missing)} missing; {owner_summary}")
     for name, fds, rss in growth:
-        print(f"chaos-soak: {os.path.basename(name)}: descriptors {fds:+d}, resident memory {rss:+.1%} after warm-up")
+        print(f"chaos-soak: {os.path.basename(name)}: descriptors {fds:+d}, resident memory {rss:+.1%} after warm-up"
+              + ("" if judge_memory else " (not judged: GPUVERBS_SOAK_MEMORY=report)"))
     for v in violations:
         print(f"chaos-soak: VIOLATION {v}")
     print(f"chaos-soak: {len(violations)} violations")
