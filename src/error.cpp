@@ -70,6 +70,11 @@ public:
             case errc::port_down:
                 return "the queue pair's port went down with requests outstanding: gpuverbs moved it to the error "
                        "state";
+            case errc::lease_unknown:
+                return "no live lease has this id: it was released already, expired, or never granted";
+            case errc::lease_not_yours:
+                return "the lease was granted to another reader: only that reader may release it (refused; the "
+                       "blocks stay leased)";
             case errc::async_needs_one_cq:
                 return "asynchronous operations need the queue pair's send and receive completion queue to be the "
                        "same CompletionQueue";
@@ -88,6 +93,7 @@ public:
             case errc::too_many_sges:
             case errc::misaligned_atomic: return std::errc::invalid_argument;
             case errc::blocks_leased: return std::errc::device_or_resource_busy;
+            case errc::lease_not_yours: return std::errc::permission_denied;
             case errc::send_queue_full:
             case errc::receive_queue_full:
             case errc::batch_full: return std::errc::no_buffer_space;

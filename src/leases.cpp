@@ -1,7 +1,12 @@
 // BlockLeases and LeaseReader (transfers/leases.hpp).
 #include "gpuverbs/transfers/leases.hpp"
 
+#include "random.hpp"
+
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace gpuverbs {
 
@@ -13,7 +18,28 @@ BlockLeases::BlockLeases(BlockLeasesOptions options) : options_(options) {
     }
 }
 
-LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks) {
+namespace {
+
+/// [first, end) of a block in the owner's address space, or nothing when the
+/// block does not lie inside its region or its range wraps.
+std::optional<std::pair<std::uint64_t, std::uint64_t>> range_of(const RemoteBlock& block) {
+    const RemoteMemory& m = block.memory;
+    if (block.offset > m.length || block.length > m.length - block.offset) return std::nullopt;
+    if (m.address > UINT64_MAX - m.length) return std::nullopt;
+    const std::uint64_t first = m.address + block.offset;
+    return std::pair{first, first + block.length};
+}
+
+} // namespace
+
+std::uint32_t BlockLeases::new_id_locked() {
+    for (;;) { // 0 is never an id; a live one is never handed out twice
+        const auto id = static_cast<std::uint32_t>(detail::system_random());
+        if (id != 0 && leases_.count(id) == 0) return id;
+    }
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader) {
     if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
         throw Error(make_error_code(errc::invalid_argument), "BlockLeases::grant", problem);
     }
@@ -22,46 +48,76 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks) {
     expire_locked(now, nullptr);
     LeasedBlockList list;
     list.version = ++version_;
-    do {
-        list.lease = ++next_lease_;
-    } while (list.lease == 0 || leases_.count(list.lease) != 0); // 0 is never an id; a wrapped id still live is skipped
+    list.lease = new_id_locked();
     list.ttl = options_.ttl;
     list.blocks = blocks;
-    leases_.emplace(list.lease, Lease{std::move(blocks), now + options_.ttl + options_.grace, list.version});
+    leases_.emplace(list.lease, Lease{std::move(blocks), now + options_.ttl + options_.grace, list.version, reader});
+    ++statistics_.granted;
     return list;
 }
 
-bool BlockLeases::release(std::uint32_t lease) {
+std::error_code BlockLeases::release(std::uint32_t lease, Reader reader) {
     std::lock_guard lock(mutex_);
     expire_locked(std::chrono::steady_clock::now(), nullptr);
-    return leases_.erase(lease) != 0;
+    const auto it = leases_.find(lease);
+    if (it == leases_.end()) {
+        ++statistics_.unknown_releases;
+        return errc::lease_unknown;
+    }
+    if (it->second.reader != reader) {
+        ++statistics_.refused_releases;
+        return errc::lease_not_yours;
+    }
+    leases_.erase(it);
+    ++statistics_.released;
+    return {};
 }
 
-const std::pair<const std::uint32_t, BlockLeases::Lease>* BlockLeases::holder(const RemoteBlock& block) const {
-    const std::uint64_t first = block.memory.address + block.offset;
-    const std::uint64_t end = first + block.length;
+bool BlockLeases::revoke(std::uint32_t lease) {
+    std::lock_guard lock(mutex_);
+    expire_locked(std::chrono::steady_clock::now(), nullptr);
+    if (leases_.erase(lease) == 0) return false;
+    ++statistics_.revoked;
+    return true;
+}
+
+const std::pair<const std::uint32_t, BlockLeases::Lease>* BlockLeases::holder(std::uint64_t first,
+                                                                                std::uint64_t end) const {
     for (const auto& entry : leases_) {
         for (const RemoteBlock& b : entry.second.blocks) {
-            if (b.memory.rkey != block.memory.rkey) continue;
-            const std::uint64_t f = b.memory.address + b.offset;
-            if (f < end && first < f + b.length) return &entry;
+            const auto r = range_of(b); // granted blocks passed block_list_problem: always a range
+            if (r && r->first < end && first < r->second) return &entry;
         }
     }
     return nullptr;
 }
 
 bool BlockLeases::held(const RemoteBlock& block) {
+    const auto r = range_of(block);
+    if (!r) return true; // not a block of its region: nothing proves it free
     std::lock_guard lock(mutex_);
     expire_locked(std::chrono::steady_clock::now(), nullptr);
-    return holder(block) != nullptr;
+    return holder(r->first, r->second) != nullptr;
 }
 
 std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, std::string* why) {
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+        if (!range_of(blocks[k])) {
+            if (why != nullptr) {
+                *why = "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) +
+                       " bytes at offset " + std::to_string(blocks[k].offset) +
+                       ") does not lie inside its region of " + std::to_string(blocks[k].memory.length) +
+                       " bytes: it cannot be claimed";
+            }
+            return errc::invalid_argument;
+        }
+    }
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     expire_locked(now, nullptr);
     for (std::size_t k = 0; k < blocks.size(); ++k) {
-        const auto* h = holder(blocks[k]);
+        const auto r = range_of(blocks[k]);
+        const auto* h = holder(r->first, r->second);
         if (h == nullptr) continue;
         if (why != nullptr) {
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now);
@@ -89,6 +145,12 @@ std::vector<std::uint32_t> BlockLeases::expire() {
     return ids;
 }
 
+BlockLeasesStatistics BlockLeases::statistics() {
+    std::lock_guard lock(mutex_);
+    expire_locked(std::chrono::steady_clock::now(), nullptr);
+    return statistics_;
+}
+
 void BlockLeases::expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids) {
     for (auto it = leases_.begin(); it != leases_.end();) {
         if (now < it->second.until) {
@@ -96,6 +158,7 @@ void BlockLeases::expire_locked(std::chrono::steady_clock::time_point now, std::
             continue;
         }
         if (ids != nullptr) ids->push_back(it->first);
+        ++statistics_.expired;
         it = leases_.erase(it);
     }
 }

@@ -5,9 +5,10 @@
 #include "gpuverbs/verbs/queue_pair.hpp"
 #include "gpuverbs/verbs/shared_receive_queue.hpp"
 
+#include "random.hpp"
+
 #include <cerrno>
 #include <cstdio>
-#include <random>
 #include <stdexcept>
 
 namespace gpuverbs::detail {
@@ -226,8 +227,7 @@ bool modify_qp(ibv_qp* qp, const QpTransition& transition, const char* which, St
 }
 
 std::uint32_t random_psn() {
-    thread_local std::minstd_rand engine{std::random_device{}()};
-    return static_cast<std::uint32_t>(engine()) & 0xffffff;
+    return static_cast<std::uint32_t>(system_random()) & 0xffffff; // not an LCG a peer could follow
 }
 
 std::string qp_name(std::uint32_t qp_num) {

@@ -70,6 +70,9 @@ enum class errc {
     queue_pair_stalled,  ///< its requests made no progress for longer than the transport's retry bound: gpuverbs moved
                          ///< it to error
     port_down,           ///< its port went down with requests outstanding: gpuverbs moved it to error
+    // Leases, continued (leases.hpp).
+    lease_unknown,   ///< no live lease has this id (released already, expired, or never granted)
+    lease_not_yours, ///< the lease was granted to another reader: only that reader may release it
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

@@ -132,7 +132,9 @@ void bind_errors(py::module_& m) {
         .value("blocks_leased", errc::blocks_leased)
         .value("queue_pair_in_error", errc::queue_pair_in_error)
         .value("queue_pair_stalled", errc::queue_pair_stalled)
-        .value("port_down", errc::port_down);
+        .value("port_down", errc::port_down)
+        .value("lease_unknown", errc::lease_unknown)
+        .value("lease_not_yours", errc::lease_not_yours);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
     // pybind11's translator type takes the pointer by value.

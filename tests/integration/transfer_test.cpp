@@ -330,7 +330,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         std::vector<RemoteBlock> offered;
         for (std::size_t k = 0; k < l.lengths.size(); ++k)
             offered.push_back({p.b.mr.remote(), l.destination[k], l.lengths[k]});
-        const std::vector<std::byte> bytes = wire::serialize(leases.grant(offered));
+        const std::vector<std::byte> bytes = wire::serialize(leases.grant(offered, /*reader*/ 1));
         CHECK(leases.held(offered[7]));
         CHECK(leases.active() == 1);
         std::string busy;
@@ -357,7 +357,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
                     bad += p.a.memory[l.source[k] + i] != pattern(l.source[k] + i, 23) ? 1 : 0;
             }
             unread_at_release = bad;
-            CHECK(leases.release(r.immediate.value_or(0)));
+            CHECK_FALSE(leases.release(r.immediate.value_or(0), /*reader*/ 1)); // on the queue pair to reader 1
         });
         TransferOptions options;
         options.notify = list.lease;
@@ -373,14 +373,14 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         CHECK_FALSE(leases.held(offered[7])); // released: the owner may reuse its blocks
         CHECK_FALSE(leases.claim(offered));
         CHECK(leases.active() == 0);
-        CHECK_FALSE(leases.release(list.lease)); // once
+        CHECK(leases.release(list.lease, 1) == errc::lease_unknown); // once
 
         // A reader that never releases holds the blocks until ttl + grace.
         BlockLeasesOptions quick;
         quick.ttl = 100ms;
         quick.grace = 50ms;
         BlockLeases short_leases(quick);
-        const LeasedBlockList forgotten = short_leases.grant({offered[3]});
+        const LeasedBlockList forgotten = short_leases.grant({offered[3]}, 1);
         CHECK(short_leases.held(offered[3]));
         CHECK_FALSE(short_leases.held(offered[4]));
         std::this_thread::sleep_for(200ms);
@@ -1449,6 +1449,32 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
         CHECK(cache.statistics().regions == 1);
     }
 
+    TEST_CASE("attack: a peer given the key of a read-only request from the cache cannot write through it") {
+        asio::io_context io;
+        Pair p(io.get_executor(), 1 << 20);
+        RegistrationCache cache(p.a.pd);
+        std::span<std::byte> memory(p.a.memory);
+        // The owner's own use registered everything a peer could do...
+        auto everything = cache.get(memory, access_all);
+        // ...then it advertises a part for reading only.
+        auto readable = cache.get(memory.subspan(4096, 4096), Access::remote_read);
+        REQUIRE(readable != nullptr);
+        CHECK(readable != everything);
+        CHECK(readable->access() == Access::remote_read);
+        // The peer tries to write with the key it was given.
+        std::fill(p.a.memory.begin() + 4096, p.a.memory.begin() + 8192, std::byte{0x11});
+        RemoteMemory advertised = readable->remote();
+        REQUIRE_FALSE(p.b.qp.post_write(p.b.mr.slice(0, 4096), advertised, 7));
+        Completion c;
+        for (auto until = std::chrono::steady_clock::now() + 10s; p.b.cq.poll({&c, 1}) == 0;) {
+            REQUIRE_MESSAGE(std::chrono::steady_clock::now() < until, "the write did not complete");
+        }
+        MESSAGE("the peer's write: " << c.status.message());
+        CHECK(c.status.raw() == IBV_WC_REM_ACCESS_ERR);
+        CHECK(std::all_of(p.a.memory.begin() + 4096, p.a.memory.begin() + 8192,
+                          [](std::byte b) { return b == std::byte{0x11}; }));
+    }
+
     TEST_CASE("hits hand back the same region; data moves through it; 10,000 mixed requests stay within the bounds") {
         asio::io_context io;
         Pair p(io.get_executor(), 32 << 20);
@@ -1459,8 +1485,8 @@ TEST_SUITE("registration cache on a real device" * doctest::skip(!test::rig_pres
         const Access rw = Access::local_write | Access::remote_read;
 
         auto first = cache.get(memory.subspan(4096, 65536), rw);
-        auto again = cache.get(memory.subspan(8192, 4096), Access::local_write);
-        CHECK(first == again); // covered, with less access: the same registration
+        auto again = cache.get(memory.subspan(8192, 4096), rw);
+        CHECK(first == again); // covered, with the same access: the same registration
         CHECK(cache.statistics().hits == 1);
         CHECK(cache.statistics().misses == 1);
 

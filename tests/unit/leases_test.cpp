@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -15,22 +17,23 @@ TEST_SUITE("leases") {
     const RemoteMemory pool{0x10000, 1 << 20, 5};
     const RemoteMemory other{0x10000, 1 << 20, 6}; // same addresses, another region (rkey)
 
-    TEST_CASE("a lease holds exactly its bytes until released; versions grow, ids are distinct") {
+    constexpr BlockLeases::Reader reader_a = 1, reader_b = 2;
+
+    TEST_CASE("a lease holds exactly its bytes until its reader releases it; versions grow, ids are distinct") {
         BlockLeases leases;
-        const LeasedBlockList a = leases.grant({{pool, 0, 4096}, {pool, 8192, 4096}});
-        const LeasedBlockList b = leases.grant({{pool, 4096, 4096}});
+        const LeasedBlockList a = leases.grant({{pool, 0, 4096}, {pool, 8192, 4096}}, reader_a);
+        const LeasedBlockList b = leases.grant({{pool, 4096, 4096}}, reader_b);
         CHECK(a.lease != 0);
         CHECK(a.lease != b.lease);
         CHECK(b.version > a.version);
         CHECK(a.ttl == BlockLeasesOptions{}.ttl);
         CHECK(leases.active() == 2);
         CHECK(leases.held({pool, 100, 1}));
-        CHECK(leases.held({pool, 8191, 2}));        // overlaps the second block by one byte
-        CHECK_FALSE(leases.held({other, 0, 4096})); // another region
+        CHECK(leases.held({pool, 8191, 2})); // overlaps the second block by one byte
         CHECK_FALSE(leases.held({pool, 12288, 100}));
-        CHECK(leases.release(a.lease));
-        CHECK_FALSE(leases.release(a.lease));
-        CHECK_FALSE(leases.release(999));
+        CHECK_FALSE(leases.release(a.lease, reader_a));
+        CHECK(leases.release(a.lease, reader_a) == errc::lease_unknown); // once
+        CHECK(leases.release(999, reader_a) == errc::lease_unknown);
         CHECK_FALSE(leases.held({pool, 100, 1}));
         CHECK(leases.held({pool, 4096, 1})); // b still holds its block
         CHECK(leases.active() == 1);
@@ -41,8 +44,93 @@ TEST_SUITE("leases") {
         CHECK_MESSAGE(why.find("block 1 (4096 bytes at offset 4096) is under lease " + std::to_string(b.lease) +
                                " (list version " + std::to_string(b.version) + "): wait for the reader's release") == 0,
                       why);
-        CHECK(leases.release(b.lease));
+        CHECK_FALSE(leases.release(b.lease, reader_b));
         CHECK_FALSE(leases.claim(reuse, &why));
+        const BlockLeasesStatistics s = leases.statistics();
+        CHECK(s.granted == 2);
+        CHECK(s.released == 2);
+        CHECK(s.unknown_releases == 2);
+        CHECK(s.refused_releases == 0);
+    }
+
+    TEST_CASE("attack: a reader's notification carrying another reader's lease id is refused, the blocks stay held") {
+        BlockLeases leases;
+        const LeasedBlockList victims = leases.grant({{pool, 0, 4096}}, reader_b);
+        const LeasedBlockList mine = leases.grant({{pool, 4096, 4096}}, reader_a);
+        // Reader a guesses b's id the way sequential ids made easy: its own, one less, one more...
+        for (std::uint32_t guess : {mine.lease - 1, mine.lease + 1, victims.lease}) {
+            const std::error_code ec = leases.release(guess, reader_a);
+            CHECK(ec);
+            CHECK(ec != std::error_code{});
+        }
+        CHECK(leases.release(victims.lease, reader_a) == errc::lease_not_yours);
+        CHECK(make_error_code(errc::lease_not_yours) == std::errc::permission_denied);
+        CHECK(leases.held({pool, 0, 4096})); // b's blocks were never freed under it
+        std::string why;
+        const std::vector<RemoteBlock> victims_blocks{{pool, 0, 4096}};
+        CHECK(leases.claim(victims_blocks, &why) == errc::blocks_leased);
+        CHECK(leases.statistics().refused_releases == 2);
+        // b's own release still works.
+        CHECK_FALSE(leases.release(victims.lease, reader_b));
+        CHECK_FALSE(leases.held({pool, 0, 4096}));
+    }
+
+    TEST_CASE("lease ids are not a sequence: 1,000 grants give 1,000 distinct ids with no run of neighbours") {
+        BlockLeases leases;
+        std::set<std::uint32_t> ids;
+        int neighbours = 0;
+        std::uint32_t last = 0;
+        for (int i = 0; i < 1000; ++i) {
+            const LeasedBlockList l = leases.grant({{pool, 0, 64}}, reader_a);
+            CHECK(l.lease != 0);
+            ids.insert(l.lease);
+            neighbours += (l.lease == last + 1) ? 1 : 0;
+            last = l.lease;
+        }
+        CHECK(ids.size() == 1000);
+        CHECK(neighbours < 3); // a sequence would give 999
+    }
+
+    TEST_CASE("attack: held and claim compare address ranges, and a block that wraps or leaves its region fails closed") {
+        BlockLeases leases;
+        (void)leases.grant({{pool, 0, 4096}}, reader_a);
+        // The same memory named through another rkey is the same memory.
+        CHECK(leases.held({other, 0, 4096}));
+        CHECK(leases.held({other, 4095, 1}));
+        // A length that would wrap first + length around 2^64 (0 before: "not held").
+        CHECK(leases.held({pool, 0, UINT64_MAX}));
+        CHECK(leases.held({pool, 4096, UINT64_MAX - 100}));
+        // An offset or length past the region: not a block of it, never "free".
+        CHECK(leases.held({pool, (1 << 20) + 1, 1}));
+        std::string why;
+        const std::vector<RemoteBlock> wrap{{pool, 0, UINT64_MAX}};
+        CHECK(leases.claim(wrap, &why) == errc::invalid_argument);
+        CHECK_MESSAGE(why.find("does not lie inside its region of 1048576 bytes") != std::string::npos, why);
+        const std::vector<RemoteBlock> region_wraps{{RemoteMemory{UINT64_MAX - 10, 100, 5}, 0, 1}};
+        CHECK(leases.claim(region_wraps, &why) == errc::invalid_argument);
+        const std::vector<RemoteBlock> other_key{{other, 0, 10}};
+        CHECK(leases.claim(other_key, &why) == errc::blocks_leased);
+        // A block beside the lease is free.
+        const std::vector<RemoteBlock> beside{{other, 4096, 4096}};
+        CHECK_FALSE(leases.claim(beside, &why));
+    }
+
+    TEST_CASE("the owner revokes a lease itself; the deprecated forms still compile and mean that") {
+        BlockLeases leases;
+        const LeasedBlockList a = leases.grant({{pool, 0, 64}}, reader_a);
+        CHECK(leases.revoke(a.lease));
+        CHECK_FALSE(leases.revoke(a.lease));
+        CHECK(leases.statistics().revoked == 1);
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+        const LeasedBlockList old = leases.grant({{pool, 0, 64}});
+        CHECK(leases.release(old.lease));
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+        CHECK(leases.active() == 0);
     }
 
     TEST_CASE("an unreleased lease expires after ttl + grace; expire() names it") {
@@ -50,7 +138,7 @@ TEST_SUITE("leases") {
         o.ttl = 30ms;
         o.grace = 20ms;
         BlockLeases leases(o);
-        const LeasedBlockList a = leases.grant({{pool, 0, 64}});
+        const LeasedBlockList a = leases.grant({{pool, 0, 64}}, 1);
         std::this_thread::sleep_for(35ms); // past the ttl, within the grace: still held
         CHECK(leases.active() == 1);
         std::this_thread::sleep_for(30ms);
@@ -58,14 +146,15 @@ TEST_SUITE("leases") {
         REQUIRE(gone.size() == 1);
         CHECK(gone[0] == a.lease);
         CHECK_FALSE(leases.held({pool, 0, 64}));
-        CHECK_FALSE(leases.release(a.lease));
+        CHECK(leases.release(a.lease, 1) == errc::lease_unknown);
+        CHECK(leases.statistics().expired == 1);
     }
 
     TEST_CASE("bad input: a list the wire would refuse, a lease time that is not positive") {
         BlockLeases leases;
-        CHECK_THROWS_WITH_AS(leases.grant({}), "BlockLeases::grant: a block list has 1 to 1048576 blocks, not 0",
+        CHECK_THROWS_WITH_AS(leases.grant({}, 1), "BlockLeases::grant: a block list has 1 to 1048576 blocks, not 0",
                              Error);
-        CHECK_THROWS_WITH_AS(leases.grant({{pool, (1 << 20) - 1, 2}}),
+        CHECK_THROWS_WITH_AS(leases.grant({{pool, (1 << 20) - 1, 2}}, 1),
                              "BlockLeases::grant: block 0 (2 bytes at offset 1048575) lies outside its region of "
                              "1048576 bytes",
                              Error);

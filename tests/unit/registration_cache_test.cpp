@@ -23,20 +23,50 @@ int fetch(Index& index, std::uint64_t begin, std::uint64_t end, Access access, i
 } // namespace
 
 TEST_SUITE("registration cache") {
-    TEST_CASE("a covered range with the access asked for is a hit; more access or a wider range is a miss") {
+    TEST_CASE("a covered range with the access asked for is a hit; other remote access or a wider range is a miss") {
         Index index({});
         int next = 1;
         CHECK(fetch(index, 1000, 2000, rw, next) == 1);
-        CHECK(fetch(index, 1200, 1300, Access::local_write, next) == 1); // inside, less access
+        CHECK(fetch(index, 1200, 1300, rw, next) == 1); // inside, the same access
         CHECK(fetch(index, 1000, 2000, rw, next) == 1);
         CHECK(index.statistics().hits == 2);
         CHECK(index.statistics().misses == 1);
-        // More access: a new registration over the same range, with both accesses; the old one leaves.
+        // More remote access: a registration of its own; the remote_write one stays for its users.
         CHECK(fetch(index, 1000, 1500, rw | Access::remote_read, next) == 2);
+        CHECK(index.statistics().merges == 0);
+        CHECK(fetch(index, 1200, 1300, rw, next) == 1);
+        CHECK(fetch(index, 1200, 1300, rw | Access::remote_read, next) == 2);
+        // Within one remote access, overlapping ranges merge: [1000, 1500) and [1400, 2000) become one.
+        CHECK(fetch(index, 1400, 2000, rw | Access::remote_read, next) == 3);
         CHECK(index.statistics().merges == 1);
-        CHECK(fetch(index, 1900, 2000, Access::remote_read, next) == 2); // the union covers [1000, 2000)
-        CHECK(index.statistics().regions == 1);
-        CHECK(index.statistics().bytes_pinned == 1000);
+        CHECK(fetch(index, 1000, 2000, rw | Access::remote_read, next) == 3);
+        CHECK(index.statistics().regions == 2);
+        CHECK(index.statistics().bytes_pinned == 2000);
+    }
+
+    TEST_CASE("attack: a request for less remote access never gets a region a peer can do more with") {
+        // What a peer learns (the rkey of the region handed out) must not let it
+        // write where the caller only meant it to read.
+        Index index({});
+        int next = 1;
+        const Access everything = Access::local_write | Access::remote_write | Access::remote_read |
+                                  Access::remote_atomic;
+        CHECK(fetch(index, 0, 1 << 20, everything, next) == 1);
+        const int read_only = fetch(index, 4096, 8192, Access::remote_read, next);
+        CHECK(read_only == 2); // not the writable region 1
+        // A read-only request overlapping the writable region is not merged into it either.
+        auto miss = index.plan_miss(0, 2 << 20, Access::remote_read);
+        CHECK(miss.access == Access::remote_read);
+        // local_write is not a peer's right: a local_write region serves a request without it.
+        CHECK(fetch(index, 0, 100, Access::local_write | Access::remote_read, next) == 3);
+        CHECK(fetch(index, 0, 100, Access::remote_read, next) == 3);
+        // ...and relaxed ordering, which changes what a peer sees land, is never added.
+        CHECK(fetch(index, 0, 100, Access::local_write | Access::relaxed_ordering, next) == 4);
+        CHECK(fetch(index, 0, 100, Access::local_write, next) == 5);
+        // Invalidation drops a range in every access.
+        index.invalidate(0, 1 << 20);
+        CHECK(index.statistics().regions == 0);
+        CHECK(index.statistics().bytes_pinned == 0);
     }
 
     TEST_CASE("a range overlapping several cached regions is registered as their union; neighbours stay apart") {
@@ -126,11 +156,14 @@ TEST_SUITE("registration cache") {
         Index index({.max_regions = 32, .max_bytes = 1 << 20});
         std::mt19937 random(7);
         std::map<int, std::pair<std::uint64_t, std::uint64_t>> ranges; // handle -> the range registered for it
+        std::map<int, Access> granted;                                 // handle -> the access registered
         int next = 1;
         for (int i = 0; i < 10000; ++i) {
             std::uint64_t begin = (random() % 4096) * 512;
             std::uint64_t end = begin + 1 + random() % 65536;
-            Access access = random() % 2 ? rw : Access::local_write;
+            const Access kinds[] = {rw, Access::local_write, Access::remote_read,
+                                    Access::local_write | Access::remote_read};
+            const Access access = kinds[random() % 4];
             int handle = 0;
             if (auto hit = index.find(begin, end, access)) {
                 handle = *hit;
@@ -138,8 +171,11 @@ TEST_SUITE("registration cache") {
                 auto miss = index.plan_miss(begin, end, access);
                 handle = next++;
                 ranges[handle] = {miss.begin, miss.end};
+                granted[handle] = miss.access;
                 index.insert(miss, handle);
             }
+            CHECK(detail::peer_facing(granted[handle]) == detail::peer_facing(access));
+            CHECK((granted[handle] & access) == access);
             CHECK(ranges[handle].first <= begin);
             CHECK(end <= ranges[handle].second);
             auto s = index.statistics();

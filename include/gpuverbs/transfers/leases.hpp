@@ -1,22 +1,30 @@
 // Leases on advertised blocks: the memory a peer reads (or writes) cannot be
-// reused under it without anyone noticing.
+// reused under it without anyone noticing, and only that peer can end it.
 //
-// The owner (prefill, holding a request's KV blocks) grants a lease when it
-// hands a block list out; the list carries the lease id, a time to live and a
-// version (wire::LeasedBlockList, serialized by wire::serialize). The reader
-// (decode) checks the list is not older than one it already had from that
-// owner (LeaseReader), transfers with a deadline inside the lease, and
-// releases the lease with the transfer's notification (TransferOptions::notify
-// = the lease id; for a read it is posted after every block was read). The
-// owner releases the lease when that notification's receive completes, and
-// reuses a block only when no live lease holds it:
+// The owner (prefill, holding a request's KV blocks) grants a lease to one
+// reader when it hands a block list out; the list carries the lease id, a
+// time to live and a version (wire::LeasedBlockList, serialized by
+// wire::serialize). The reader (decode) checks the list is not older than one
+// it already had from that owner (LeaseReader), transfers with a deadline
+// inside the lease, and releases the lease with the transfer's notification
+// (TransferOptions::notify = the lease id; for a read it is posted after every
+// block was read). The owner releases the lease when that notification's
+// receive completes, naming the reader it arrived from (the peer behind the
+// queue pair the receive was posted on), and reuses a block only when no live
+// lease holds it:
 //
 //   // owner                                        // reader
-//   auto list = leases.grant(blocks);               auto list = wire::parse_leased_block_list(bytes);
+//   auto list = leases.grant(blocks, peer);         auto list = wire::parse_leased_block_list(bytes);
 //   send(wire::serialize(list));                    if (auto ec = reader.accept(owner_id, list)) refuse(ec);
-//   ...receive completes with immediate i:          options.notify = list.lease;
-//   leases.release(i);                              options.deadline = LeaseReader::deadline(list, received_at);
+//   ...receive on peer's queue pair, immediate i:   options.notify = list.lease;
+//   leases.release(i, peer);                        options.deadline = LeaseReader::deadline(list, received_at);
 //   if (!leases.held(block)) reuse(block);          async_transfer(qp, plan, options, ...);
+//
+// Least authority: a lease id is drawn from the system's random source (not
+// 1, 2, 3…), and a release from any reader but the one it was granted to is
+// refused (errc::lease_not_yours) and counted, so one reader's notification
+// can never free the blocks another is still reading. held() and claim()
+// compare address ranges, whatever rkey a block names.
 //
 // A reader that never releases (it crashed) holds the blocks until the lease
 // expires: its time to live plus the owner's grace, which covers the list's
@@ -46,45 +54,83 @@ struct BlockLeasesOptions {
     std::chrono::milliseconds grace{5000};
 };
 
-/// The owner's side: which of its blocks are leased to readers.
+/// What a BlockLeases has done (statistics()): a refused release is a
+/// reader trying to end a lease that is not its own — worth an alert.
+struct BlockLeasesStatistics {
+    std::uint64_t granted = 0;
+    std::uint64_t released = 0;         ///< by the reader they were granted to
+    std::uint64_t revoked = 0;          ///< by the owner (revoke())
+    std::uint64_t expired = 0;          ///< past their time to live and grace, never released
+    std::uint64_t refused_releases = 0; ///< releases named by another reader (errc::lease_not_yours)
+    std::uint64_t unknown_releases = 0; ///< releases of no live lease (errc::lease_unknown)
+};
+
+/// The owner's side: which of its blocks are leased to which reader.
 class BlockLeases {
 public:
+    /// How the owner knows a reader: a rank, a connection id — whatever the
+    /// owner can tell from where a notification arrived (the queue pair its
+    /// receive was posted on). Readers must have distinct ids.
+    using Reader = std::uint64_t;
+
     explicit BlockLeases(BlockLeasesOptions options = {});
 
-    /// Leases `blocks` to one reader: the list to send (a new version and
-    /// lease id; ids are never 0). Throws gpuverbs::Error (invalid_argument)
-    /// for a list wire::serialize would refuse.
-    LeasedBlockList grant(std::vector<RemoteBlock> blocks);
-    /// The reader is done (its notification carried `lease`). False when no
-    /// such lease is live (released already, expired, or never granted).
-    bool release(std::uint32_t lease);
-    /// Whether a live lease holds any byte of `block` (the same region, by its rkey and address).
+    /// Leases `blocks` to `reader`: the list to send (a new version, and a
+    /// lease id from the system's random source: never 0, never one live).
+    /// Throws gpuverbs::Error (invalid_argument) for a list wire::serialize
+    /// would refuse.
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader);
+    /// `reader` is done (its notification carried `lease`): no error, and the
+    /// blocks are free of it; errc::lease_not_yours when the lease is another
+    /// reader's (refused, counted, the lease stays); errc::lease_unknown when
+    /// no such lease is live (released already, expired, or never granted).
+    std::error_code release(std::uint32_t lease, Reader reader);
+    /// The owner ends a lease itself (the reader is gone, the request was
+    /// cancelled). False when no such lease is live.
+    bool revoke(std::uint32_t lease);
+    /// Whether a live lease holds any byte of `block` (by address range,
+    /// whatever its rkey). A block that does not lie inside its region, or
+    /// whose range wraps, counts as held: nothing proves it free.
     [[nodiscard]] bool held(const RemoteBlock& block);
     /// The owner is about to reuse `blocks`: errc::blocks_leased when a live
     /// lease holds any of them, with `why` naming the first block, the lease
-    /// and how long it may still last; otherwise no error.
+    /// and how long it may still last; errc::invalid_argument for a block that
+    /// does not lie inside its region; otherwise no error.
     std::error_code claim(std::span<const RemoteBlock> blocks, std::string* why = nullptr);
     /// Live leases (expired ones are dropped first).
     [[nodiscard]] std::size_t active();
     /// Drops the leases past their time to live and grace; returns their ids
     /// (the readers that never released: worth a log line).
     std::vector<std::uint32_t> expire();
+    [[nodiscard]] BlockLeasesStatistics statistics();
+
+    /// Before 0.3 a lease belonged to nobody and anyone could release it.
+    [[deprecated("grant(blocks, reader): a lease belongs to the reader it is granted to")]]
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks) {
+        return grant(std::move(blocks), Reader{0});
+    }
+    [[deprecated("release(lease, reader) for the reader's notification, or revoke(lease) for the owner")]]
+    bool release(std::uint32_t lease) {
+        return revoke(lease);
+    }
 
 private:
     struct Lease {
         std::vector<RemoteBlock> blocks;
         std::chrono::steady_clock::time_point until;
         std::uint64_t version = 0;
+        Reader reader = 0;
     };
-    /// The live lease holding a byte of `block`, or nullptr (under the lock).
-    const std::pair<const std::uint32_t, Lease>* holder(const RemoteBlock& block) const;
+    /// The live lease holding a byte of [first, end), or nullptr (under the lock).
+    const std::pair<const std::uint32_t, Lease>* holder(std::uint64_t first, std::uint64_t end) const;
     void expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids);
+    std::uint32_t new_id_locked();
 
     std::mutex mutex_;
     BlockLeasesOptions options_;
     std::uint64_t version_ = 0;
-    std::uint32_t next_lease_ = 0;
     std::unordered_map<std::uint32_t, Lease> leases_;
+    BlockLeasesStatistics statistics_;
 };
 
 /// The reader's side: refuses a list older than one already accepted from

@@ -9,10 +9,13 @@
 //   cache.invalidate(buffer.data(), buffer.size());   // BEFORE freeing host memory: see below
 //
 // Rules:
-//  - a hit needs one cached region covering the whole range with every access
-//    bit asked for; a range that overlaps cached regions without fitting in
-//    one is registered as the union of them all (with the union of their
-//    access), and those regions leave the cache (their holders keep them);
+//  - a hit needs one cached region covering the whole range with the same
+//    remote access and at least the local access asked for; a range that
+//    overlaps cached regions of the same remote access without fitting in
+//    one is registered as the union of them all, and those regions leave
+//    the cache (their holders keep them); regions of other remote access
+//    are never merged with it (a read-only request never gets a writable
+//    region);
 //  - bounded in count and in bytes; the least recently used regions go first
 //    (a region still held by the caller stays valid: the shared_ptr owns it);
 //  - host memory: the cache cannot see free(). Call invalidate() for a range
@@ -34,6 +37,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <utility>
 #include <memory>
 #include <optional>
 #include <span>
@@ -65,22 +69,37 @@ using RegistrationCacheStats [[deprecated("use RegistrationCacheStatistics")]] =
 
 namespace detail {
 
+/// What a region lets a peer do (and how the NIC orders it): the access bits
+/// a cached region must match exactly. Only local_write may be more than
+/// asked: it grants the peers nothing.
+constexpr Access peer_facing(Access access) noexcept {
+    return access & (Access::remote_write | Access::remote_read | Access::remote_atomic | Access::relaxed_ordering);
+}
+
 /// The cache's bookkeeping over any handle type, without a device: which
 /// cached range serves a request, what a miss registers and replaces, and
 /// which entries the limits evict. Unit-tested with plain values.
+///
+/// Least access: entries are kept apart by what they let a peer do
+/// (peer_facing), so a hit never hands out a region a peer can do more
+/// with than the caller asked for, and a merge never takes the union of two
+/// peers' rights: a request for remote_read next to a cached remote_write
+/// region gets a registration of its own.
 template <class Handle>
 class RegistrationIndex {
 public:
     explicit RegistrationIndex(RegistrationCacheOptions limits) : limits_(limits) {}
 
-    /// The handle covering [begin, end) with `access`, counted as a hit; else
-    /// nothing. `owner`: the GPU buffer id of the memory now (0 for host
-    /// memory); an entry made for another buffer at these addresses is stale
-    /// and dropped.
+    /// The handle covering [begin, end) with `access` (the same peer-facing
+    /// bits, at least its local ones), counted as a hit; else nothing.
+    /// `owner`: the GPU buffer id of the memory now (0 for host memory); an
+    /// entry made for another buffer at these addresses is stale and dropped.
     std::optional<Handle> find(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) {
-        auto it = entries_.upper_bound(begin);
+        const unsigned kind = kind_of(access);
+        auto it = entries_.upper_bound(Key{kind, begin});
         if (it == entries_.begin()) return std::nullopt;
         --it;
+        if (it->first.first != kind) return std::nullopt;
         Entry& e = it->second;
         if (e.owner != owner && e.end > begin) {
             erase(it);
@@ -94,7 +113,8 @@ public:
     }
 
     /// What a miss must register: the range and access, grown to cover every
-    /// cached entry it overlaps (those are replaced when it is inserted).
+    /// cached entry of the same peer-facing access it overlaps (those are
+    /// replaced when it is inserted).
     struct Miss {
         std::uint64_t begin, end;
         Access access;
@@ -105,11 +125,12 @@ public:
     /// that overlap are stale and dropped by insert().
     [[nodiscard]] Miss plan_miss(std::uint64_t begin, std::uint64_t end, Access access, std::uint64_t owner = 0) const {
         Miss m{begin, end, access, owner};
-        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end; ++it) {
+        const unsigned kind = kind_of(access);
+        for (auto it = first_overlapping(kind, begin); in_range(it, kind, end); ++it) {
             if (it->second.owner != owner) continue;
-            m.begin = std::min(m.begin, it->first);
+            m.begin = std::min(m.begin, it->first.second);
             m.end = std::max(m.end, it->second.end);
-            m.access = m.access | it->second.access;
+            m.access = m.access | it->second.access; // local bits only: the peer-facing ones are equal
         }
         return m;
     }
@@ -118,12 +139,14 @@ public:
     /// the least recently used entries beyond the limits (never this one).
     void insert(const Miss& m, Handle handle) {
         ++stats_.misses;
-        for (auto it = first_overlapping(m.begin); it != entries_.end() && it->first < m.end;) {
+        const unsigned kind = kind_of(m.access);
+        for (auto it = first_overlapping(kind, m.begin); in_range(it, kind, m.end);) {
             ++(it->second.owner == m.owner ? stats_.merges : stats_.stale);
             it = erase(it);
         }
-        lru_.push_front(m.begin);
-        entries_.emplace(m.begin, Entry{m.end, m.access, std::move(handle), lru_.begin(), m.owner});
+        const Key key{kind, m.begin};
+        lru_.push_front(key);
+        entries_.emplace(key, Entry{m.end, m.access, std::move(handle), lru_.begin(), m.owner});
         bytes_ += m.end - m.begin;
         while ((entries_.size() > limits_.max_regions || bytes_ > limits_.max_bytes) && entries_.size() > 1) {
             erase(entries_.find(lru_.back()));
@@ -131,11 +154,15 @@ public:
         }
     }
 
-    /// Drops every entry overlapping [begin, end).
+    /// Drops every entry overlapping [begin, end), whatever its access.
     void invalidate(std::uint64_t begin, std::uint64_t end) {
-        for (auto it = first_overlapping(begin); it != entries_.end() && it->first < end;) {
-            it = erase(it);
-            ++stats_.invalidations;
+        for (auto next_kind = entries_.begin(); next_kind != entries_.end();) {
+            const unsigned kind = next_kind->first.first;
+            for (auto it = first_overlapping(kind, begin); in_range(it, kind, end);) {
+                it = erase(it);
+                ++stats_.invalidations;
+            }
+            next_kind = entries_.lower_bound(Key{kind + 1, 0});
         }
     }
 
@@ -147,36 +174,49 @@ public:
     }
 
 private:
+    /// (peer-facing access, first address): entries of one kind never overlap each other.
+    using Key = std::pair<unsigned, std::uint64_t>;
     struct Entry {
         std::uint64_t end;
         Access access;
         Handle handle;
-        std::list<std::uint64_t>::iterator lru;
+        typename std::list<Key>::iterator lru;
         std::uint64_t owner = 0;
     };
-    using Map = std::map<std::uint64_t, Entry>;
+    using Map = std::map<Key, Entry>;
 
-    // Entries never overlap each other, so the one before `begin` is the only
-    // earlier one that can reach into it.
-    typename Map::const_iterator first_overlapping(std::uint64_t begin) const {
-        auto it = entries_.upper_bound(begin);
-        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
-        return it;
+    static unsigned kind_of(Access access) noexcept { return static_cast<unsigned>(peer_facing(access)); }
+
+    // Entries of a kind never overlap each other, so the one before `begin`
+    // is the only earlier one that can reach into it.
+    template <class It>
+    static It first_overlapping(It upper, It first, unsigned kind, std::uint64_t begin) {
+        if (upper != first) {
+            auto before = std::prev(upper);
+            if (before->first.first == kind && before->second.end > begin) return before;
+        }
+        return upper;
     }
-    typename Map::iterator first_overlapping(std::uint64_t begin) {
-        auto it = entries_.upper_bound(begin);
-        if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
-        return it;
+    typename Map::const_iterator first_overlapping(unsigned kind, std::uint64_t begin) const {
+        return first_overlapping(entries_.upper_bound(Key{kind, begin}), entries_.begin(), kind, begin);
+    }
+    typename Map::iterator first_overlapping(unsigned kind, std::uint64_t begin) {
+        return first_overlapping(entries_.upper_bound(Key{kind, begin}), entries_.begin(), kind, begin);
+    }
+    /// Whether `it` is an entry of `kind` starting before `end`.
+    template <class It>
+    bool in_range(It it, unsigned kind, std::uint64_t end) const {
+        return it != entries_.end() && it->first.first == kind && it->first.second < end;
     }
     typename Map::iterator erase(typename Map::iterator it) {
-        bytes_ -= it->second.end - it->first;
+        bytes_ -= it->second.end - it->first.second;
         lru_.erase(it->second.lru);
         return entries_.erase(it);
     }
 
     RegistrationCacheOptions limits_;
     Map entries_;
-    std::list<std::uint64_t> lru_; // most recent first
+    std::list<Key> lru_; // most recent first
     std::size_t bytes_ = 0;
     RegistrationCacheStatistics stats_;
 };

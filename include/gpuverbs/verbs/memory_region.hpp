@@ -41,7 +41,9 @@ constexpr Access operator&(Access a, Access b) noexcept {
 constexpr bool has(Access set, Access flag) noexcept {
     return (set & flag) == flag;
 }
-/// Everything a peer may do plus local write: the usual choice for buffers both sides use.
+/// Everything a peer may do plus local write. Grant it only to peers that
+/// need all of it: a buffer peers only read wants local_write | remote_read
+/// (docs/security.md: register with the least access).
 inline constexpr Access access_all =
     Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
 

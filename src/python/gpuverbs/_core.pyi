@@ -55,6 +55,8 @@ class Errc(enum.IntEnum):
     queue_pair_in_error: int
     queue_pair_stalled: int
     port_down: int
+    lease_unknown: int
+    lease_not_yours: int
 
 class Context:
     """Runs completions for Python; an asyncio loop drives it through fileno()."""
