@@ -82,7 +82,7 @@ bool BlockLeases::revoke(std::uint32_t lease) {
 }
 
 const std::pair<const std::uint32_t, BlockLeases::Lease>* BlockLeases::holder(std::uint64_t first,
-                                                                                std::uint64_t end) const {
+                                                                              std::uint64_t end) const {
     for (const auto& entry : leases_) {
         for (const RemoteBlock& b : entry.second.blocks) {
             const auto r = range_of(b); // granted blocks passed block_list_problem: always a range
@@ -104,10 +104,9 @@ std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, std::str
     for (std::size_t k = 0; k < blocks.size(); ++k) {
         if (!range_of(blocks[k])) {
             if (why != nullptr) {
-                *why = "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) +
-                       " bytes at offset " + std::to_string(blocks[k].offset) +
-                       ") does not lie inside its region of " + std::to_string(blocks[k].memory.length) +
-                       " bytes: it cannot be claimed";
+                *why = "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
+                       std::to_string(blocks[k].offset) + ") does not lie inside its region of " +
+                       std::to_string(blocks[k].memory.length) + " bytes: it cannot be claimed";
             }
             return errc::invalid_argument;
         }

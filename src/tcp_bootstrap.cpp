@@ -1,11 +1,13 @@
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/ip/address.hpp>
 
+#include <algorithm>
 #include <thread>
 
 namespace gpuverbs {
@@ -62,17 +64,66 @@ std::uint16_t TcpListener::port() const {
 
 asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
     auto deadline = Clock::now() + timeout;
-    if (!wait_ready(acceptor_.native_handle(), POLLIN, deadline)) {
-        throw Error(std::make_error_code(std::errc::timed_out), "accept",
-                    "no bootstrap connection on port " + std::to_string(port()) + " within " +
-                        std::to_string(timeout.count()) + " ms");
-    }
-    asio::ip::tcp::socket socket(executor_);
     boost::system::error_code ec;
-    acceptor_.accept(socket, ec);
-    if (ec) throw Error(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
-    return socket;
+    // Non-blocking, so that a connection reset between poll and accept sends
+    // us back to poll until the deadline instead of blocking past it.
+    const bool was_non_blocking = acceptor_.non_blocking();
+    acceptor_.non_blocking(true, ec);
+    struct Restore {
+        asio::ip::tcp::acceptor& a;
+        bool mode;
+        ~Restore() {
+            boost::system::error_code ignored;
+            a.non_blocking(mode, ignored);
+        }
+    } restore{acceptor_, was_non_blocking};
+    for (;;) {
+        if (!wait_ready(acceptor_.native_handle(), POLLIN, deadline)) {
+            throw Error(std::make_error_code(std::errc::timed_out), "accept",
+                        "no bootstrap connection on port " + std::to_string(port()) + " within " +
+                            std::to_string(timeout.count()) + " ms");
+        }
+        asio::ip::tcp::socket socket(executor_);
+        acceptor_.accept(socket, ec);
+        if (!ec) {
+            socket.non_blocking(false, ec);
+            return socket;
+        }
+        if (ec != asio::error::would_block && ec != asio::error::try_again && ec != asio::error::connection_aborted) {
+            throw Error(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
+        }
+    }
 }
+
+namespace {
+
+/// One connection attempt to `where`, bounded by `deadline` (a SYN nobody
+/// answers, dropped by a firewall, waits for the deadline, not the kernel's
+/// two minutes). The error when it fails; std::errc::timed_out at the deadline.
+boost::system::error_code connect_once(asio::ip::tcp::socket& socket, const asio::ip::tcp::endpoint& where,
+                                       Clock::time_point deadline) {
+    boost::system::error_code ec;
+    socket.open(where.protocol(), ec);
+    if (!ec) socket.non_blocking(true, ec);
+    if (ec) return ec;
+    // ::connect, not socket.connect: Asio's synchronous connect waits for the
+    // handshake itself (without a bound) even on a non-blocking socket.
+    if (::connect(socket.native_handle(), where.data(), static_cast<socklen_t>(where.size())) != 0) {
+        ec = boost::system::error_code(errno, asio::error::get_system_category());
+    }
+    if (ec == asio::error::in_progress || ec == asio::error::would_block) {
+        if (!wait_ready(socket.native_handle(), POLLOUT, deadline)) return asio::error::timed_out;
+        int error = 0;
+        socklen_t length = sizeof error;
+        if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+        ec = error == 0 ? boost::system::error_code{}
+                        : boost::system::error_code(error, asio::error::get_system_category());
+    }
+    if (!ec) socket.non_blocking(false, ec);
+    return ec;
+}
+
+} // namespace
 
 asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
                                   std::chrono::milliseconds timeout) {
@@ -81,12 +132,23 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
     boost::system::error_code ec;
     auto endpoints = resolver.resolve(host, std::to_string(port), ec);
     if (ec) throw Error(ec, "resolve", "cannot resolve '" + host + "': " + error_text(ec));
+    bool refused = false; // a refusal seen: the last attempt's timeout is that refusal at the deadline
     for (;;) {
-        asio::ip::tcp::socket socket(io);
-        asio::connect(socket, endpoints, ec);
-        if (!ec) {
-            socket.set_option(asio::ip::tcp::no_delay(true), ec);
-            return socket;
+        for (const auto& entry : endpoints) {
+            asio::ip::tcp::socket socket(io);
+            ec = connect_once(socket, entry.endpoint(), deadline);
+            if (!ec) {
+                socket.set_option(asio::ip::tcp::no_delay(true), ec);
+                return socket;
+            }
+        }
+        if (ec == asio::error::timed_out && refused) ec = asio::error::connection_refused;
+        refused = refused || ec == asio::error::connection_refused;
+        if (ec == asio::error::timed_out) {
+            throw Error(std::make_error_code(std::errc::timed_out), "connect",
+                        "cannot connect to " + host + ":" + std::to_string(port) + " within " +
+                            std::to_string(timeout.count()) +
+                            " ms: nothing answered (a firewall dropping packets, a wrong address, or no route)");
         }
         // The peer's listener may not be up yet: retry refusals until the deadline.
         if (ec != asio::error::connection_refused || Clock::now() >= deadline) {
@@ -153,11 +215,16 @@ void write_frame(asio::ip::tcp::socket& socket, std::span<const std::byte> paylo
     if (ec) fail_io(ec, true, what, done, frame.size(), status);
 }
 
+/// The first bytes read_frame sets aside for a record's payload.
+constexpr std::size_t first_chunk = std::size_t{64} << 10;
+
 std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max_size, Clock::time_point deadline,
                                   Status& status) {
     boost::system::error_code ec;
     socket.non_blocking(true, ec);
-    auto read_exactly = [&](std::byte* out, std::size_t n, const char* what) {
+    // `before` and `total`: where this read sits in the part `what` names (the
+    // record is read in chunks; a close is reported against all of it).
+    auto read_exactly = [&](std::byte* out, std::size_t n, const char* what, std::size_t before, std::size_t total) {
         std::size_t got = 0;
         while (got < n) {
             got += socket.read_some(asio::buffer(out + got, n - got), ec);
@@ -168,18 +235,26 @@ std::vector<std::byte> read_frame(asio::ip::tcp::socket& socket, std::size_t max
                     return false;
                 }
             } else if (ec) {
-                fail_io(ec, false, what, got, n, status);
+                fail_io(ec, false, what, before + got, total, status);
                 return false;
             }
         }
         return true;
     };
     std::array<std::byte, 4> header{};
-    if (!read_exactly(header.data(), 4, "record length")) return {};
+    if (!read_exactly(header.data(), 4, "record length", 0, 4)) return {};
     std::optional<std::uint32_t> n = frame_length(header, max_size, status);
     if (!n) return {};
-    std::vector<std::byte> payload(*n);
-    if (!read_exactly(payload.data(), *n, "record")) return {};
+    // The buffer grows with the bytes that arrived (at most twice them, from
+    // 64 KiB): a peer that announces 64 MiB and sends nothing costs 64 KiB,
+    // not 64 MiB held until the deadline.
+    std::vector<std::byte> payload;
+    while (payload.size() < *n) {
+        const std::size_t have = payload.size();
+        const std::size_t step = std::min<std::size_t>(*n - have, std::max<std::size_t>(have, first_chunk));
+        payload.resize(have + step);
+        if (!read_exactly(payload.data() + have, step, "record", have, *n)) return {};
+    }
     return payload;
 }
 

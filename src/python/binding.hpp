@@ -93,6 +93,19 @@ struct Region {
     std::shared_ptr<const MemoryRegion> cached;
     std::size_t base = 0;
     std::size_t length = 0; ///< the object's bytes
+    /// Host memory from a RegistrationCache: tells the cache this object no
+    /// longer uses its entry (run once, with the GIL held: the cache is not
+    /// thread-safe). The last user gone, the entry is dropped: the object's
+    /// memory may be freed now, and a new object at the same address must
+    /// never be served the old pinned pages.
+    std::function<void()> forget;
+    void forget_cached() {
+        if (forget) {
+            auto f = std::move(forget);
+            forget = nullptr;
+            f();
+        }
+    }
 
     [[nodiscard]] const MemoryRegion& mr() const noexcept { return cached ? *cached : own; }
     [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t size) const {

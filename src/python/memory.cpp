@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -285,6 +286,7 @@ Region::~Region() {
     close();
     try {
         py::gil_scoped_acquire gil;
+        forget_cached();
         memory.hold.reset();
         owner = py::object();
     } catch (...) { // NOLINT(bugprone-empty-catch): a destructor never throws; only at interpreter exit
@@ -342,9 +344,15 @@ std::shared_ptr<Region> register_object(const ProtectionDomain& pd, const py::ob
 struct Cache {
     std::shared_ptr<ProtectionDomain> pd;
     std::unique_ptr<RegistrationCache> cache;
+    /// Host entries: how many live regions (objects) use each. The C++ cache
+    /// cannot see free(); here each object is held by its region, so the
+    /// last region gone is the moment its memory may go.
+    std::map<const MemoryRegion*, std::size_t> host_users;
 };
 
-std::shared_ptr<Region> cached_region(Cache& c, const py::object& obj, unsigned access_bits) {
+std::shared_ptr<Region> cached_region(const std::shared_ptr<Cache>& cache, const py::object& obj,
+                                      unsigned access_bits) {
+    Cache& c = *cache;
     const auto access = static_cast<Access>(access_bits);
     const bool writable =
         has(access, Access::local_write) || has(access, Access::remote_write) || has(access, Access::remote_atomic);
@@ -366,6 +374,16 @@ std::shared_ptr<Region> cached_region(Cache& c, const py::object& obj, unsigned 
             reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(b.address)); // NOLINT(performance-no-int-to-ptr)
         region->cached = c.cache->get(std::span<std::byte>(p, b.size), access);
         region->base = static_cast<std::size_t>(p - static_cast<std::byte*>(region->cached->address()));
+        const MemoryRegion* entry = region->cached.get();
+        ++c.host_users[entry];
+        region->forget = [weak = std::weak_ptr<Cache>(cache), entry, begin = entry->address(), size = entry->length()] {
+            const std::shared_ptr<Cache> owner = weak.lock();
+            if (!owner) return;
+            auto it = owner->host_users.find(entry);
+            if (it == owner->host_users.end() || --it->second > 0) return;
+            owner->host_users.erase(it);
+            owner->cache->invalidate(begin, size);
+        };
     }
     return region;
 }
@@ -476,24 +494,32 @@ void bind_memory(py::module_& m) {
             },
             py::arg("offset") = 0, py::arg("length") = py::none(), "A LocalBuffer of [offset, offset + length).")
         .def(
-            "close", [](Region& r) { r.close(); },
+            "close",
+            [](Region& r) {
+                r.close();
+                r.forget_cached();
+            },
             "Deregisters now (idempotent); the object stays held until the region is garbage collected, so an "
             "operation still using it fails instead of touching freed memory.");
 
     py::class_<Cache, std::shared_ptr<Cache>>(
         m, "RegistrationCache",
         "Registrations reused across requests (the C++ RegistrationCache): get() hands back a region covering "
-        "the object, registering only on a miss; GPU memory is keyed by its buffer id, so a freed and reused "
-        "address is never served a stale registration.")
+        "the object, registering only on a miss; GPU memory is keyed by its buffer id, and host memory is "
+        "forgotten when the last region of it goes, so a freed and reused address is never served a stale "
+        "registration.")
         .def(py::init([](const std::shared_ptr<ProtectionDomain>& pd, std::size_t max_regions, std::size_t max_bytes) {
                  RegistrationCacheOptions o;
                  o.max_regions = max_regions;
                  o.max_bytes = max_bytes;
-                 return std::make_shared<Cache>(Cache{pd, std::make_unique<RegistrationCache>(*pd, o)});
+                 return std::make_shared<Cache>(Cache{pd, std::make_unique<RegistrationCache>(*pd, o), {}});
              }),
              py::arg("pd"), py::kw_only(), py::arg("max_regions") = 1024, py::arg("max_bytes") = std::size_t{4} << 30)
         .def(
-            "_get", [](Cache& c, const py::object& obj, unsigned access) { return cached_region(c, obj, access); },
+            "_get",
+            [](const std::shared_ptr<Cache>& c, const py::object& obj, unsigned access) {
+                return cached_region(c, obj, access);
+            },
             py::arg("obj"), py::arg("access"),
             "A MemoryRegion for obj (held, zero copy) from the cache: a hit reuses a registration that covers it.")
         .def(

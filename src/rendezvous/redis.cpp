@@ -12,6 +12,8 @@
 #include <thread>
 
 #if GPUVERBS_HAVE_HIREDIS
+#include "redis_replies.hpp"
+
 #include <hiredis/hiredis.h>
 #endif
 
@@ -127,11 +129,13 @@ private:
                         "cannot reach Redis at " + where() + ": " + why + " (is redis-server running there?)");
         }
         redisSetTimeout(context_, tv);
+        redis::bound_arrays(*context_);
         if (!options_->password.empty()) {
             Reply reply = options_->user.empty() ? send({"AUTH", options_->password})
                                                  : send({"AUTH", options_->user, options_->password});
             if (!reply || reply->type == REDIS_REPLY_ERROR) {
-                std::string answer = reply ? std::string(reply->str, reply->len) : std::string(context_->errstr);
+                std::string answer =
+                    reply ? redis::server_text({reply->str, reply->len}) : std::string(context_->errstr);
                 close();
                 throw Error(errc::rendezvous_unavailable, verb,
                             "Redis at " + where() + " refused the credentials" +
@@ -141,7 +145,7 @@ private:
         }
         Reply pong = send({"PING"});
         if (!pong || pong->type == REDIS_REPLY_ERROR) {
-            std::string answer = pong ? std::string(pong->str, pong->len) : std::string(context_->errstr);
+            std::string answer = pong ? redis::server_text({pong->str, pong->len}) : std::string(context_->errstr);
             close();
             bool auth = answer.find("NOAUTH") != std::string::npos;
             throw Error(errc::rendezvous_unavailable, verb,
@@ -189,7 +193,7 @@ public:
         Reply reply = connection_.command(args, verb);
         if (reply->type == REDIS_REPLY_ERROR) {
             throw Error(errc::rendezvous_unavailable, verb,
-                        name() + " answered: " + std::string(reply->str, reply->len));
+                        name() + " answered: " + redis::server_text({reply->str, reply->len}));
         }
         return reply;
     }
@@ -201,7 +205,7 @@ public:
         Reply reply = connection_.command(std::span<const std::string_view>(args), "Redis EXISTS");
         if (reply->type == REDIS_REPLY_ERROR) {
             throw Error(errc::rendezvous_unavailable, "Redis EXISTS",
-                        name() + " answered: " + std::string(reply->str, reply->len));
+                        name() + " answered: " + redis::server_text({reply->str, reply->len}));
         }
         return static_cast<std::uint32_t>(integer(reply, "Redis EXISTS"));
     }
@@ -282,29 +286,22 @@ private:
     std::thread refresher_;
 };
 
-/// The ranks whose member key exists now (one SCAN pass).
+/// The ranks whose member key exists now (one SCAN pass). A reply of
+/// another shape is the store misbehaving: errc::rendezvous_unavailable.
 std::set<std::uint32_t> scan_members(RedisMember& m) {
     std::string cursor = "0";
-    std::string pattern = m.options_.service + "/member/*";
+    const std::string prefix = m.options_.service + "/member/";
+    const std::string pattern = prefix + "*";
     std::set<std::uint32_t> present;
+    redis::ScanPage page;
+    std::string why;
     do {
         Reply reply = m.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "Redis SCAN");
-        if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 || reply->element[0]->type != REDIS_REPLY_STRING ||
-            reply->element[1]->type != REDIS_REPLY_ARRAY) {
-            throw Error(errc::rendezvous_unavailable, "Redis SCAN",
-                        m.name() + " answered SCAN with an unexpected reply");
+        if (!redis::parse_scan_reply(*reply, prefix, page, why)) {
+            throw Error(errc::rendezvous_unavailable, "Redis SCAN", m.name() + " answered SCAN wrongly: " + why);
         }
-        cursor.assign(reply->element[0]->str, reply->element[0]->len);
-        const redisReply* keys = reply->element[1];
-        for (std::size_t i = 0; i < keys->elements; ++i) {
-            std::string digits = std::string(keys->element[i]->str, keys->element[i]->len).substr(pattern.size() - 1);
-            if (digits.empty() || digits.size() > 5 ||
-                !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-                continue; // not a key gpuverbs wrote
-            }
-            auto r = static_cast<std::uint32_t>(std::stoul(digits));
-            if (r < wire::max_world_size) present.insert(r);
-        }
+        present.insert(page.ranks.begin(), page.ranks.end());
+        cursor = page.cursor;
     } while (cursor != "0");
     return present;
 }
@@ -427,6 +424,11 @@ bool RedisRendezvous::available() noexcept {
 void RedisRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
     detail::RedisMember& m = *member_;
     m.check_alive("Redis HSET");
+    if (value.size() > wire::max_mesh_record_size) {
+        throw Error(errc::invalid_argument, "RedisRendezvous::publish",
+                    "a value of " + std::to_string(value.size()) + " bytes is larger than a member may publish (" +
+                        std::to_string(wire::max_mesh_record_size) + ", the largest mesh record)");
+    }
     std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
     Reply done = m.checked(
         {"EVAL", publish_script, "2", m.member_key(m.rank), m.data_key(m.rank), m.token, key, bytes, m.ttl_text()},
@@ -487,8 +489,13 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
     for (;;) {
         Reply reply = m.checked({"HGET", m.data_key(peer), key}, "Redis HGET");
         if (reply->type == REDIS_REPLY_STRING) {
-            const auto* first = reinterpret_cast<const std::byte*>(reply->str);
-            return std::vector<std::byte>(first, first + reply->len);
+            std::vector<std::byte> value;
+            std::string why;
+            if (!detail::redis::string_reply(*reply, wire::max_mesh_record_size, value, why)) {
+                throw Error(errc::malformed_record, "RedisRendezvous::lookup",
+                            m.name() + ": rank " + std::to_string(peer) + "'s '" + key + "': " + why);
+            }
+            return value;
         }
         auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {

@@ -3,7 +3,8 @@
 // records appear, so no order of arrivals blocks anyone), forgets those that
 // leave, and runs exchange rounds when told. The test drives it line by line.
 //
-//   gpuverbs_mesh_worker --store HOST:PORT --service NAME --device D   (password: $GPUVERBS_REDIS_PASSWORD)
+//   gpuverbs_mesh_worker --store HOST:PORT --service NAME --device D [--ttl-ms T]   (password:
+//   $GPUVERBS_REDIS_PASSWORD)
 //
 // stdin:  "round K"  write our slot (pattern of rank and K) into every peer,
 //                    then wait for K from every peer and check their slots
@@ -128,18 +129,20 @@ struct Worker {
 
 int run(int argc, char** argv) {
     std::string store_address, service, device_name;
+    long ttl_ms = 1500;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string flag = argv[i];
         if (flag == "--store") store_address = argv[i + 1];
         if (flag == "--service") service = argv[i + 1];
         if (flag == "--device") device_name = argv[i + 1];
+        if (flag == "--ttl-ms") ttl_ms = std::stol(argv[i + 1]);
     }
     gpuverbs::RedisOptions options;
     options.host = store_address.substr(0, store_address.find(':'));
     options.port = static_cast<std::uint16_t>(std::stoul(store_address.substr(store_address.find(':') + 1)));
     options.password = gpuverbs::RedisOptions::secret_from_environment("GPUVERBS_REDIS_PASSWORD");
     options.service = service;
-    options.ttl = std::chrono::milliseconds(1500);
+    options.ttl = std::chrono::milliseconds(ttl_ms);
     gpuverbs::RedisRendezvous store(options);
     say("joined " + std::to_string(store.rank()));
 

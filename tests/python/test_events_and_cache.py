@@ -94,3 +94,32 @@ def test_a_queue_pair_keeps_its_completion_queue_and_domain_alive(context, sides
     dst = np.zeros(64, dtype=np.uint8)
     assert qp.write(src, b.pd.register(dst, RW).remote()).wait(timeout=10) == 64
     assert (dst == 3).all()
+
+
+def test_attack_a_freed_arrays_address_is_registered_afresh_never_served_its_old_pages(pair):
+    """Before, a host entry outlived the array it was made for: a new array at
+    the same address was handed the old registration, whose pinned pages still
+    held the freed array's bytes, and a peer's read returned those."""
+    cache = gv.RegistrationCache(pair.b.pd)
+    size = 4 << 20  # mmap-backed: given back to the kernel when freed, and its address often comes back
+    old = np.full(size, 0xAA, dtype=np.uint8)
+    address = old.ctypes.data
+    first = cache.get(old, gv.Access.remote_read)
+    again = cache.get(old, gv.Access.remote_read)  # a second user of the same entry
+    assert cache.statistics["regions"] == 1 and cache.statistics["hits"] == 1
+    del first
+    gc.collect()
+    assert cache.statistics["regions"] == 1  # still used by `again`
+    del again, old
+    gc.collect()
+    assert cache.statistics["regions"] == 0  # the last region of the array gone: the entry is forgotten
+    new = None
+    for _ in range(8):
+        new = np.full(size, 0x55, dtype=np.uint8)
+        if new.ctypes.data == address:
+            break
+    fresh = cache.get(new, gv.Access.remote_read)
+    assert cache.statistics["misses"] == 2
+    back = np.zeros(4096, dtype=np.uint8)
+    assert pair.qp_a.read(pair.a.pd.register(back, gv.Access.local_write), fresh.remote(0, 4096)).wait(timeout=10) == 4096
+    assert (back == 0x55).all(), f"read the freed array's bytes (same address: {new.ctypes.data == address})"

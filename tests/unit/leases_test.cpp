@@ -91,7 +91,8 @@ TEST_SUITE("leases") {
         CHECK(neighbours < 3); // a sequence would give 999
     }
 
-    TEST_CASE("attack: held and claim compare address ranges, and a block that wraps or leaves its region fails closed") {
+    TEST_CASE(
+        "attack: held and claim compare address ranges, and a block that wraps or leaves its region fails closed") {
         BlockLeases leases;
         (void)leases.grant({{pool, 0, 4096}}, reader_a);
         // The same memory named through another rkey is the same memory.

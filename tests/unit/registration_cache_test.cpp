@@ -49,8 +49,8 @@ TEST_SUITE("registration cache") {
         // write where the caller only meant it to read.
         Index index({});
         int next = 1;
-        const Access everything = Access::local_write | Access::remote_write | Access::remote_read |
-                                  Access::remote_atomic;
+        const Access everything =
+            Access::local_write | Access::remote_write | Access::remote_read | Access::remote_atomic;
         CHECK(fetch(index, 0, 1 << 20, everything, next) == 1);
         const int read_only = fetch(index, 4096, 8192, Access::remote_read, next);
         CHECK(read_only == 2); // not the writable region 1

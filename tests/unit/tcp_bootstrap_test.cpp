@@ -2,11 +2,15 @@
 // way a peer can send something wrong or nothing at all.
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 
+#include "allocation_counter.hpp"
+
 #include <doctest/doctest.h>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -269,6 +273,71 @@ TEST_SUITE("tcp bootstrap") {
         } catch (const Error& e) {
             CHECK(std::string(e.what()).find("is the server running?") != std::string::npos);
         }
+    }
+
+    TEST_CASE("attack: a 4-byte header announcing 60 MiB, then silence, allocates nothing large") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        auto client = tcp_connect(io, "127.0.0.1", listener.port(), 5s);
+        auto server = listener.accept(5s);
+        const std::array<std::byte, 4> announce = header(60u << 20);
+        send_raw(client, {announce.begin(), announce.end()});
+        send_raw(client, std::vector<std::byte>(1000, std::byte{1})); // a little of it
+        test::reset_largest_allocation();
+        CHECK_THROWS_WITH_AS((void)receive_record(server, 64u << 20, 300ms),
+                             "receive: receiving the peer's record: timed out waiting for the peer", Error);
+        MESSAGE("largest allocation while waiting: " << test::largest_allocation() << " bytes");
+        CHECK(test::largest_allocation() <= (128u << 10)); // was 60 MiB, zero-filled, until the deadline
+    }
+
+    TEST_CASE("a record larger than the first chunk arrives whole and exact, through the growing buffer") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        auto client = tcp_connect(io, "127.0.0.1", listener.port(), 5s);
+        auto server = listener.accept(5s);
+        std::vector<std::byte> payload(3u << 20);
+        for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = std::byte(i * 131 % 251);
+        std::thread sender([&] { send_record(client, payload, 5s); });
+        const std::vector<std::byte> got = receive_record(server, 4u << 20, 5s);
+        sender.join();
+        CHECK(got == payload);
+    }
+
+    TEST_CASE(
+        "attack: a listener that drops our SYN (its accept queue full) holds tcp_connect only until the deadline") {
+        // A black hole on loopback: a listening socket with backlog 0 that
+        // never accepts. Once its queue is full the kernel drops new SYNs, and
+        // a blocking connect waits for the kernel's retries (about two minutes).
+        const int hole = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(hole >= 0);
+        sockaddr_in where{};
+        where.sin_family = AF_INET;
+        where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0);
+        REQUIRE(::listen(hole, 0) == 0);
+        socklen_t length = sizeof where;
+        REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&where), &length) == 0);
+        std::vector<int> fillers;
+        for (int i = 0; i < 4; ++i) {
+            const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            (void)::connect(f, reinterpret_cast<sockaddr*>(&where), sizeof where);
+            fillers.push_back(f);
+        }
+        std::this_thread::sleep_for(100ms);
+        asio::io_context io;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            (void)tcp_connect(io, "127.0.0.1", ntohs(where.sin_port), 300ms);
+            FAIL("connected through a full accept queue");
+        } catch (const Error& e) {
+            const std::string what = e.what();
+            MESSAGE(what);
+            CHECK(e.code() == std::errc::timed_out);
+            CHECK(what.find("within 300 ms: nothing answered") != std::string::npos);
+        }
+        CHECK(std::chrono::steady_clock::now() - t0 < 2s); // bounded by our deadline, not the kernel's retries
+        for (int f : fillers) ::close(f);
+        ::close(hole);
     }
 
     TEST_CASE("accept gives up after its timeout") {

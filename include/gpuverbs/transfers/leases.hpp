@@ -105,12 +105,12 @@ public:
     [[nodiscard]] BlockLeasesStatistics statistics();
 
     /// Before 0.3 a lease belonged to nobody and anyone could release it.
-    [[deprecated("grant(blocks, reader): a lease belongs to the reader it is granted to")]]
-    LeasedBlockList grant(std::vector<RemoteBlock> blocks) {
+    [[deprecated("grant(blocks, reader): a lease belongs to the reader it is granted to")]] LeasedBlockList grant(
+        std::vector<RemoteBlock> blocks) {
         return grant(std::move(blocks), Reader{0});
     }
-    [[deprecated("release(lease, reader) for the reader's notification, or revoke(lease) for the owner")]]
-    bool release(std::uint32_t lease) {
+    [[deprecated("release(lease, reader) for the reader's notification, or revoke(lease) for the owner")]] bool release(
+        std::uint32_t lease) {
         return revoke(lease);
     }
 

@@ -37,10 +37,10 @@
 #include <cstdint>
 #include <list>
 #include <map>
-#include <utility>
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
