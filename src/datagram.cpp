@@ -3,6 +3,8 @@
 
 #include "gpuverbs/detail/verbs/qp_factory.hpp"
 
+#include "random.hpp"
+
 #include <cerrno>
 
 namespace gpuverbs {
@@ -77,14 +79,28 @@ UdQueuePair UdQueuePair::create_impl(const ProtectionDomain& pd, const Completio
     return q;
 }
 
+namespace {
+
+/// 31 random bits (a qkey with the top bit set is a controlled qkey, which
+/// only privileged processes may set), never 0 nor the well-known default.
+std::uint32_t random_qkey() {
+    for (;;) {
+        const auto qkey = static_cast<std::uint32_t>(detail::system_random()) & 0x7fffffffU;
+        if (qkey != 0 && qkey != UdQueuePair::default_qkey) return qkey;
+    }
+}
+
+} // namespace
+
 UdQueuePair::UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                         const QueuePairOptions& options, std::uint32_t qkey)
-    : UdQueuePair(
-          detail::or_throw([&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, options, qkey, s); })) {}
+                         const QueuePairOptions& options, std::optional<std::uint32_t> qkey)
+    : UdQueuePair(detail::or_throw([&](detail::Status& s) {
+          return create_impl(pd, send_cq, recv_cq, options, qkey.value_or(random_qkey()), s);
+      })) {}
 
 UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                                 const CompletionQueue& recv_cq, const QueuePairOptions& options, std::error_code& ec) {
-    return create(pd, send_cq, recv_cq, options, default_qkey, ec);
+    return create(pd, send_cq, recv_cq, options, random_qkey(), ec);
 }
 
 UdQueuePair UdQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,

@@ -13,19 +13,58 @@ namespace gpuverbs {
 
 namespace {
 
-/// A label value as the format wants it: backslash, double quote and newline escaped.
+/// The length of the well-formed UTF-8 sequence at the start of `v` (1 to
+/// 4), or 0 when it is not one (a stray continuation byte, a truncated or
+/// overlong sequence, a surrogate, a code point above U+10FFFF).
+std::size_t utf8_sequence(std::string_view v) {
+    const auto b = [&](std::size_t i) { return static_cast<unsigned char>(v[i]); };
+    const unsigned char c = b(0);
+    if (c < 0x80) return 1;
+    std::size_t n = 0;
+    unsigned char low = 0x80, high = 0xbf; // the second byte's range
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0) low = 0xa0;  // not overlong
+        if (c == 0xed) high = 0x9f; // not a surrogate
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0) low = 0x90;  // not overlong
+        if (c == 0xf4) high = 0x8f; // not above U+10FFFF
+    } else {
+        return 0;
+    }
+    if (v.size() < n || b(1) < low || b(1) > high) return 0;
+    for (std::size_t i = 2; i < n; ++i) {
+        if (b(i) < 0x80 || b(i) > 0xbf) return 0;
+    }
+    return n;
+}
+
+/// A label value as the format wants it: backslash, double quote and newline
+/// escaped, and every byte that is not part of well-formed UTF-8 replaced by
+/// U+FFFD (a scraper refuses the whole page for one invalid byte).
 std::string escaped(std::string_view v) {
     std::string out;
     out.reserve(v.size());
-    for (char c : v) {
+    while (!v.empty()) {
+        const std::size_t n = utf8_sequence(v);
+        if (n == 0) {
+            out += "\xef\xbf\xbd"; // U+FFFD
+            v.remove_prefix(1);
+            continue;
+        }
+        const char c = v[0];
         if (c == '\\' || c == '"') {
             out += '\\';
             out += c;
         } else if (c == '\n') {
             out += "\\n";
         } else {
-            out += c;
+            out.append(v.substr(0, n));
         }
+        v.remove_prefix(n);
     }
     return out;
 }

@@ -17,6 +17,7 @@
 #include "gpuverbs/many_peers/rendezvous.hpp"
 #include "gpuverbs/many_peers/rendezvous/pmix.hpp"
 #include "gpuverbs/many_peers/rendezvous/redis.hpp"
+#include "gpuverbs/many_peers/rendezvous/signed.hpp"
 #include "gpuverbs/observability/prometheus.hpp"
 #include "gpuverbs/transfers/leases.hpp"
 #include "gpuverbs/transfers/rail_group.hpp"

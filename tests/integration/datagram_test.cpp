@@ -16,7 +16,7 @@ struct UdSide {
     std::vector<std::byte> memory = std::vector<std::byte>(1 << 16);
     MemoryRegion mr{pd, memory, access_all};
     UdQueuePair ud;
-    explicit UdSide(const std::string& name, std::uint32_t qkey = UdQueuePair::default_qkey)
+    explicit UdSide(const std::string& name, std::optional<std::uint32_t> qkey = std::nullopt)
         : device(Device::open(name)) {
         ud = UdQueuePair(pd, cq, cq, {}, qkey);
     }
@@ -83,7 +83,10 @@ TEST_SUITE("unreliable datagrams on real RDMA" * doctest::skip(!gpuverbs::test::
         UdQueuePair sender = UdQueuePair::create(a.pd, a.cq, a.cq, {}, ec);
         REQUIRE_FALSE(ec);
         REQUIRE(sender);
-        CHECK(sender.qkey() == UdQueuePair::default_qkey);
+        // Its qkey is random (31 bits: never a controlled qkey), not the well-known 0x11111111.
+        CHECK(sender.qkey() != UdQueuePair::default_qkey);
+        CHECK(sender.qkey() < 0x80000000U);
+        CHECK(sender.qkey() != a.ud.qkey());
         UdQueuePair receiver = UdQueuePair::create(b.pd, b.cq, b.cq, {}, 0x4444, ec);
         REQUIRE_FALSE(ec);
         CHECK(receiver.qkey() == 0x4444u);

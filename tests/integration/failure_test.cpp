@@ -61,6 +61,9 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
         std::array<LocalBuffer, 2> two{p.a.mr.slice(0, 8), p.a.mr.slice(8, 8)};
         CHECK(p.a.qp.post_send(two) == errc::too_many_sges); // max_send_sge is 1 by default
         CHECK(p.a.qp.post_fetch_add(p.a.mr.slice(4, 8), p.b.mr.remote(), 0, 1) == errc::misaligned_atomic);
+        // A length past a request's 32-bit field: refused, never cut to its low bits (4 GiB + 16 was 16 bytes).
+        CHECK(p.a.qp.post_write(p.a.mr.slice(0, (std::size_t{1} << 32) + 16), p.b.mr.remote()) ==
+              errc::local_range_outside_region);
         CHECK(p.a.qp.outstanding_sends() == 0);
         // Nothing was posted, so nothing completes, and the QP is still fine.
         CHECK(poll_for(p.a.cq, 1, std::chrono::milliseconds(200)).empty());

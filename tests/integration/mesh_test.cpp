@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <random>
@@ -206,6 +207,39 @@ TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
 }
 
 TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test::build_has::hiredis)) {
+    TEST_CASE("attack: a member's record rewritten in the store (HSET with the store's password) is refused by a "
+              "signed member" *
+              doctest::skip(!GPUVERBS_HAVE_OPENSSL)) {
+        RedisServer redis;
+        const std::string service = fresh("signed");
+        const std::string secret = "a secret every member of " + service + " shares";
+        RedisRendezvous a_store(redis.options(service));
+        RedisRendezvous b_store(redis.options(service));
+        SignedRendezvous a(a_store, secret), b(b_store, secret);
+        const std::string record = "b's endpoint and regions";
+        const auto* p = reinterpret_cast<const std::byte*>(record.data());
+        b.publish("mesh", std::span(p, record.size()));
+        CHECK(a.lookup(b.rank(), "mesh", 2s) == std::vector<std::byte>(p, p + record.size()));
+        // The forger: any local user who can reach the store (here even with its password).
+        const std::string forge = "REDISCLI_AUTH='" + redis.password() + "' redis-cli -h " + rig().ip0 + " -p " +
+                                  redis.address().substr(redis.address().find(':') + 1) + " HSET " + service +
+                                  "/data/" + std::to_string(b.rank()) + " mesh 'the forger s endpoint, 32 bytes or more' >/dev/null";
+        REQUIRE(std::system(forge.c_str()) == 0); // NOLINT(cert-env33-c): the test's own command line
+        try {
+            (void)a.lookup(b.rank(), "mesh", 2s);
+            FAIL("the forged record was accepted");
+        } catch (const Error& e) {
+            MESSAGE(e.what());
+            CHECK(e.code() == errc::malformed_record);
+            CHECK(std::string(e.what()).find("does not carry a signature of this service's secret") !=
+                  std::string::npos);
+        }
+        // An unsigned member's own record is refused the same way.
+        RedisRendezvous c_store(redis.options(service));
+        c_store.publish("mesh", std::span(p, 4));
+        CHECK_THROWS_AS((void)a.lookup(c_store.rank(), "mesh", 2s), Error);
+    }
+
     TEST_CASE("two members connect lazily through Redis, without blocking each other, and write") {
         RedisServer redis;
         std::string service = fresh("pair");

@@ -46,6 +46,22 @@ TEST_SUITE("prometheus text") {
         CHECK(parsed.samples.size() == 8);
     }
 
+    TEST_CASE("a name with invalid UTF-8 costs its bad bytes (U+FFFD), never the whole page") {
+        PrometheusText metrics;
+        // A stray continuation byte, a truncated sequence, an overlong '/', a
+        // surrogate; then good two-, three- and four-byte characters.
+        const std::string name = std::string("q\x80p\xc3") + "\xc0\xaf" + "\xed\xa0\x80" + "é€😀";
+        metrics.add(name, QueuePair());
+        const std::string text = metrics.text();
+        const std::string replacement = "\xef\xbf\xbd";
+        const std::string expected = "q" + replacement + "p" + replacement + replacement + replacement + replacement +
+                                     replacement + replacement + "é€😀";
+        CHECK_MESSAGE(text.find("qp=\"" + expected + "\"") != std::string::npos, text);
+        const test::ParsedMetrics parsed = test::parse_prometheus(text);
+        REQUIRE_MESSAGE(parsed.error.empty(), parsed.error);
+        CHECK(parsed.samples.size() == 6);
+    }
+
     TEST_CASE("the parser refuses what is not the format (the check can fail)") {
         const test::ParsedMetrics parsed = test::parse_prometheus("gpuverbs_x{a=\"b\" 1\n");
         CHECK_FALSE(parsed.error.empty());

@@ -9,7 +9,8 @@
 //   withdraw()                   remove what I published (a clean leave)
 //
 // Backends: PmixRendezvous (rendezvous/pmix.hpp), MpiRendezvous
-// (rendezvous/mpi.hpp, header-only), RedisRendezvous (rendezvous/redis.hpp).
+// (rendezvous/mpi.hpp, header-only), RedisRendezvous (rendezvous/redis.hpp);
+// SignedRendezvous (rendezvous/signed.hpp) signs and checks any of them.
 // Mesh (mesh.hpp) builds the queue pairs between members on top of any of them.
 #pragma once
 

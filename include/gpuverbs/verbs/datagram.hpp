@@ -22,6 +22,7 @@
 #include "gpuverbs/verbs/queue_pair_types.hpp"
 
 #include <memory>
+#include <optional>
 #include <system_error>
 
 namespace gpuverbs {
@@ -61,14 +62,18 @@ class UdQueuePair {
 public:
     /// Bytes of global routing header in front of every received datagram.
     static constexpr std::size_t grh_size = 40;
+    /// The well-known qkey of many examples. No longer the default: a qkey
+    /// anyone can guess lets any host on the fabric send us datagrams.
     static constexpr std::uint32_t default_qkey = 0x11111111;
 
     UdQueuePair() noexcept = default;
     /// Creates a UD queue pair and brings it to RTS, accepting datagrams that
-    /// carry `qkey`. Throws gpuverbs::Error, as PreparedQueuePair does.
+    /// carry `qkey` (default: 31 bits from the system's random source; peers
+    /// learn it from qkey() with the endpoint). Throws gpuverbs::Error, as
+    /// PreparedQueuePair does.
     UdQueuePair(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
-                const QueuePairOptions& options = {}, std::uint32_t qkey = default_qkey);
-    /// The error_code forms: an empty UdQueuePair on failure.
+                const QueuePairOptions& options = {}, std::optional<std::uint32_t> qkey = std::nullopt);
+    /// The error_code forms (a random qkey unless given): an empty UdQueuePair on failure.
     static UdQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                               const CompletionQueue& recv_cq, const QueuePairOptions& options, std::error_code& ec);
     static UdQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,

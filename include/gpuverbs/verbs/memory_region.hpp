@@ -58,7 +58,10 @@ std::string_view to_string(Registration registration) noexcept;
 
 /// A range of one of our memory regions, as a work request uses it. Plain
 /// value: it records the region's bounds, so a range outside them is caught
-/// when posted (errc::local_range_outside_region), and it never dangles.
+/// when posted (errc::local_range_outside_region). It does not keep the
+/// region alive: post it only while its MemoryRegion lives (a buffer of a
+/// destroyed region carries a stale lkey, which the NIC refuses, or which a
+/// new region may have taken).
 struct LocalBuffer {
     std::uint64_t address = 0;
     std::uint32_t length = 0;
@@ -165,7 +168,11 @@ public:
 
     /// [offset, offset + length) of this region for a work request. Not checked
     /// here: a range outside the region fails when posted, with nothing posted.
+    /// A length above 2^32 - 1 (a request's length field) gives a buffer
+    /// that is inside no region: posting it is refused with
+    /// errc::local_range_outside_region, never cut to its low 32 bits.
     [[nodiscard]] LocalBuffer slice(std::size_t offset, std::size_t length) const noexcept {
+        if (length > UINT32_MAX) return LocalBuffer{iova_ + offset, UINT32_MAX, lkey_, iova_, iova_};
         return LocalBuffer{iova_ + offset, static_cast<std::uint32_t>(length), lkey_, iova_, iova_ + length_};
     }
     /// The whole region.

@@ -1,0 +1,94 @@
+// Records that cannot be forged: a rendezvous whose every value carries an
+// HMAC-SHA-256 tag made with a secret every member shares.
+//
+// A store anyone can write to (Redis without a password, a launcher's
+// key-value space) lets a local user rewrite any member's record: peers would
+// connect to the forger's queue pair, which by default may write anywhere in
+// their protection domain. SignedRendezvous wraps any Rendezvous: publish()
+// appends a tag over (this rank, the key, the value), lookup() checks it
+// before handing the value on, so a record that was not published by a
+// holder of the secret, under that rank and key, is refused:
+//
+//   gpuverbs::RedisRendezvous store(options);
+//   gpuverbs::SignedRendezvous signed_store(store, RedisOptions::secret_from_environment("GPUVERBS_MESH_SECRET"));
+//   gpuverbs::Mesh mesh(signed_store, device, pd, cq, {});
+//
+// The tag binds the rank and the key, so one member's genuine record cannot
+// be replayed as another's, nor under another key; it does not bind time: a
+// member's older value of the same key, replayed, still verifies (gpuverbs'
+// records carry their own versions where that matters). The secret is never
+// put in a message. Needs OpenSSL's libcrypto (GPUVERBS_HAVE_OPENSSL); without
+// it the constructor throws errc::unsupported.
+#pragma once
+
+#include "gpuverbs/config.hpp"
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/many_peers/rendezvous.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpuverbs {
+
+namespace detail {
+
+/// Bytes of the tag after each signed value.
+inline constexpr std::size_t record_tag_size = 32;
+/// The shortest secret accepted (16 bytes: 128 bits, if random).
+inline constexpr std::size_t min_secret_size = 16;
+
+/// Throws errc::unsupported without libcrypto, errc::invalid_argument for a
+/// secret shorter than min_secret_size.
+void check_secret(const std::string& secret);
+/// `value` followed by its tag over (rank, key, value).
+std::vector<std::byte> sign_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+                                   std::span<const std::byte> value);
+/// The value of `signed_bytes` when its tag is right for (rank, key);
+/// otherwise false, and `why` says what is wrong (never the secret).
+bool open_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+                 std::span<const std::byte> signed_bytes, std::vector<std::byte>& value, std::string& why);
+
+} // namespace detail
+
+/// A Rendezvous whose values are signed and checked with a shared secret.
+template <Rendezvous R>
+class SignedRendezvous {
+public:
+    /// `inner` must outlive this object. Throws as detail::check_secret.
+    SignedRendezvous(R& inner, std::string secret) : inner_(&inner), secret_(std::move(secret)) {
+        detail::check_secret(secret_);
+    }
+
+    [[nodiscard]] std::uint32_t rank() const { return inner_->rank(); }
+    [[nodiscard]] std::uint32_t world_size() const { return inner_->world_size(); }
+    [[nodiscard]] std::string name() const { return inner_->name() + " (signed records)"; }
+    void publish(const std::string& key, std::span<const std::byte> value) {
+        inner_->publish(key, detail::sign_record(secret_, inner_->rank(), key, value));
+    }
+    void fence(std::chrono::milliseconds timeout) { inner_->fence(timeout); }
+    /// The peer's value, after its tag was checked: errc::malformed_record
+    /// when it is unsigned, signed with another secret, or signed for another
+    /// rank or key (a forged or replayed record).
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout) {
+        const std::vector<std::byte> bytes = inner_->lookup(peer, key, timeout);
+        std::vector<std::byte> value;
+        std::string why;
+        if (!detail::open_record(secret_, peer, key, bytes, value, why)) {
+            throw Error(errc::malformed_record, "SignedRendezvous::lookup",
+                        name() + ": rank " + std::to_string(peer) + "'s '" + key + "' " + why);
+        }
+        return value;
+    }
+    void withdraw() { inner_->withdraw(); }
+
+private:
+    R* inner_;
+    std::string secret_;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,100 @@
+// Signing and checking rendezvous records (rendezvous/signed.hpp) with
+// OpenSSL's HMAC-SHA-256; never hand-written cryptography.
+#include "gpuverbs/many_peers/rendezvous/signed.hpp"
+
+#if GPUVERBS_HAVE_OPENSSL
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#endif
+
+#include <array>
+
+namespace gpuverbs::detail {
+
+namespace {
+
+#if GPUVERBS_HAVE_OPENSSL
+/// The tag over a domain label, the rank, the key (with its length) and the value.
+std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, std::uint32_t rank,
+                                                  const std::string& key, std::span<const std::byte> value) {
+    std::vector<unsigned char> message;
+    constexpr std::string_view label = "gpuverbs signed record v1";
+    message.reserve(label.size() + 8 + key.size() + value.size());
+    message.insert(message.end(), label.begin(), label.end());
+    const auto be32 = [&](std::uint32_t v) {
+        for (int shift = 24; shift >= 0; shift -= 8) message.push_back(static_cast<unsigned char>(v >> shift));
+    };
+    be32(rank);
+    be32(static_cast<std::uint32_t>(key.size()));
+    message.insert(message.end(), key.begin(), key.end());
+    const auto* v = reinterpret_cast<const unsigned char*>(value.data());
+    message.insert(message.end(), v, v + value.size());
+    std::array<unsigned char, record_tag_size> tag{};
+    unsigned int length = 0;
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(), message.size(),
+             tag.data(), &length) == nullptr ||
+        length != tag.size()) {
+        throw Error(errc::unsupported, "SignedRendezvous", "OpenSSL's HMAC-SHA-256 failed");
+    }
+    return tag;
+}
+#endif
+
+} // namespace
+
+void check_secret(const std::string& secret) {
+#if GPUVERBS_HAVE_OPENSSL
+    if (secret.size() < min_secret_size) {
+        throw Error(errc::invalid_argument, "SignedRendezvous",
+                    "the shared secret has " + std::to_string(secret.size()) + " bytes; at least " +
+                        std::to_string(min_secret_size) + " are needed (e.g. openssl rand -hex 32)");
+    }
+#else
+    (void)secret;
+    throw Error(errc::unsupported, "SignedRendezvous",
+                "this gpuverbs was built without OpenSSL's libcrypto (GPUVERBS_WITH_OPENSSL, Debian libssl-dev): "
+                "records cannot be signed");
+#endif
+}
+
+std::vector<std::byte> sign_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+                                   std::span<const std::byte> value) {
+#if GPUVERBS_HAVE_OPENSSL
+    const auto tag = tag_of(secret, rank, key, value);
+    std::vector<std::byte> out(value.begin(), value.end());
+    for (unsigned char c : tag) out.push_back(static_cast<std::byte>(c));
+    return out;
+#else
+    (void)rank, (void)key, (void)value;
+    check_secret(secret);
+    return {};
+#endif
+}
+
+bool open_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+                 std::span<const std::byte> signed_bytes, std::vector<std::byte>& value, std::string& why) {
+    value.clear();
+#if GPUVERBS_HAVE_OPENSSL
+    if (signed_bytes.size() < record_tag_size) {
+        why = "has " + std::to_string(signed_bytes.size()) + " bytes, fewer than a signature's " +
+              std::to_string(record_tag_size) + ": it is not signed (a member without the secret published it)";
+        return false;
+    }
+    const std::span<const std::byte> body = signed_bytes.first(signed_bytes.size() - record_tag_size);
+    const auto expected = tag_of(secret, rank, key, body);
+    if (CRYPTO_memcmp(expected.data(), signed_bytes.data() + body.size(), record_tag_size) != 0) {
+        why = "does not carry a signature of this service's secret for that rank and key: it was forged, "
+              "published without the secret or with another one, or copied from another rank or key";
+        return false;
+    }
+    value.assign(body.begin(), body.end());
+    return true;
+#else
+    (void)rank, (void)key, (void)signed_bytes, (void)why;
+    check_secret(secret);
+    return false;
+#endif
+}
+
+} // namespace gpuverbs::detail

@@ -1,0 +1,135 @@
+// Signed rendezvous records (rendezvous/signed.hpp) over a store anyone can
+// write to: an in-memory rendezvous whose table the test (the attacker)
+// rewrites directly, as a local user can rewrite a Redis store without a
+// password. The Redis form runs in the rig (integration/mesh_test.cpp).
+#include "gpuverbs/many_peers/rendezvous/signed.hpp"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+#include <utility>
+
+using namespace gpuverbs;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// One shared table of (rank, key) -> bytes, seen by every member.
+using Table = std::map<std::pair<std::uint32_t, std::string>, std::vector<std::byte>>;
+
+class TableRendezvous {
+public:
+    TableRendezvous(Table& table, std::uint32_t rank) : table_(&table), rank_(rank) {}
+    [[nodiscard]] std::uint32_t rank() const { return rank_; }
+    [[nodiscard]] std::uint32_t world_size() const { return 4; }
+    [[nodiscard]] std::string name() const { return "table"; }
+    void publish(const std::string& key, std::span<const std::byte> value) {
+        (*table_)[{rank_, key}] = std::vector<std::byte>(value.begin(), value.end());
+    }
+    void fence(std::chrono::milliseconds) {}
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds) {
+        auto it = table_->find({peer, key});
+        if (it == table_->end()) throw Error(errc::peer_missing, "lookup", "nothing");
+        return it->second;
+    }
+    void withdraw() {}
+
+private:
+    Table* table_;
+    std::uint32_t rank_;
+};
+static_assert(Rendezvous<TableRendezvous>);
+static_assert(Rendezvous<SignedRendezvous<TableRendezvous>>);
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    return {p, p + s.size()};
+}
+
+const std::string secret = "0123456789abcdef0123456789abcdef";
+
+} // namespace
+
+TEST_SUITE("signed rendezvous records" * doctest::skip(!GPUVERBS_HAVE_OPENSSL)) {
+    TEST_CASE("a record published with the secret reads back exactly; the store holds it with its tag") {
+        Table table;
+        TableRendezvous a0(table, 0), a1(table, 1);
+        SignedRendezvous s0(a0, secret), s1(a1, secret);
+        s1.publish("endpoint", bytes_of("rank 1's endpoint"));
+        CHECK(table.at({1, "endpoint"}).size() == std::string("rank 1's endpoint").size() + 32);
+        CHECK(s0.lookup(1, "endpoint", 1s) == bytes_of("rank 1's endpoint"));
+        s1.publish("empty", {});
+        CHECK(s0.lookup(1, "empty", 1s).empty());
+        CHECK(s0.name() == "table (signed records)");
+    }
+
+    TEST_CASE("attack: a record written into the store by someone without the secret is refused, in words") {
+        Table table;
+        TableRendezvous a0(table, 0), a1(table, 1);
+        SignedRendezvous s0(a0, secret), s1(a1, secret);
+        s1.publish("endpoint", bytes_of("the real endpoint"));
+        const auto refused = [&](const char* what) {
+            try {
+                (void)s0.lookup(1, "endpoint", 1s);
+                FAIL(what << ": accepted");
+            } catch (const Error& e) {
+                CHECK(e.code() == errc::malformed_record);
+                const std::string words = e.what();
+                CHECK(words.find("rank 1's 'endpoint'") != std::string::npos);
+                CHECK(words.find(secret) == std::string::npos); // never the secret
+                return words;
+            }
+            return std::string();
+        };
+        // 1. Overwritten unsigned (the forger's own endpoint, long enough to hold a "tag").
+        table[{1, "endpoint"}] = bytes_of(std::string(64, 'F'));
+        CHECK(refused("an unsigned record").find("does not carry a signature") != std::string::npos);
+        // 2. Shorter than a tag.
+        table[{1, "endpoint"}] = bytes_of("short");
+        CHECK(refused("a short record").find("fewer than a signature's 32") != std::string::npos);
+        // 3. Signed with another secret.
+        TableRendezvous forger(table, 1);
+        SignedRendezvous wrong(forger, std::string("another secret, long enough"));
+        wrong.publish("endpoint", bytes_of("the forger's endpoint"));
+        (void)refused("another secret");
+        // 4. A genuine record of rank 2, copied into rank 1's place (rank impersonation).
+        TableRendezvous a2(table, 2);
+        SignedRendezvous s2(a2, secret);
+        s2.publish("endpoint", bytes_of("rank 2's endpoint"));
+        table[{1, "endpoint"}] = table.at({2, "endpoint"});
+        (void)refused("rank 2's record as rank 1's");
+        // 5. A genuine record of rank 1 under another key.
+        s1.publish("ready", bytes_of("the real endpoint"));
+        table[{1, "endpoint"}] = table.at({1, "ready"});
+        (void)refused("another key's record");
+        // 6. One flipped bit of a genuine record.
+        s1.publish("endpoint", bytes_of("the real endpoint"));
+        table.at({1, "endpoint"})[3] ^= std::byte{1};
+        (void)refused("a flipped bit");
+        // And the genuine one still verifies.
+        s1.publish("endpoint", bytes_of("the real endpoint"));
+        CHECK(s0.lookup(1, "endpoint", 1s) == bytes_of("the real endpoint"));
+    }
+
+    TEST_CASE("a secret shorter than 16 bytes is refused by name") {
+        Table table;
+        TableRendezvous a0(table, 0);
+        CHECK_THROWS_WITH_AS(SignedRendezvous(a0, "short"),
+                             "SignedRendezvous: the shared secret has 5 bytes; at least 16 are needed (e.g. openssl "
+                             "rand -hex 32)",
+                             Error);
+    }
+}
+
+TEST_CASE("without OpenSSL, SignedRendezvous says so" * doctest::skip(GPUVERBS_HAVE_OPENSSL)) {
+    Table table;
+    TableRendezvous a0(table, 0);
+    try {
+        SignedRendezvous s(a0, secret);
+        FAIL("constructed without OpenSSL");
+    } catch (const Error& e) {
+        CHECK(e.code() == errc::unsupported);
+        CHECK(std::string(e.what()).find("built without OpenSSL's libcrypto") != std::string::npos);
+    }
+}
