@@ -16,8 +16,8 @@ namespace {
 
 #if GPUVERBS_HAVE_OPENSSL
 /// The tag over a domain label, the rank, the key (with its length) and the value.
-std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, std::uint32_t rank,
-                                                  const std::string& key, std::span<const std::byte> value) {
+std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, std::uint32_t rank, const std::string& key,
+                                                  std::span<const std::byte> value) {
     std::vector<unsigned char> message;
     constexpr std::string_view label = "gpuverbs signed record v1";
     message.reserve(label.size() + 8 + key.size() + value.size());
@@ -32,8 +32,8 @@ std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, std
     message.insert(message.end(), v, v + value.size());
     std::array<unsigned char, record_tag_size> tag{};
     unsigned int length = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(), message.size(),
-             tag.data(), &length) == nullptr ||
+    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(), message.size(), tag.data(),
+             &length) == nullptr ||
         length != tag.size()) {
         throw Error(errc::unsupported, "SignedRendezvous", "OpenSSL's HMAC-SHA-256 failed");
     }
@@ -84,8 +84,9 @@ bool open_record(const std::string& secret, std::uint32_t rank, const std::strin
     const std::span<const std::byte> body = signed_bytes.first(signed_bytes.size() - record_tag_size);
     const auto expected = tag_of(secret, rank, key, body);
     if (CRYPTO_memcmp(expected.data(), signed_bytes.data() + body.size(), record_tag_size) != 0) {
-        why = "does not carry a signature of this service's secret for that rank and key: it was forged, "
-              "published without the secret or with another one, or copied from another rank or key";
+        why =
+            "does not carry a signature of this service's secret for that rank and key: it was forged, "
+            "published without the secret or with another one, or copied from another rank or key";
         return false;
     }
     value.assign(body.begin(), body.end());

@@ -207,9 +207,10 @@ TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
 }
 
 TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test::build_has::hiredis)) {
-    TEST_CASE("attack: a member's record rewritten in the store (HSET with the store's password) is refused by a "
-              "signed member" *
-              doctest::skip(!GPUVERBS_HAVE_OPENSSL)) {
+    TEST_CASE(
+        "attack: a member's record rewritten in the store (HSET with the store's password) is refused by a "
+        "signed member" *
+        doctest::skip(!GPUVERBS_HAVE_OPENSSL)) {
         RedisServer redis;
         const std::string service = fresh("signed");
         const std::string secret = "a secret every member of " + service + " shares";
@@ -223,13 +224,14 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test:
         // The forger: any local user who can reach the store (here even with its password).
         const std::string forge = "REDISCLI_AUTH='" + redis.password() + "' redis-cli -h " + rig().ip0 + " -p " +
                                   redis.address().substr(redis.address().find(':') + 1) + " HSET " + service +
-                                  "/data/" + std::to_string(b.rank()) + " mesh 'the forger s endpoint, 32 bytes or more' >/dev/null";
+                                  "/data/" + std::to_string(b.rank()) +
+                                  " mesh 'the forger s endpoint, 32 bytes or more' >/dev/null";
         REQUIRE(std::system(forge.c_str()) == 0); // NOLINT(cert-env33-c): the test's own command line
         try {
             (void)a.lookup(b.rank(), "mesh", 2s);
             FAIL("the forged record was accepted");
         } catch (const Error& e) {
-            MESSAGE(e.what());
+            MESSAGE(std::string(e.what()));
             CHECK(e.code() == errc::malformed_record);
             CHECK(std::string(e.what()).find("does not carry a signature of this service's secret") !=
                   std::string::npos);
