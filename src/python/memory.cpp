@@ -374,16 +374,18 @@ std::shared_ptr<Region> cached_region(const std::shared_ptr<Cache>& cache, const
             reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(b.address)); // NOLINT(performance-no-int-to-ptr)
         region->cached = c.cache->get(std::span<std::byte>(p, b.size), access);
         region->base = static_cast<std::size_t>(p - static_cast<std::byte*>(region->cached->address()));
-        const MemoryRegion* entry = region->cached.get();
-        ++c.host_users[entry];
-        region->forget = [weak = std::weak_ptr<Cache>(cache), entry, begin = entry->address(), size = entry->length()] {
+        // The hook holds the entry's region: its address cannot be reused by
+        // another region (and so its count) before the hook has run.
+        std::shared_ptr<const MemoryRegion> entry = region->cached;
+        region->forget = [weak = std::weak_ptr<Cache>(cache), entry] {
             const std::shared_ptr<Cache> owner = weak.lock();
             if (!owner) return;
-            auto it = owner->host_users.find(entry);
+            auto it = owner->host_users.find(entry.get());
             if (it == owner->host_users.end() || --it->second > 0) return;
             owner->host_users.erase(it);
-            owner->cache->invalidate(begin, size);
+            owner->cache->invalidate(entry->address(), entry->length());
         };
+        ++c.host_users[entry.get()]; // after the hook exists: it is the one that takes it back
     }
     return region;
 }
@@ -512,7 +514,10 @@ void bind_memory(py::module_& m) {
                  RegistrationCacheOptions o;
                  o.max_regions = max_regions;
                  o.max_bytes = max_bytes;
-                 return std::make_shared<Cache>(Cache{pd, std::make_unique<RegistrationCache>(*pd, o), {}});
+                 auto c = std::make_shared<Cache>();
+                 c->pd = pd;
+                 c->cache = std::make_unique<RegistrationCache>(*pd, o);
+                 return c;
              }),
              py::arg("pd"), py::kw_only(), py::arg("max_regions") = 1024, py::arg("max_bytes") = std::size_t{4} << 30)
         .def(

@@ -3,6 +3,7 @@
 #include "gpuverbs/config.hpp"
 
 #include "gpuverbs/connections/wire.hpp"
+#include "gpuverbs/many_peers/rendezvous/signed.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -61,6 +62,9 @@ constexpr std::string_view withdraw_script =
     "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end "
     "redis.call('DEL', KEYS[1], KEYS[2]) return 1";
 
+/// The largest value a member publishes or accepts: a mesh record, signed (SignedRendezvous).
+constexpr std::size_t max_value_size = wire::max_mesh_record_size + detail::record_tag_size;
+
 std::string random_token() {
     std::random_device device;
     std::uniform_int_distribution<std::uint64_t> pick;
@@ -93,7 +97,15 @@ public:
             Reply reply = send(args);
             if (reply) return reply;
             std::string why = context_->errstr;
+            context_err_ = context_->err;
             close();
+            if (attempt == 1 && context_err_ == REDIS_ERR_OOM) {
+                throw Error(errc::rendezvous_unavailable, verb,
+                            "Redis at " + where() +
+                                " sent a reply larger than gpuverbs accepts (an array of more than " +
+                                std::to_string(redis::max_array_elements) +
+                                " elements, or arrays nested deeper than SCAN's): a hostile or broken store");
+            }
             if (attempt == 1) {
                 throw Error(errc::rendezvous_unavailable, verb,
                             "Redis at " + where() + " did not answer (" + why +
@@ -162,6 +174,7 @@ private:
     const RedisOptions* options_;
     std::mutex mutex_;
     redisContext* context_ = nullptr;
+    int context_err_ = 0; ///< the last failed command's hiredis error (REDIS_ERR_OOM: a reply refused as too large)
 };
 
 /// A member of a service: its rank, its keys and the thread keeping them alive.
@@ -295,7 +308,15 @@ std::set<std::uint32_t> scan_members(RedisMember& m) {
     std::set<std::uint32_t> present;
     redis::ScanPage page;
     std::string why;
+    // A store that never says the scan is done ("0") must not hold us for ever.
+    constexpr int max_pages = 1 << 16; // 65 million keys at COUNT 1000
+    int pages = 0;
     do {
+        if (++pages > max_pages) {
+            throw Error(errc::rendezvous_unavailable, "Redis SCAN",
+                        m.name() + " did not finish a SCAN within " + std::to_string(max_pages) +
+                            " pages (a cursor that never returns to 0)");
+        }
         Reply reply = m.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "Redis SCAN");
         if (!redis::parse_scan_reply(*reply, prefix, page, why)) {
             throw Error(errc::rendezvous_unavailable, "Redis SCAN", m.name() + " answered SCAN wrongly: " + why);
@@ -424,10 +445,10 @@ bool RedisRendezvous::available() noexcept {
 void RedisRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
     detail::RedisMember& m = *member_;
     m.check_alive("Redis HSET");
-    if (value.size() > wire::max_mesh_record_size) {
+    if (value.size() > max_value_size) {
         throw Error(errc::invalid_argument, "RedisRendezvous::publish",
                     "a value of " + std::to_string(value.size()) + " bytes is larger than a member may publish (" +
-                        std::to_string(wire::max_mesh_record_size) + ", the largest mesh record)");
+                        std::to_string(max_value_size) + ", the largest mesh record and a signature)");
     }
     std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
     Reply done = m.checked(
@@ -491,9 +512,15 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
         if (reply->type == REDIS_REPLY_STRING) {
             std::vector<std::byte> value;
             std::string why;
-            if (!detail::redis::string_reply(*reply, wire::max_mesh_record_size, value, why)) {
-                throw Error(errc::malformed_record, "RedisRendezvous::lookup",
-                            m.name() + ": rank " + std::to_string(peer) + "'s '" + key + "': " + why);
+            if (!detail::redis::string_reply(*reply, max_value_size, value, why)) {
+                std::string words = m.name();
+                words += ": rank ";
+                words += std::to_string(peer);
+                words += "'s '";
+                words += key;
+                words += "': ";
+                words += why;
+                throw Error(errc::malformed_record, "RedisRendezvous::lookup", words);
             }
             return value;
         }

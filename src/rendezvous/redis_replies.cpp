@@ -36,8 +36,13 @@ struct BoundedArray;
 template <class R, class Task, class N>
 struct BoundedArray<R (*)(Task, N)> {
     static inline R (*original)(Task, N) = nullptr;
+    // The only arrays gpuverbs asks for are SCAN's: [cursor, [keys]]. An
+    // array inside another is accepted only in a parent of at most two
+    // elements, and no deeper, so one reply costs at most two bounded arrays.
     static R create(Task task, N elements) {
         if (static_cast<long long>(elements) > max_array_elements) return nullptr; // the reader: "Out of memory"
+        const auto* parent = task->parent;
+        if (parent != nullptr && (parent->parent != nullptr || parent->elements > 2)) return nullptr;
         return original(task, elements);
     }
 };

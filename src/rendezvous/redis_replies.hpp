@@ -32,9 +32,11 @@ bool parse_scan_reply(const redisReply& reply, std::string_view prefix, ScanPage
 bool string_reply(const redisReply& reply, std::size_t max_size, std::vector<std::byte>& value, std::string& why);
 
 /// Makes `context`'s reader refuse an array announcing more than
-/// max_array_elements (the connection fails with "Out of memory"): hiredis
-/// before 1.0 allocates 8 bytes per announced element before any arrives,
-/// so 12 bytes ("*100000000\r\n") from a hostile server would cost 800 MB.
+/// max_array_elements, and an array nested in another unless SCAN's shape (a
+/// parent of at most two elements, no deeper): the connection fails with
+/// "Out of memory". hiredis allocates 8 bytes per announced element before
+/// any arrives, so 12 bytes ("*100000000\r\n") from a hostile server would
+/// cost 800 MB, and nested arrays would multiply that.
 void bound_arrays(redisContext& context);
 inline constexpr long long max_array_elements = 1 << 17;
 

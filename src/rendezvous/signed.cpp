@@ -15,16 +15,20 @@ namespace gpuverbs::detail {
 namespace {
 
 #if GPUVERBS_HAVE_OPENSSL
-/// The tag over a domain label, the rank, the key (with its length) and the value.
-std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, std::uint32_t rank, const std::string& key,
+/// The tag over a label, the caller's domain (with its length), the rank,
+/// the key (with its length) and the value.
+std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, const std::string& domain,
+                                                  std::uint32_t rank, const std::string& key,
                                                   std::span<const std::byte> value) {
     std::vector<unsigned char> message;
     constexpr std::string_view label = "gpuverbs signed record v1";
-    message.reserve(label.size() + 8 + key.size() + value.size());
+    message.reserve(label.size() + 12 + domain.size() + key.size() + value.size());
     message.insert(message.end(), label.begin(), label.end());
     const auto be32 = [&](std::uint32_t v) {
         for (int shift = 24; shift >= 0; shift -= 8) message.push_back(static_cast<unsigned char>(v >> shift));
     };
+    be32(static_cast<std::uint32_t>(domain.size()));
+    message.insert(message.end(), domain.begin(), domain.end());
     be32(rank);
     be32(static_cast<std::uint32_t>(key.size()));
     message.insert(message.end(), key.begin(), key.end());
@@ -58,21 +62,21 @@ void check_secret(const std::string& secret) {
 #endif
 }
 
-std::vector<std::byte> sign_record(const std::string& secret, std::uint32_t rank, const std::string& key,
-                                   std::span<const std::byte> value) {
+std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,
+                                   const std::string& key, std::span<const std::byte> value) {
 #if GPUVERBS_HAVE_OPENSSL
-    const auto tag = tag_of(secret, rank, key, value);
+    const auto tag = tag_of(secret, domain, rank, key, value);
     std::vector<std::byte> out(value.begin(), value.end());
     for (unsigned char c : tag) out.push_back(static_cast<std::byte>(c));
     return out;
 #else
-    (void)rank, (void)key, (void)value;
+    (void)domain, (void)rank, (void)key, (void)value;
     check_secret(secret);
     return {};
 #endif
 }
 
-bool open_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+bool open_record(const std::string& secret, const std::string& domain, std::uint32_t rank, const std::string& key,
                  std::span<const std::byte> signed_bytes, std::vector<std::byte>& value, std::string& why) {
     value.clear();
 #if GPUVERBS_HAVE_OPENSSL
@@ -82,17 +86,17 @@ bool open_record(const std::string& secret, std::uint32_t rank, const std::strin
         return false;
     }
     const std::span<const std::byte> body = signed_bytes.first(signed_bytes.size() - record_tag_size);
-    const auto expected = tag_of(secret, rank, key, body);
+    const auto expected = tag_of(secret, domain, rank, key, body);
     if (CRYPTO_memcmp(expected.data(), signed_bytes.data() + body.size(), record_tag_size) != 0) {
         why =
             "does not carry a signature of this service's secret for that rank and key: it was forged, "
-            "published without the secret or with another one, or copied from another rank or key";
+            "published without the secret or with another one, or copied from another rank, key or domain";
         return false;
     }
     value.assign(body.begin(), body.end());
     return true;
 #else
-    (void)rank, (void)key, (void)signed_bytes, (void)why;
+    (void)domain, (void)rank, (void)key, (void)signed_bytes, (void)why;
     check_secret(secret);
     return false;
 #endif

@@ -127,6 +127,7 @@ TEST_SUITE("leases") {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #endif
         const LeasedBlockList old = leases.grant({{pool, 0, 64}});
+        CHECK(leases.release(old.lease, 0) == errc::lease_not_yours); // granted to nobody: no reader releases it
         CHECK(leases.release(old.lease));
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop

@@ -10,6 +10,7 @@
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 #include "gpuverbs/connections/wire.hpp"
 #include "gpuverbs/many_peers/rendezvous/redis.hpp"
+#include "gpuverbs/many_peers/rendezvous/signed.hpp"
 
 #include <doctest/doctest.h>
 
@@ -165,7 +166,8 @@ TEST_SUITE("Redis replies from a hostile store") {
     }
 
     TEST_CASE("attack: a stored value larger than any record is refused before it is copied") {
-        const std::string huge(wire::max_mesh_record_size + 1, 'x');
+        const std::size_t most = wire::max_mesh_record_size + detail::record_tag_size; // a signed mesh record
+        const std::string huge(most + 1, 'x');
         FakeRedis fake([&](const std::vector<std::string>& w) { return w[0] == "HGET" ? bulk(huge) : std::string(); });
         RedisRendezvous rendezvous(at(fake));
         try {
@@ -173,11 +175,10 @@ TEST_SUITE("Redis replies from a hostile store") {
             FAIL("the value was accepted");
         } catch (const Error& e) {
             CHECK(e.code() == errc::malformed_record);
-            CHECK_MESSAGE(std::string(e.what()).find("bytes; at most " + std::to_string(wire::max_mesh_record_size)) !=
-                              std::string::npos,
-                          e.what());
+            CHECK_MESSAGE(std::string(e.what()).find("bytes; at most " + std::to_string(most)) != std::string::npos,
+                          std::string(e.what()));
         }
-        const std::vector<std::byte> too_big(wire::max_mesh_record_size + 1);
+        const std::vector<std::byte> too_big(most + 1);
         CHECK_THROWS_AS(rendezvous.publish("endpoint", too_big), Error);
     }
 
@@ -193,7 +194,41 @@ TEST_SUITE("Redis replies from a hostile store") {
             FAIL("the announced array was accepted");
         } catch (const Error& e) {
             CHECK(e.code() == errc::rendezvous_unavailable);
-            CHECK_MESSAGE(std::string(e.what()).find("Out of memory") != std::string::npos, e.what());
+            CHECK_MESSAGE(std::string(e.what()).find("sent a reply larger than gpuverbs accepts") != std::string::npos,
+                          std::string(e.what()));
+        }
+    }
+
+    TEST_CASE("attack: arrays nested inside arrays (all but SCAN's shape) are refused at their header") {
+        // [[x131072] x131072] would be 128 GiB of element tables.
+        FakeRedis fake([](const std::vector<std::string>& w) {
+            return w[0] == "SCAN" ? std::string("*131072\r\n*131072\r\n") : std::string();
+        });
+        RedisRendezvous rendezvous(at(fake));
+        CHECK_THROWS_AS((void)rendezvous.members(), Error);
+        FakeRedis deep([](const std::vector<std::string>& w) {
+            return w[0] == "SCAN" ? std::string("*2\r\n*2\r\n*2\r\n") : std::string();
+        });
+        RedisRendezvous deep_rendezvous(at(deep));
+        try {
+            (void)deep_rendezvous.members();
+            FAIL("a third level was accepted");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("nested deeper than SCAN's") != std::string::npos);
+        }
+    }
+
+    TEST_CASE("attack: a SCAN whose cursor never returns to 0 ends with an error, not a loop") {
+        FakeRedis fake([](const std::vector<std::string>& w) {
+            return w[0] == "SCAN" ? std::string("*2\r\n$1\r\n7\r\n*0\r\n") : std::string();
+        });
+        RedisRendezvous rendezvous(at(fake));
+        try {
+            (void)rendezvous.members();
+            FAIL("the endless scan ended well");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::rendezvous_unavailable);
+            CHECK(std::string(e.what()).find("did not finish a SCAN within 65536 pages") != std::string::npos);
         }
     }
 

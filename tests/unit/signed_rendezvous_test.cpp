@@ -107,6 +107,13 @@ TEST_SUITE("signed rendezvous records" * doctest::skip(!GPUVERBS_HAVE_OPENSSL)) 
         s1.publish("endpoint", bytes_of("the real endpoint"));
         table.at({1, "endpoint"})[3] ^= std::byte{1};
         (void)refused("a flipped bit");
+        // 7. A genuine record of the same rank and key in another service (domain) sharing the secret.
+        Table other_service;
+        TableRendezvous o1(other_service, 1);
+        SignedRendezvous other(o1, secret, "another service");
+        other.publish("endpoint", bytes_of("the real endpoint"));
+        table[{1, "endpoint"}] = other_service.at({1, "endpoint"});
+        (void)refused("another domain's record");
         // And the genuine one still verifies.
         s1.publish("endpoint", bytes_of("the real endpoint"));
         CHECK(s0.lookup(1, "endpoint", 1s) == bytes_of("the real endpoint"));

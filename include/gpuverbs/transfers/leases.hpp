@@ -71,7 +71,7 @@ public:
     /// How the owner knows a reader: a rank, a connection id — whatever the
     /// owner can tell from where a notification arrived (the queue pair its
     /// receive was posted on). Readers must have distinct ids.
-    using Reader = std::uint64_t;
+    using Reader = std::uint64_t; // UINT64_MAX is BlockLeases::nobody
 
     explicit BlockLeases(BlockLeasesOptions options = {});
 
@@ -104,11 +104,16 @@ public:
     std::vector<std::uint32_t> expire();
     [[nodiscard]] BlockLeasesStatistics statistics();
 
+    /// The reader of the deprecated grant(blocks): no reader can release
+    /// such a lease (only revoke, or the deprecated release, ends it).
+    static constexpr Reader nobody = UINT64_MAX;
     /// Before 0.3 a lease belonged to nobody and anyone could release it.
     [[deprecated("grant(blocks, reader): a lease belongs to the reader it is granted to")]] LeasedBlockList grant(
         std::vector<RemoteBlock> blocks) {
-        return grant(std::move(blocks), Reader{0});
+        return grant(std::move(blocks), nobody);
     }
+    /// The owner's release, as before 0.3. Note that release(lease, reader)
+    /// returns an error_code: true there means refused.
     [[deprecated("release(lease, reader) for the reader's notification, or revoke(lease) for the owner")]] bool release(
         std::uint32_t lease) {
         return revoke(lease);

@@ -1,7 +1,9 @@
 // A registration cache: registering memory is slow (pinning pages, and for
 // large regions milliseconds), and services register the same buffers again
 // and again. The cache hands back an existing MemoryRegion that covers the
-// range with at least the access asked for, and registers otherwise.
+// range with the access asked for, and registers otherwise. It never widens
+// what a peer may do: a cached region is handed out only when it grants the
+// peers exactly the remote access asked for (local_write may be more).
 //
 //   gpuverbs::RegistrationCache cache(pd, {.max_regions = 256, .max_bytes = 8ull << 30});
 //   auto mr = cache.get(buffer, Access::local_write | Access::remote_write);   // shared_ptr<const MemoryRegion>
@@ -230,7 +232,8 @@ public:
     explicit RegistrationCache(const ProtectionDomain& pd, RegistrationCacheOptions limits = {})
         : pd_(&pd), index_(limits) {}
 
-    /// A region covering `memory` with at least `access`: cached, or registered now.
+    /// A region covering `memory` with `access` (the same remote access, at
+    /// least the local): cached, or registered now.
     /// Throws what MemoryRegion's constructor throws.
     std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access);
     /// The error_code form: an empty pointer on failure (the cache is unchanged).
@@ -238,7 +241,7 @@ public:
     /// … with the explanation the exception would carry kept in `diagnostics`.
     std::shared_ptr<const MemoryRegion> get(std::span<std::byte> memory, Access access, std::error_code& ec,
                                             Diagnostics& diagnostics);
-    /// A region covering GPU memory with at least `access`, registered with
+    /// A region covering GPU memory with `access` (as above), registered with
     /// register_gpu_memory(method) on a miss. The allocation's buffer id is
     /// asked of the driver on every call, so a buffer freed and replaced at
     /// the same address is never served the old registration. Throws what

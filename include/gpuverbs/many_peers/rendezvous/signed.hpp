@@ -10,13 +10,15 @@
 // holder of the secret, under that rank and key, is refused:
 //
 //   gpuverbs::RedisRendezvous store(options);
-//   gpuverbs::SignedRendezvous signed_store(store, RedisOptions::secret_from_environment("GPUVERBS_MESH_SECRET"));
-//   gpuverbs::Mesh mesh(signed_store, device, pd, cq, {});
+//   gpuverbs::SignedRendezvous signed_store(store, RedisOptions::secret_from_environment("GPUVERBS_MESH_SECRET"),
+//                                           options.service);
+//   gpuverbs::Mesh mesh(signed_store, pd, cq, {mr.remote()});
 //
-// The tag binds the rank and the key, so one member's genuine record cannot
-// be replayed as another's, nor under another key; it does not bind time: a
-// member's older value of the same key, replayed, still verifies (gpuverbs'
-// records carry their own versions where that matters). The secret is never
+// The tag binds the domain (the service or job the caller names), the rank
+// and the key, so one member's genuine record cannot be replayed as
+// another's, under another key, or in another service that shares the
+// secret; it does not bind time: a member's older value of the same key in
+// the same domain, replayed, still verifies. The secret is never
 // put in a message. Needs OpenSSL's libcrypto (GPUVERBS_HAVE_OPENSSL); without
 // it the constructor throws errc::unsupported.
 #pragma once
@@ -45,12 +47,12 @@ inline constexpr std::size_t min_secret_size = 16;
 /// Throws errc::unsupported without libcrypto, errc::invalid_argument for a
 /// secret shorter than min_secret_size.
 void check_secret(const std::string& secret);
-/// `value` followed by its tag over (rank, key, value).
-std::vector<std::byte> sign_record(const std::string& secret, std::uint32_t rank, const std::string& key,
-                                   std::span<const std::byte> value);
-/// The value of `signed_bytes` when its tag is right for (rank, key);
-/// otherwise false, and `why` says what is wrong (never the secret).
-bool open_record(const std::string& secret, std::uint32_t rank, const std::string& key,
+/// `value` followed by its tag over (domain, rank, key, value).
+std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,
+                                   const std::string& key, std::span<const std::byte> value);
+/// The value of `signed_bytes` when its tag is right for (domain, rank,
+/// key); otherwise false, and `why` says what is wrong (never the secret).
+bool open_record(const std::string& secret, const std::string& domain, std::uint32_t rank, const std::string& key,
                  std::span<const std::byte> signed_bytes, std::vector<std::byte>& value, std::string& why);
 
 } // namespace detail
@@ -59,8 +61,12 @@ bool open_record(const std::string& secret, std::uint32_t rank, const std::strin
 template <Rendezvous R>
 class SignedRendezvous {
 public:
-    /// `inner` must outlive this object. Throws as detail::check_secret.
-    SignedRendezvous(R& inner, std::string secret) : inner_(&inner), secret_(std::move(secret)) {
+    /// `inner` must outlive this object. `domain` names what the records
+    /// belong to (a service, a job id): it is signed with each, so a record
+    /// of another domain signed with the same secret is refused too. Throws
+    /// as detail::check_secret.
+    SignedRendezvous(R& inner, std::string secret, std::string domain = {})
+        : inner_(&inner), secret_(std::move(secret)), domain_(std::move(domain)) {
         detail::check_secret(secret_);
     }
 
@@ -68,7 +74,7 @@ public:
     [[nodiscard]] std::uint32_t world_size() const { return inner_->world_size(); }
     [[nodiscard]] std::string name() const { return inner_->name() + " (signed records)"; }
     void publish(const std::string& key, std::span<const std::byte> value) {
-        inner_->publish(key, detail::sign_record(secret_, inner_->rank(), key, value));
+        inner_->publish(key, detail::sign_record(secret_, domain_, inner_->rank(), key, value));
     }
     void fence(std::chrono::milliseconds timeout) { inner_->fence(timeout); }
     /// The peer's value, after its tag was checked: errc::malformed_record
@@ -78,7 +84,7 @@ public:
         const std::vector<std::byte> bytes = inner_->lookup(peer, key, timeout);
         std::vector<std::byte> value;
         std::string why;
-        if (!detail::open_record(secret_, peer, key, bytes, value, why)) {
+        if (!detail::open_record(secret_, domain_, peer, key, bytes, value, why)) {
             throw Error(errc::malformed_record, "SignedRendezvous::lookup",
                         name() + ": rank " + std::to_string(peer) + "'s '" + key + "' " + why);
         }
@@ -89,6 +95,7 @@ public:
 private:
     R* inner_;
     std::string secret_;
+    std::string domain_;
 };
 
 } // namespace gpuverbs
