@@ -43,6 +43,7 @@ struct Pair {
     Pair(const char* dev0, const char* dev1, const MakeCq& make_cq)
         : d0(gpuverbs::Device::open(dev0)), d1(gpuverbs::Device::open(dev1)), cq0(make_cq(d0)), cq1(make_cq(d1)) {
         gpuverbs::PreparedQueuePair a(pd0, cq0, cq0), b(pd1, cq1, cq1);
+        (void)b.advertise(mr1);
         auto ea = a.endpoint(), eb = b.endpoint();
         qp = std::move(a).connect(eb);
         peer = std::move(b).connect(ea);

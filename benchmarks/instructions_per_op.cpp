@@ -87,6 +87,7 @@ struct Pair {
         options.max_send_wr = 256;
         options.extended_verbs = extended;
         gv::PreparedQueuePair a(pd0, cq0, cq0, options), b(pd1, cq1, cq1);
+        (void)b.advertise(mr1);
         auto ea = a.endpoint(), eb = b.endpoint();
         qp = std::move(a).connect(eb);
         peer = std::move(b).connect(ea);

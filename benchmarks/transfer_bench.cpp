@@ -70,6 +70,7 @@ struct Rail {
         gv::QueuePairOptions options;
         options.max_send_wr = depth;
         gv::PreparedQueuePair a(pd0, cq0, cq0, options), b(pd1, cq1, cq1);
+        (void)b.advertise(mr1);
         auto ea = a.endpoint(), eb = b.endpoint();
         qp = std::move(a).connect(eb);
         peer = std::move(b).connect(ea);

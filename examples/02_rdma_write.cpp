@@ -60,7 +60,8 @@ int run(const Args& a) {
 
     // 3. Swap endpoints (and the server's buffer address and key) over TCP.
     boost::asio::io_context io;
-    gpuverbs::Handshake ours{prepared.endpoint(), {mr.remote()}};
+    // advertise: the peer gets mr.remote(), and our queue pair grants it what mr allows (and nothing more).
+    gpuverbs::Handshake ours{prepared.endpoint(), {prepared.advertise(mr)}};
     gpuverbs::Handshake peer;
     if (a.server) {
         gpuverbs::TcpListener listener(io, a.port);

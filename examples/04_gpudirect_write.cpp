@@ -89,7 +89,7 @@ int run(const Args& a) {
     // 4. Queue pair and endpoint exchange over TCP, as in 02_rdma_write.
     gpuverbs::PreparedQueuePair prepared(pd, cq, cq);
     boost::asio::io_context io;
-    gpuverbs::Handshake ours{prepared.endpoint(), {mr.remote()}}; // mr.remote() names GPU memory
+    gpuverbs::Handshake ours{prepared.endpoint(), {prepared.advertise(mr)}}; // names GPU memory
     gpuverbs::Handshake peer;
     if (a.server) {
         gpuverbs::TcpListener listener(io, a.port);

@@ -67,7 +67,7 @@ int allgather(R& rendezvous, const Args& a) {
     for (std::size_t i = 0; i < a.slice; ++i) buffer[me * a.slice + i] = pattern(me, i);
 
     // 2. The mesh: one queue pair per peer, agreed through the rendezvous.
-    gpuverbs::Mesh mesh(rendezvous, pd, cq, {mr.remote()});
+    gpuverbs::Mesh mesh(rendezvous, pd, cq, {mr});
     if (a.lazy) { // pair by pair, as a large job would connect only the peers it talks to
         std::vector<std::uint32_t> everyone;
         for (std::uint32_t q = 0; q < n; ++q) {

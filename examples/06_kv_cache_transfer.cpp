@@ -63,7 +63,7 @@ int run(const Args& a) {
 
     // 2. Connect over TCP (endpoints and the decode side's pool region).
     auto socket = a.server ? gpuverbs::TcpListener(io, a.port).accept() : gpuverbs::tcp_connect(io, a.host, a.port);
-    gpuverbs::Handshake peer = gpuverbs::exchange_handshake(socket, {prepared.endpoint(), {mr.remote()}});
+    gpuverbs::Handshake peer = gpuverbs::exchange_handshake(socket, {prepared.endpoint(), {prepared.advertise(mr)}});
     gpuverbs::QueuePair qp = std::move(prepared).connect(peer.endpoint);
     // The request's blocks: where decode wants them, where prefill has them.
     std::vector<std::size_t> decode_ids = scattered_blocks(a.pool_blocks, a.request_blocks, 1);

@@ -57,10 +57,13 @@ private:
                        "response";
             case IBV_WC_REM_INV_REQ_ERR:
                 return "remote invalid request: the peer rejected the request (e.g. a message longer than its "
-                       "receive buffer, an operation its queue pair does not allow, or a bad length)";
+                       "receive buffer, a bad length, or an operation its queue pair does not grant: a gpuverbs "
+                       "queue pair grants only the remote access of the regions it advertised, see "
+                       "PreparedQueuePair::advertise and ConnectOptions::remote_access)";
             case IBV_WC_REM_ACCESS_ERR:
                 return "remote access error: the peer refused the access (wrong rkey, an address outside the "
-                       "remote region, or the region lacks the remote access flag the operation needs)";
+                       "remote region, or the region or the peer's queue pair lacks the remote access the "
+                       "operation needs: a gpuverbs queue pair grants only what it advertised)";
             case IBV_WC_REM_OP_ERR:
                 return "remote operation error: the peer could not complete the operation (e.g. its receive "
                        "queue or memory failed)";

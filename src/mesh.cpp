@@ -29,12 +29,21 @@ std::string mesh_peer_problem(const MeshRecord& record, std::uint32_t expected, 
 } // namespace detail
 
 Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
-           std::vector<RemoteMemory> regions, MeshOptions options)
+           std::vector<RemoteMemory> regions, MeshOptions options, std::optional<Access> advertised)
     : rendezvous_(std::move(rendezvous)),
       pd_(&pd),
       cq_(&cq),
       regions_(std::move(regions)),
       options_(std::move(options)) {
+    if (!options_.connect.remote_access) {
+        if (!advertised && !regions_.empty()) {
+            throw Error(errc::invalid_argument, "Mesh",
+                        "regions given as RemoteMemory do not say what peers may do with them: pass the "
+                        "MemoryRegions themselves (each queue pair then grants what they allow) or set "
+                        "MeshOptions::connect.remote_access");
+        }
+        options_.connect.remote_access = advertised.value_or(Access::none); // least access
+    }
     if (regions_.size() > wire::max_regions) {
         throw Error(errc::invalid_argument, "Mesh",
                     std::to_string(regions_.size()) + " regions offered; a mesh record carries at most " +
@@ -46,6 +55,28 @@ Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDo
                         std::to_string(rendezvous_->world_size()) +
                         "; a mesh needs rank < world size <= " + std::to_string(wire::max_world_size));
     }
+}
+
+std::vector<RemoteMemory> Mesh::remote_of(const ProtectionDomain& pd,
+                                          const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) {
+    std::vector<RemoteMemory> remote;
+    remote.reserve(regions.size());
+    for (const MemoryRegion& mr : regions) {
+        if (!mr) throw Error(errc::invalid_argument, "Mesh", "region " + std::to_string(remote.size()) + " is empty");
+        if (pd && mr.native_handle()->pd != pd.native_handle()) {
+            throw Error(errc::invalid_argument, "Mesh",
+                        "region " + std::to_string(remote.size()) +
+                            " belongs to another protection domain than the mesh's: peers could not use its key");
+        }
+        remote.push_back(mr.remote());
+    }
+    return remote;
+}
+
+Access Mesh::access_of(const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) noexcept {
+    Access access = Access::none;
+    for (const MemoryRegion& mr : regions) access = access | (mr.access() & detail::peer_facing_access);
+    return access;
 }
 
 Mesh::Mesh(Mesh&&) noexcept = default;

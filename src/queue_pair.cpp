@@ -34,8 +34,8 @@ std::string_view to_string(QpState state) noexcept {
 
 namespace {
 
-// The remote access a QP is prepared with (ConnectOptions' default); connect changes it when asked.
-constexpr Access prepared_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+// A prepared QP grants no remote access; connect grants what was advertised or asked for.
+constexpr Access prepared_access = Access::none;
 
 bool to_init(ibv_qp* qp, const detail::LocalPort& port, detail::Status& status) {
     return detail::modify_qp(qp, detail::init_transition(port, prepared_access), "RESET->INIT", status);
@@ -95,9 +95,10 @@ QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectO
     // Checked before anything changes, so a refused endpoint leaves the QP as it was.
     detail::QpTransition rtr = detail::rtr_transition(port_, remote, options, status);
     if (!status.ok()) return {};
-    // The QP may be connected with access flags other than those it was prepared with.
-    if (options.remote_access != prepared_access &&
-        !detail::modify_qp(qp, detail::access_transition(options.remote_access), "INIT access flags", status)) {
+    // Least access: what was advertised (or asked for), nothing by default.
+    const Access grant = options.remote_access.value_or(advertised_) & detail::peer_facing_access;
+    if (grant != prepared_access &&
+        !detail::modify_qp(qp, detail::access_transition(grant), "INIT access flags", status)) {
         return {};
     }
     if (!detail::modify_qp(qp, rtr, "INIT->RTR", status) ||
@@ -112,7 +113,24 @@ QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectO
     q.port_ = port_;
     q.local_ = local_;
     q.remote_ = remote;
+    q.granted_ = grant;
     return q;
+}
+
+RemoteMemory PreparedQueuePair::advertise(const MemoryRegion& mr) {
+    detail::Status status;
+    if (!core_) {
+        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise", "the PreparedQueuePair is empty");
+    } else if (!mr) {
+        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise", "the MemoryRegion is empty");
+    } else if (mr.native_handle()->pd != core_->qp()->pd) {
+        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise",
+                    "the region belongs to another protection domain than " + detail::qp_name(local_.qp_num) +
+                        ": the peer could not use its key through this queue pair");
+    }
+    status.check();
+    advertised_ = advertised_ | (mr.access() & detail::peer_facing_access);
+    return mr.remote();
 }
 
 QueuePair PreparedQueuePair::connect(const Endpoint& remote, const ConnectOptions& options) && {
@@ -226,6 +244,7 @@ PreparedQueuePair QueuePair::reset() && {
     p.port_ = port_;
     p.local_ = local_;
     p.local_.psn = detail::random_psn();
+    p.advertised_ = granted_; // connected again, it grants what it granted
     return p;
 }
 

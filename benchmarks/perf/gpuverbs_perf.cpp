@@ -104,8 +104,6 @@ struct End {
     void connect(const Options& o, const gv::Handshake& theirs) {
         gv::ConnectOptions c;
         if (o.mtu) c.path_mtu = static_cast<gv::Mtu>(std::log2(*o.mtu) - 7); // 256 -> mtu_256 (1)
-        // The QP, too, lets the peer do only what the buffer allows.
-        c.remote_access = access & (gv::Access::remote_write | gv::Access::remote_read | gv::Access::remote_atomic);
         if (theirs.regions.empty()) {
             throw std::runtime_error(
                 "the peer's handshake offers no memory region; gpuverbs-perf offers exactly one (is the peer "
@@ -467,7 +465,8 @@ void run_server(const Options& o, End& e, Control& control) {
 void accept_side(const Options& o, End& e, boost::asio::io_context& io, gv::TcpListener& listener,
                  std::optional<Control>& control) {
     control.emplace(listener.accept());
-    gv::Handshake theirs = gv::exchange_handshake(control->socket, {e.prepared.endpoint(), {e.mr.remote()}});
+    gv::Handshake theirs =
+        gv::exchange_handshake(control->socket, {e.prepared.endpoint(), {e.prepared.advertise(e.mr)}});
     e.connect(o, theirs);
     (void)io;
 }
@@ -508,7 +507,7 @@ int run(const Options& o) {
         End e(o, o.device, false);
         boost::asio::io_context client_io;
         Control control(gv::tcp_connect(client_io, "127.0.0.1", o.tcp_port));
-        e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.mr.remote()}}));
+        e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.prepared.advertise(e.mr)}}));
         auto results = run_client(o, e, control);
         server.join();
         if (failure) std::rethrow_exception(failure);
@@ -517,7 +516,7 @@ int run(const Options& o) {
     }
     End e(o, o.device, false);
     Control control(gv::tcp_connect(io, o.host, o.tcp_port));
-    e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.mr.remote()}}));
+    e.connect(o, gv::exchange_handshake(control.socket, {e.prepared.endpoint(), {e.prepared.advertise(e.mr)}}));
     print(o, run_client(o, e, control));
     return 0;
 }

@@ -52,7 +52,7 @@ async def run(args: argparse.Namespace) -> int:
 
     # 2. Connect over TCP (endpoints, and decode's pool region). Set-up blocks: run it off the loop.
     host = None if decode else args.host
-    qp, _, channel = await asyncio.to_thread(gv.connect_tcp, pd, cq, host, args.port, [region.remote()],
+    qp, _, channel = await asyncio.to_thread(gv.connect_tcp, pd, cq, host, args.port, [region],
                                              max_send_sge=4)
     decode_ids = scattered_blocks(args.blocks, args.request, 1)
     prefill_ids = scattered_blocks(args.blocks, args.request, 2)

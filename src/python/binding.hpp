@@ -182,6 +182,18 @@ inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_
 }
 
 /// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
+/// A queue pair's grant from Python's gpuverbs.Access flags: remote write,
+/// read and atomics only (ValueError naming `step` otherwise).
+inline Access remote_access_flags(unsigned bits, const char* step) {
+    constexpr auto allowed = static_cast<unsigned>(detail::peer_facing_access);
+    if ((bits & ~allowed) != 0) {
+        throw py::value_error(std::string(step) + ": remote_access " + std::to_string(bits) +
+                              " has flags a queue pair cannot grant; combine gpuverbs.Access.remote_write, "
+                              "remote_read and remote_atomic (or 0 for nothing)");
+    }
+    return static_cast<Access>(bits);
+}
+
 void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);
 
 /// A Slice from a Region or a Slice argument (TypeError naming `name` otherwise).

@@ -48,10 +48,12 @@ struct Cm {
     CmConnection conn;
 };
 
-CmOptions cm_options(std::uint8_t retry_count, std::uint8_t rnr_retry_count) {
+CmOptions cm_options(std::uint8_t retry_count, std::uint8_t rnr_retry_count, std::optional<unsigned> remote_access,
+                     const char* step) {
     CmOptions o;
     o.retry_count = retry_count;
     o.rnr_retry_count = rnr_retry_count;
+    if (remote_access) o.remote_access = remote_access_flags(*remote_access, step);
     return o;
 }
 
@@ -178,26 +180,37 @@ void bind_connections(py::module_& m) {
             py::arg("max_send_sge") = 1, py::arg("max_recv_sge") = 1, py::arg("max_inline_data") = 0,
             "Step 1: the connection's queue pair (receives may be posted before accept/connect).")
         .def(
+            "advertise",
+            [](Cm& c, const Region& region) {
+                (void)c.conn.advertise(region.mr());
+                return region.remote(0, region.length);
+            },
+            py::arg("region"),
+            "The region's RemoteMemory for the peer; accept()/connect() then grant the peer what the region "
+            "allows (the union over every region advertised), nothing when none was.")
+        .def(
             "accept",
             [](Cm& c, const py::bytes& private_data, double timeout, std::uint8_t retry_count,
-               std::uint8_t rnr_retry_count) {
+               std::uint8_t rnr_retry_count, std::optional<unsigned> remote_access) {
                 std::string data = private_data;
+                const CmOptions o = cm_options(retry_count, rnr_retry_count, remote_access, "accept");
                 py::gil_scoped_release release;
-                c.conn.accept(cm_options(retry_count, rnr_retry_count), bytes_of(data), millis(timeout));
+                c.conn.accept(o, bytes_of(data), millis(timeout));
             },
             py::arg("private_data") = py::bytes(), py::arg("timeout") = 30.0, py::kw_only(), py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7,
+            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
             "Step 2, server: accepts with private_data and waits until established (GIL released).")
         .def(
             "connect",
             [](Cm& c, const py::bytes& private_data, double timeout, std::uint8_t retry_count,
-               std::uint8_t rnr_retry_count) {
+               std::uint8_t rnr_retry_count, std::optional<unsigned> remote_access) {
                 std::string data = private_data;
+                const CmOptions o = cm_options(retry_count, rnr_retry_count, remote_access, "connect");
                 py::gil_scoped_release release;
-                c.conn.connect(cm_options(retry_count, rnr_retry_count), bytes_of(data), millis(timeout));
+                c.conn.connect(o, bytes_of(data), millis(timeout));
             },
             py::arg("private_data") = py::bytes(), py::arg("timeout") = 30.0, py::kw_only(), py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7,
+            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
             "Step 2, client: connects with private_data and waits until established (GIL released).")
         .def(
             "reject",

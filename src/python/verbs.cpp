@@ -265,14 +265,29 @@ void bind_verbs(py::module_& m) {
              py::arg("port") = 1)
         .def_property_readonly("endpoint", [](const Prepared& p) { return p.prepared.endpoint(); })
         .def(
+            "advertise",
+            [](Prepared& p, const Region& region) {
+                if (!p.prepared) throw py::value_error("advertise: this PreparedQueuePair was already connected");
+                (void)p.prepared.advertise(region.mr());
+                return region.remote(0, region.length);
+            },
+            py::arg("region"),
+            "The region's RemoteMemory for the peer; connect() then grants the peer what the region allows "
+            "(the union over every region advertised). A queue pair that advertised nothing grants nothing.")
+        .def_property_readonly(
+            "advertised_access",
+            [](const Prepared& p) { return static_cast<unsigned>(p.prepared.advertised_access()); },
+            "What connect() grants by default (gpuverbs.Access flags).")
+        .def(
             "connect",
             [](Prepared& p, const Endpoint& remote, std::uint8_t timeout, std::uint8_t retry_count,
-               std::uint8_t rnr_retry_count) {
+               std::uint8_t rnr_retry_count, std::optional<unsigned> remote_access) {
                 if (!p.prepared) throw py::value_error("connect: this PreparedQueuePair was already connected");
                 ConnectOptions o;
                 o.timeout = timeout;
                 o.retry_count = retry_count;
                 o.rnr_retry_count = rnr_retry_count;
+                if (remote_access) o.remote_access = remote_access_flags(*remote_access, "connect");
                 auto q = std::make_shared<Qp>();
                 q->owned = std::move(p.prepared).connect(remote, o);
                 q->qp = &q->owned;
@@ -281,7 +296,9 @@ void bind_verbs(py::module_& m) {
                 return q;
             },
             py::arg("remote"), py::kw_only(), py::arg("timeout") = 14, py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7, "Moves to RTR and RTS towards remote: the connected QueuePair.");
+            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
+            "Moves to RTR and RTS towards remote: the connected QueuePair. It grants the peer remote_access "
+            "(gpuverbs.Access remote flags), by default what was advertised, else nothing.");
 
     py::class_<Qp, std::shared_ptr<Qp>> qp(m, "QueuePair", "A connected reliable queue pair: the data path.");
     qp.def_property_readonly("qp_num", [](const Qp& q) { return q.get().qp_num(); })
@@ -289,6 +306,9 @@ void bind_verbs(py::module_& m) {
         .def_property_readonly("outstanding_sends", [](const Qp& q) { return q.get().outstanding_sends(); })
         .def_property_readonly("outstanding_receives", [](const Qp& q) { return q.get().outstanding_receives(); })
         .def_property_readonly("state", [](const Qp& q) { return std::string(to_string(q.get().state())); })
+        .def_property_readonly(
+            "remote_access", [](const Qp& q) { return static_cast<unsigned>(q.get().remote_access()); },
+            "What the peer was granted through this queue pair (gpuverbs.Access flags).")
         .def_property_readonly("context", [](const Qp& q) { return q.context; })
         .def(
             "close",

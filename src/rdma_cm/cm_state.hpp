@@ -104,6 +104,7 @@ public:
     std::vector<std::byte> peer_data; ///< the peer's private data
     QueuePair qp;
     bool qp_has_srq = false;
+    Access advertised = Access::none; ///< CmConnection::advertise: what the peer is granted by default
     CmParameters agreed;
     std::optional<CmRejection> rejection;
     std::shared_ptr<CmEventReader> events;

@@ -128,6 +128,25 @@ QueuePair& CmConnection::qp() {
     return s.qp;
 }
 
+RemoteMemory CmConnection::advertise(const MemoryRegion& mr) {
+    auto& s = require(state_, "CmConnection::advertise");
+    detail::Status status;
+    if (!mr) {
+        status.fail(errc::invalid_argument, "CmConnection::advertise", "the MemoryRegion is empty");
+    } else if (s.established) {
+        status.fail(errc::invalid_argument, "CmConnection::advertise",
+                    "the connection is already established: advertise regions before accept() or connect() (or "
+                    "set CmOptions::remote_access)");
+    } else if (s.qp && mr.native_handle()->pd != s.qp.native_handle()->pd) {
+        status.fail(errc::invalid_argument, "CmConnection::advertise",
+                    "the region belongs to another protection domain than the connection's queue pair: the peer "
+                    "could not use its key through it");
+    }
+    status.check();
+    s.advertised = s.advertised | (mr.access() & detail::peer_facing_access);
+    return mr.remote();
+}
+
 QueuePair* CmConnection::create_qp_impl(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                                         const CompletionQueue& recv_cq, const SharedReceiveQueue* srq,
                                         const QueuePairOptions& options, detail::Status& status) {
@@ -227,7 +246,13 @@ bool CmConnection::step_impl(bool server, const CmOptions& options, std::span<co
         device.max_responder_resources = static_cast<std::uint8_t>(std::clamp(attr.max_qp_rd_atom, 0, 255));
         device.max_initiator_depth = static_cast<std::uint8_t>(std::clamp(attr.max_qp_init_rd_atom, 0, 255));
     }
-    const CmParameters ask = detail::cm_negotiate(options, device, server ? &s.requested : nullptr);
+    // Least access: the advertised regions' (or what was asked for). Without
+    // read and atomics, no responder resources: rdma_cm then connects the
+    // queue pair with remote write only, and read and atomics are refused
+    // from the first packet on.
+    const Access grant = options.remote_access.value_or(s.advertised) & detail::peer_facing_access;
+    CmParameters ask = detail::cm_negotiate(options, device, server ? &s.requested : nullptr);
+    if ((grant & (Access::remote_read | Access::remote_atomic)) == Access::none) ask.responder_resources = 0;
     rdma_conn_param param{};
     param.responder_resources = ask.responder_resources;
     param.initiator_depth = ask.initiator_depth;
@@ -280,8 +305,22 @@ bool CmConnection::step_impl(bool server, const CmOptions& options, std::span<co
                         ") instead of ESTABLISHED" + hint);
         return false;
     }
+    // rdma_cm set the queue pair's access itself (write, plus read and
+    // atomics with responder resources): narrowed to the grant now.
+    ibv_qp_attr narrow{};
+    narrow.qp_access_flags = static_cast<unsigned>(grant);
+    if (const int rc = ibv_modify_qp(id->qp, &narrow, IBV_QP_ACCESS_FLAGS); rc != 0) {
+        status.fail_errno(rc, "ibv_modify_qp",
+                          doing +
+                              ": cannot narrow the queue pair's remote access to what it grants (RTS->RTS); "
+                              "the connection is closed rather than left granting more");
+        (void)rdma_disconnect(id);
+        (void)s.qp.force_error();
+        return false;
+    }
     s.established = true;
     s.id->mark_connected();
+    s.qp.granted_ = grant;
 
     // rdma_cm leaves the RNR timer at the transport's (0 = 655 ms on RoCE): ours from now on.
     ibv_qp_attr change{};

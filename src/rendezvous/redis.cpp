@@ -4,12 +4,14 @@
 
 #include "gpuverbs/connections/wire.hpp"
 #include "gpuverbs/many_peers/rendezvous/signed.hpp"
+#include "gpuverbs/observability/warnings.hpp"
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #if GPUVERBS_HAVE_HIREDIS
@@ -164,6 +166,23 @@ private:
                         "Redis at " + where() + " refused us: " + answer +
                             (auth ? " (it needs a password: set RedisOptions::password)" : ""));
         }
+        warn_if_open();
+    }
+
+    /// Once per store and process: a store that took us without a password
+    /// and is not on this host's loopback can be read and rewritten by anyone
+    /// who can reach it (docs/security.md).
+    void warn_if_open() {
+        if (!options_->password.empty() || redis::on_loopback(context_->fd)) return;
+        static std::mutex warned_mutex;
+        static std::set<std::string> warned;
+        if (std::lock_guard lock(warned_mutex); !warned.insert(where()).second) return;
+        detail::warn("RedisRendezvous",
+                     "Redis at " + where() +
+                         " answers without a password and is not on this host's loopback: anyone who can reach it "
+                         "can read every member's endpoint and memory keys and rewrite their records. Set "
+                         "requirepass there and RedisOptions::password here, or bind it to 127.0.0.1, and sign the "
+                         "records (SignedRendezvous)");
     }
 
     void close() {

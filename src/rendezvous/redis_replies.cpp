@@ -3,6 +3,10 @@
 
 #include "gpuverbs/connections/wire.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 
 namespace gpuverbs::detail::redis {
@@ -68,12 +72,32 @@ const redisReplyObjectFunctions* bounded_functions() {
 
 } // namespace
 
-void bound_arrays(redisContext& context) {
+void bound_arrays(redisReader& reader) {
     const redisReplyObjectFunctions* functions = bounded_functions();
     // The reader only reads through fn (hiredis declares it non-const).
-    if (context.reader != nullptr && functions != nullptr)
-        context.reader->fn =
-            const_cast<redisReplyObjectFunctions*>(functions); // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    if (functions != nullptr)
+        reader.fn = const_cast<redisReplyObjectFunctions*>(functions); // NOLINT(cppcoreguidelines-pro-type-const-cast)
+}
+
+void bound_arrays(redisContext& context) {
+    if (context.reader != nullptr) bound_arrays(*context.reader);
+}
+
+bool on_loopback(int fd) noexcept {
+    sockaddr_storage peer{};
+    socklen_t size = sizeof peer;
+    if (fd < 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) return false;
+    if (peer.ss_family == AF_UNIX) return true;
+    if (peer.ss_family == AF_INET) {
+        const auto& v4 = reinterpret_cast<const sockaddr_in&>(peer);
+        return (ntohl(v4.sin_addr.s_addr) >> 24) == 127;
+    }
+    if (peer.ss_family == AF_INET6) {
+        const in6_addr& a = reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(&a)) return true;
+        return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+    }
+    return false;
 }
 
 bool parse_scan_reply(const redisReply& reply, std::string_view prefix, ScanPage& page, std::string& why) {

@@ -38,7 +38,13 @@ bool string_reply(const redisReply& reply, std::size_t max_size, std::vector<std
 /// any arrives, so 12 bytes ("*100000000\r\n") from a hostile server would
 /// cost 800 MB, and nested arrays would multiply that.
 void bound_arrays(redisContext& context);
+/// The same for a reader of one's own (the fuzz target reads through it).
+void bound_arrays(redisReader& reader);
 inline constexpr long long max_array_elements = 1 << 17;
+
+/// Whether the socket's peer is this host's loopback (127.0.0.0/8, ::1, or
+/// IPv4 loopback mapped into IPv6) or a Unix socket. False when it cannot tell.
+bool on_loopback(int fd) noexcept;
 
 /// A server's text made safe to put in a message: at most 200 bytes,
 /// printable ASCII only (anything else becomes '?'), "…" when cut.

@@ -22,11 +22,10 @@
 // And the words `why` gives are printable ASCII: they never repeat the
 // server's bytes raw. Sanitizers catch a read past a reply.
 //
-// hiredis 0.14 allocates an array's element table (8 bytes × the count the
-// server announced) before a single element arrived; that is hiredis', not
-// gpuverbs' (and the input could never fill a larger one), so arrays of
-// more than max_elements are refused here, as hiredis >= 1.0's maxelements
-// would, instead of tripping -malloc_limit_mb.
+// The reader is bounded the way RedisRendezvous bounds its connection's
+// (redis::bound_arrays): each reply that comes out is checked against that
+// bound too: no array above max_array_elements, and an array nested only in
+// an array of at most two elements, one level deep (SCAN's shape).
 #include "wire_model.hpp"
 
 #include "rendezvous/redis_replies.hpp"
@@ -47,23 +46,6 @@ namespace redis = gpuverbs::detail::redis;
 namespace wire = gpuverbs::wire;
 
 constexpr std::string_view prefix = "svc/member/";
-constexpr long long max_elements = 4096;
-
-// hiredis' own reply functions, with the array size bounded.
-redisReplyObjectFunctions functions;
-
-template <class F>
-struct BoundedArray;
-template <class R, class Task, class N>
-struct BoundedArray<R (*)(Task, N)> {
-    static inline R (*original)(Task, N) = nullptr;
-    static R create(Task task, N elements) {
-        if (static_cast<long long>(elements) > max_elements) return nullptr; // the reader reports "Out of memory"
-        return original(task, elements);
-    }
-};
-using Bounded = BoundedArray<decltype(redisReplyObjectFunctions::createArray)>;
-
 bool printable(std::string_view s) {
     return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
 }
@@ -164,6 +146,19 @@ void check_string(const redisReply& r, std::size_t max_size) {
                   "string_reply gave other bytes than the reply's");
 }
 
+// --- the array bound ------------------------------------------------------------------
+void check_bound(const redisReply& r, int depth) {
+    if (r.type != REDIS_REPLY_ARRAY) return;
+    fuzz::require(static_cast<long long>(r.elements) <= redis::max_array_elements,
+                  "an array above max_array_elements came through the bounded reader");
+    for (std::size_t i = 0; i < r.elements; ++i) {
+        if (r.element[i]->type != REDIS_REPLY_ARRAY) continue;
+        fuzz::require(depth == 0 && r.elements <= 2,
+                      "an array nested other than in SCAN's shape came through the bounded reader");
+        check_bound(*r.element[i], depth + 1);
+    }
+}
+
 void check_reply(const redisReply& r) {
     check_scan(r);
     for (std::size_t max_size : {std::size_t{0}, r.len - (r.len > 0 ? 1 : 0), r.len, r.len + 1, std::size_t{1} << 20}) {
@@ -177,31 +172,21 @@ void check_reply(const redisReply& r) {
 
 } // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    redisReader* reader = redisReaderCreate();
-    functions = *reader->fn;
-    redisReaderFree(reader);
-    Bounded::original = functions.createArray;
-    functions.createArray = &Bounded::create;
-    return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     check_server_text(std::string_view(reinterpret_cast<const char*>(data), size));
     redisReader* reader = redisReaderCreate();
     if (reader == nullptr) fuzz::fail("redisReaderCreate failed");
-    redisReplyObjectFunctions* own = reader->fn;
-    reader->fn = &functions;
+    redis::bound_arrays(*reader);
     if (size > 0 && redisReaderFeed(reader, reinterpret_cast<const char*>(data), size) != REDIS_OK) {
         fuzz::fail("redisReaderFeed refused the bytes");
     }
     for (;;) {
         void* reply = nullptr;
         if (redisReaderGetReply(reader, &reply) != REDIS_OK || reply == nullptr) break;
+        check_bound(*static_cast<redisReply*>(reply), 0);
         check_reply(*static_cast<redisReply*>(reply));
         freeReplyObject(reply);
     }
-    reader->fn = own;
     redisReaderFree(reader);
     return 0;
 }

@@ -38,6 +38,8 @@ struct AsyncPair {
               const QueuePairOptions& options = {}, const ConnectOptions& connect = {})
         : a(rig_devices()->dev0, ex, mode, bytes, options), b(rig_devices()->dev1, ex, mode, bytes, options) {
         Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
+        (void)a.prepared.advertise(a.mr); // each side's buffer is the other's to read and write
+        (void)b.prepared.advertise(b.mr);
         a.qp = std::move(a.prepared).connect(eb, connect);
         b.qp = std::move(b.prepared).connect(ea, connect);
     }

@@ -263,6 +263,8 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         AsyncPair p(io.get_executor(), modes[0]);
         // A second pair on the same completion queues.
         PreparedQueuePair pa(p.a.pd, p.a.cq, p.a.cq), pb(p.b.pd, p.b.cq, p.b.cq);
+        (void)pa.advertise(p.a.mr);
+        (void)pb.advertise(p.b.mr);
         Endpoint ea = pa.endpoint(), eb = pb.endpoint();
         QueuePair qa = std::move(pa).connect(eb), qb = std::move(pb).connect(ea);
         std::optional<boost::system::error_code> first, second;

@@ -188,10 +188,11 @@ int run_owner(std::uint16_t port, std::size_t peers, Log& log) {
             o.max_send_wr = 64;
             o.max_recv_wr = 64;
             PreparedQueuePair prepared(r.pd, r.cq, r.cq, o);
-            RemoteMemory mine = r.writes.remote();
+            RemoteMemory mine = prepared.advertise(r.writes); // this peer's slots of it, below
             mine.address += std::uint64_t{hello.peer} * slots * block;
             mine.length = slots * block;
-            const Handshake theirs = exchange_handshake(s, {prepared.endpoint(), {mine, r.reads.remote()}}, 5s);
+            const Handshake theirs =
+                exchange_handshake(s, {prepared.endpoint(), {mine, prepared.advertise(r.reads)}}, 5s);
             auto qp = std::make_shared<QueuePair>(std::move(prepared).connect(theirs.endpoint));
             ++connections;
             asio::post(io, [&, qp, hello] {

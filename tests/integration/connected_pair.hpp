@@ -40,6 +40,8 @@ struct ConnectedPair {
         : a(rig_devices()->dev0, bytes, options), b(rig_devices()->dev1, bytes, options) {
         Endpoint ea = a.prepared.endpoint();
         Endpoint eb = b.prepared.endpoint();
+        (void)a.prepared.advertise(a.mr); // each side's buffer is the other's to read and write
+        (void)b.prepared.advertise(b.mr);
         a.qp = std::move(a.prepared).connect(eb, connect);
         b.qp = std::move(b.prepared).connect(ea, connect);
     }

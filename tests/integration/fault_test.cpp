@@ -360,6 +360,8 @@ TEST_SUITE("faults: device removal" * doctest::skip(!faults_available())) {
         auto b = std::make_unique<test::Side>(rig->dev1, chunks * chunk, QueuePairOptions{});
         const Endpoint ea = a->prepared.endpoint();
         const Endpoint eb = b->prepared.endpoint();
+        (void)a->prepared.advertise(a->mr);
+        (void)b->prepared.advertise(b->mr);
         a->qp = std::move(a->prepared).connect(eb, fast_fail());
         b->qp = std::move(b->prepared).connect(ea, fast_fail());
         boost::asio::io_context io;

@@ -24,6 +24,8 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
         MemoryRegion mr0(pd0, m0, access_all), mr1(pd1, m1, access_all);
         auto connect = [&] {
             PreparedQueuePair a(pd0, cq0, cq0), b(pd1, cq1, cq1);
+            (void)a.advertise(mr0);
+            (void)b.advertise(mr1);
             Endpoint ea = a.endpoint(), eb = b.endpoint();
             return std::pair{std::move(a).connect(eb), std::move(b).connect(ea)};
         };

@@ -273,6 +273,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             forever.retry_count = 7; // rxe never counts 7 down (SOFTROCE.md): only gpuverbs can end this
             forever.timeout = 12;    // ~16.8 ms a try: the stall bound is 2 x 8 x 16.8 ms + the margin
             const Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
+            (void)b.prepared.advertise(b.mr);
             a.qp = std::move(a.prepared).connect(eb, forever);
             b.qp = std::move(b.prepared).connect(ea, forever);
             const RemoteMemory target = b.mr.remote();

@@ -53,19 +53,21 @@ int count_of(const std::string& text, const std::string& needle) {
 }
 
 /// redis-server on the rig's first address with a password from a 0600
-/// config file (never on a command line); killed at the end.
+/// config file (never on a command line), or none; killed at the end.
 class RedisServer {
 public:
-    RedisServer() : port_(static_cast<std::uint16_t>(20000 + (::getpid() * 7 + instances_++ * 13) % 20000)) {
+    explicit RedisServer(bool with_password = true)
+        : port_(static_cast<std::uint16_t>(20000 + (::getpid() * 7 + instances_++ * 13) % 20000)) {
         std::random_device device;
-        password_ = "pw-" + std::to_string(device()) + std::to_string(device());
+        if (with_password) password_ = "pw-" + std::to_string(device()) + std::to_string(device());
         config_ = "/tmp/" + fresh("gpuverbs-redis") + ".conf";
         {
             std::ofstream conf(config_);
             // The default user's password, and an ACL user with its own (Redis 6+).
-            conf << "bind " << rig().ip0 << "\nport " << port_ << "\nrequirepass " << password_
-                 << "\nuser mesh-acl on >acl-" << password_ << " ~* +@all"
-                 << "\nsave \"\"\nappendonly no\ndir /tmp\nlogfile \"\"\nprotected-mode no\n";
+            conf << "bind " << rig().ip0 << "\nport " << port_;
+            if (with_password)
+                conf << "\nrequirepass " << password_ << "\nuser mesh-acl on >acl-" << password_ << " ~* +@all";
+            conf << "\nsave \"\"\nappendonly no\ndir /tmp\nlogfile \"\"\nprotected-mode no\n";
         }
         ::chmod(config_.c_str(), 0600);
         start();
@@ -207,6 +209,24 @@ TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
 }
 
 TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test::build_has::hiredis)) {
+    TEST_CASE("a Redis store without a password on a network address is reported once, in words, as a warning") {
+        std::vector<std::string> said;
+        const WarningHandler previous = set_warning_handler(
+            [&](const Warning& w) { said.push_back(std::string(w.source) + ": " + std::string(w.text)); });
+        {
+            RedisServer open_store(false); // bound to the rig's first address, no requirepass
+            RedisRendezvous a(open_store.options(fresh("open")));
+            RedisRendezvous b(open_store.options(fresh("open")));
+            CHECK(a.members().size() == 1);
+        }
+        (void)set_warning_handler(previous);
+        REQUIRE(said.size() == 1); // one store, one warning, however many members and connections
+        MESSAGE(said[0]);
+        CHECK(said[0].find("RedisRendezvous: Redis at " + rig().ip0) == 0);
+        CHECK(said[0].find("answers without a password and is not on this host's loopback") != std::string::npos);
+        CHECK(said[0].find("RedisOptions::password") != std::string::npos);
+    }
+
     TEST_CASE(
         "attack: a member's record rewritten in the store (HSET with the store's password) is refused by a "
         "signed member" *
@@ -260,8 +280,8 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test:
         CHECK(a_store.members() == std::vector<std::uint32_t>{0, 1});
         auto r = rig();
         Member a(r.dev0), b(r.dev1);
-        Mesh a_mesh(a_store, a.pd, a.cq, {a.mr.remote()});
-        Mesh b_mesh(b_store, b.pd, b.cq, {b.mr.remote()});
+        Mesh a_mesh(a_store, a.pd, a.cq, {a.mr});
+        Mesh b_mesh(b_store, b.pd, b.cq, {b.mr});
         a_mesh.offer(1);
         CHECK(a_mesh.complete_offers().connected.empty()); // b has not offered yet: nothing waits
         CHECK(a_mesh.offered() == std::vector<std::uint32_t>{1});
@@ -272,6 +292,11 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test:
         // One QP pair: each side's QP is connected to the other's.
         CHECK(a_mesh.peer(1).qp.remote_endpoint().qp_num == b_mesh.peer(0).qp.qp_num());
         CHECK(b_mesh.peer(0).qp.remote_endpoint().qp_num == a_mesh.peer(1).qp.qp_num());
+        // Each queue pair grants what the member's region allows, no more.
+        CHECK(b_mesh.peer(0).qp.remote_access() == (b.mr.access() & detail::peer_facing_access));
+        // Regions as RemoteMemory do not say what they allow: refused unless the grant is given.
+        CHECK_THROWS_WITH_AS(Mesh(a_store, a.pd, a.cq, std::vector<RemoteMemory>{a.mr.remote()}),
+                             doctest::Contains("set MeshOptions::connect.remote_access"), Error);
         for (std::size_t i = 0; i < 4096; ++i) a.buffer[i] = std::byte(i * 7);
         REQUIRE_FALSE(a_mesh.peer(1).qp.post_write(a.mr.slice(0, 4096), a_mesh.peer(1).regions.at(0), 8192));
         Completion c = wait_completion(a.cq);
@@ -441,7 +466,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test
         Member me(r.dev0), peer(r.dev1);
         MeshOptions options;
         options.timeout = 2s;
-        Mesh mesh(me_store, me.pd, me.cq, {me.mr.remote()}, options);
+        Mesh mesh(me_store, me.pd, me.cq, {me.mr}, options);
 
         std::vector<std::byte> garbage(57, std::byte{0x5a});
         peer_store.publish("gpuverbs.mesh.to.0", garbage);
@@ -458,7 +483,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test
         }
 
         // A well-formed record of a later version.
-        Mesh peer_mesh(peer_store, peer.pd, peer.cq, {peer.mr.remote()}, options);
+        Mesh peer_mesh(peer_store, peer.pd, peer.cq, {peer.mr}, options);
         MeshRecord record{1, wire::max_world_size, {{0, Endpoint{}}}, {}};
         PreparedQueuePair scratch(peer.pd, peer.cq, peer.cq);
         record.endpoints[0].second = scratch.endpoint();
@@ -512,7 +537,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test
         options.timeout = 500ms;
         options.connect.timeout = 12; // 16.8 ms ACK timeout
         options.connect.retry_count = 1;
-        Mesh mesh(me_store, me.pd, me.cq, {me.mr.remote()}, options);
+        Mesh mesh(me_store, me.pd, me.cq, {me.mr}, options);
         auto asked = Clock::now();
         try {
             mesh.connect(1);
@@ -531,7 +556,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test
 
         // It publishes a record for us but never connects its own side: our
         // side connects, theirs never says it is ready.
-        Mesh silent_mesh(silent, peer.pd, peer.cq, {peer.mr.remote()}, options);
+        Mesh silent_mesh(silent, peer.pd, peer.cq, {peer.mr}, options);
         silent_mesh.offer(0);
         try {
             mesh.connect(1);
@@ -653,7 +678,7 @@ TEST_SUITE("many peers: bad input" * doctest::skip(!test::rig_present() || !test
         Member me(r.dev0);
         MeshOptions options;
         options.timeout = 3s;
-        Mesh mesh(*store, me.pd, me.cq, {me.mr.remote()}, options);
+        Mesh mesh(*store, me.pd, me.cq, {me.mr}, options);
         boost::asio::io_context io;
         PeerWatch watch(*store, io.get_executor());
         boost::system::error_code watch_error;

@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
     std::vector<std::byte> buffer(slots * slot);
     using gpuverbs::Access;
     gpuverbs::MemoryRegion mr(pd, buffer, Access::local_write | Access::remote_write);
-    gpuverbs::Mesh mesh(store, pd, cq, {mr.remote()});
+    gpuverbs::Mesh mesh(store, pd, cq, {mr});
     Worker worker{store, mesh, cq, mr, buffer, {}, 0, 0};
 
     boost::asio::io_context io;

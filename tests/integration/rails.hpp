@@ -40,6 +40,8 @@ struct RailWire {
         const ConnectOptions c;
         PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
         const Endpoint ea = a0.endpoint(), eb = b1.endpoint();
+        (void)a0.advertise(mr0);
+        (void)b1.advertise(mr1);
         qp0 = std::move(a0).connect(eb, c);
         qp1 = std::move(b1).connect(ea, c);
     }

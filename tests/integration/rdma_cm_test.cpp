@@ -34,6 +34,7 @@ struct CmSide {
 
     explicit CmSide(CmConnection conn)
         : pd(conn.device()), cq(conn.device(), 256), mr(pd, memory, access_all), device(conn.device().name()) {
+        (void)conn.advertise(mr);
         qp = std::move(conn).establish(pd, cq, cq, {}, 20s);
     }
 };

@@ -54,6 +54,8 @@ struct Pair {
     Pair(const asio::any_io_executor& ex, std::size_t bytes)
         : a(test::rig_devices()->dev0, ex, bytes), b(test::rig_devices()->dev1, ex, bytes) {
         Endpoint ea = a.prepared.endpoint(), eb = b.prepared.endpoint();
+        (void)a.prepared.advertise(a.mr);
+        (void)b.prepared.advertise(b.mr);
         a.qp = std::move(a.prepared).connect(eb);
         b.qp = std::move(b.prepared).connect(ea);
     }
@@ -223,6 +225,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         QueuePairOptions small;
         small.max_send_wr = 8;
         PreparedQueuePair a(pd0, cq0, cq0, small), b(pd1, cq1, cq1);
+        (void)b.advertise(mr1);
         Endpoint ea = a.endpoint(), eb = b.endpoint();
         QueuePair qa = std::move(a).connect(eb), qb = std::move(b).connect(ea);
         std::vector<LocalBuffer> local;
@@ -606,6 +609,8 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         Pair p(io.get_executor(), 2 * blocks * block);
         PreparedQueuePair a2(p.a.pd, p.a.cq, p.a.cq, Side::options()), b2(p.b.pd, p.b.cq, p.b.cq, Side::options());
         const Endpoint ea2 = a2.endpoint(), eb2 = b2.endpoint();
+        (void)a2.advertise(p.a.mr);
+        (void)b2.advertise(p.b.mr);
         QueuePair second = std::move(a2).connect(eb2);
         QueuePair second_peer = std::move(b2).connect(ea2);
         std::vector<LocalBuffer> local;
@@ -1361,6 +1366,7 @@ TEST_SUITE("the staged path" * doctest::skip(!test::rig_present())) {
         for (std::size_t i = 0; i < size; ++i) source[i] = pattern(i, 41);
         MemoryRegion landing(pd1, target, Access::local_write | Access::remote_write);
         PreparedQueuePair a(pd0, cq0, cq0), b(pd1, cq1, cq1);
+        (void)b.advertise(landing);
         Endpoint ea = a.endpoint(), eb = b.endpoint();
         QueuePair qa = std::move(a).connect(eb), qb = std::move(b).connect(ea);
         StagingOptions o;

@@ -38,7 +38,7 @@ struct Client {
         PreparedQueuePair prepared(pd, cq, cq);
         boost::asio::io_context io;
         auto socket = tcp_connect(io, gpuverbs::test::rig_devices()->ip1, port, std::chrono::seconds(20));
-        Handshake peer = exchange_handshake(socket, Handshake{prepared.endpoint(), {mr.remote()}});
+        Handshake peer = exchange_handshake(socket, Handshake{prepared.endpoint(), {prepared.advertise(mr)}});
         REQUIRE(peer.regions.size() == 1);
         server_memory = peer.regions[0];
         qp = std::move(prepared).connect(peer.endpoint, options);

@@ -41,19 +41,28 @@ class Pair:
     qp_b: Any
 
 
-def connect_pair(context: Any, a: Side, b: Side, **qp_options: int) -> tuple[Any, Any]:
+# The data-path tests register their regions after connecting, so the pair
+# grants every remote access up front (what a queue pair that advertised
+# those regions would grant); test_least_access.py checks the default.
+EVERYTHING = gv.Access.remote_write | gv.Access.remote_read | gv.Access.remote_atomic
+
+
+def connect_pair(context: Any, a: Side, b: Side, remote_access: Any = EVERYTHING,
+                 **qp_options: int) -> tuple[Any, Any]:
     listener = gv.TcpListener(0, "127.0.0.1")
     got: dict[str, Any] = {}
 
     def serve() -> None:
         try:
-            got["b"] = gv.connect_tcp(b.pd, b.cq, None, 0, listener=listener, **qp_options)
+            got["b"] = gv.connect_tcp(b.pd, b.cq, None, 0, listener=listener, remote_access=remote_access,
+                                     **qp_options)
         except BaseException as e:  # surfaced below
             got["error"] = e
 
     server = threading.Thread(target=serve)
     server.start()
-    qp_a, _, channel = gv.connect_tcp(a.pd, a.cq, "127.0.0.1", listener.port, **qp_options)
+    qp_a, _, channel = gv.connect_tcp(a.pd, a.cq, "127.0.0.1", listener.port, remote_access=remote_access,
+                                        **qp_options)
     server.join()
     if "error" in got:
         raise got["error"]

@@ -101,6 +101,16 @@ struct CmOptions {
     std::uint8_t min_rnr_timer = 16;
     /// End-to-end flow control (the responder's credits); hardware may ignore it.
     bool flow_control = true;
+    /// What the peer may do to our memory through this connection's queue
+    /// pair (remote write, read, atomics). Default: what the connection
+    /// advertised (CmConnection::advertise), nothing when it advertised none.
+    /// rdma_cm itself sets a queue pair's access when it connects it (write,
+    /// plus read and atomics when we answer reads), so gpuverbs asks for no
+    /// responder resources when the grant has neither read nor atomics, and
+    /// narrows the access (RTS → RTS) as soon as the connection is
+    /// established: a write the peer sends before that is still bounded by the
+    /// region's own access (docs/security.md).
+    std::optional<Access> remote_access;
 };
 
 /// The parameters of a connection: what the peer asked for
@@ -333,6 +343,14 @@ public:
                          const QueuePairOptions& options, std::error_code& ec);
     /// The queue pair create_qp made (errc::invalid_argument before).
     [[nodiscard]] QueuePair& qp();
+    /// Tells the connection that its peer will be given `mr`: returns what the
+    /// peer needs (mr.remote()), and accept()/connect()/establish() grant the
+    /// peer the remote access `mr` allows (with other advertised regions, the
+    /// union), unless CmOptions::remote_access says otherwise. A connection
+    /// that advertised nothing grants nothing. Throws invalid_argument for an
+    /// empty region, one of another protection domain than the queue pair's,
+    /// or a connection already established.
+    RemoteMemory advertise(const MemoryRegion& mr);
 
     /// Step 2, server: accepts the request with `options` (negotiated against
     /// requested() and the device) and up to private_data_limits().accept

@@ -4,7 +4,7 @@
 //
 //   gpuverbs::PmixRendezvous job;                        // started by mpirun / srun
 //   gpuverbs::MemoryRegion mr(pd, buffer, Access::local_write | Access::remote_write);
-//   gpuverbs::Mesh mesh(job, pd, cq, {mr.remote()});
+//   gpuverbs::Mesh mesh(job, pd, cq, {mr});  // peers may do to mr what it allows
 //   mesh.connect_all();                                  // collective: a full mesh
 //   mesh.peer(3).qp.post_write(mr.slice(...), mesh.peer(3).regions[0].slice(...));
 //
@@ -39,8 +39,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -71,11 +73,22 @@ class Mesh {
 public:
     /// A mesh member with `rendezvous` (which must outlive the mesh), the
     /// protection domain and completion queue its queue pairs use (which must
-    /// outlive it too), and the regions every peer may access.
+    /// outlive it too), and the regions every peer may access: each peer's
+    /// queue pair grants the remote access those regions allow (their union),
+    /// unless options.connect.remote_access says otherwise.
+    template <Rendezvous R>
+    Mesh(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+         const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options = {})
+        : Mesh(detail::erase_rendezvous(rendezvous), pd, cq, remote_of(pd, regions), std::move(options),
+               access_of(regions)) {}
+    /// … with the regions as their peers see them. A RemoteMemory does not
+    /// say what its region allows, so with regions given,
+    /// options.connect.remote_access must say what the queue pairs grant
+    /// (errc::invalid_argument otherwise); with none, they grant nothing.
     template <Rendezvous R>
     Mesh(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq, std::vector<RemoteMemory> regions,
          MeshOptions options = {})
-        : Mesh(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options)) {}
+        : Mesh(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options), std::nullopt) {}
     Mesh(Mesh&&) noexcept;
     Mesh& operator=(Mesh&&) noexcept;
     Mesh(const Mesh&) = delete;
@@ -145,7 +158,10 @@ public:
 
 private:
     Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
-         std::vector<RemoteMemory> regions, MeshOptions options);
+         std::vector<RemoteMemory> regions, MeshOptions options, std::optional<Access> advertised);
+    static std::vector<RemoteMemory> remote_of(const ProtectionDomain& pd,
+                                               const std::vector<std::reference_wrapper<const MemoryRegion>>& regions);
+    static Access access_of(const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) noexcept;
 
     /// Reads `peer`'s record under `key` and connects `prepared` to it.
     void connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,

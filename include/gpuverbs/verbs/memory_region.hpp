@@ -5,7 +5,8 @@
 //   std::vector<std::byte> buf(1 << 20);
 //   gpuverbs::MemoryRegion mr(pd, buf, gpuverbs::Access::local_write | gpuverbs::Access::remote_write);
 //   qp.post_write(mr.slice(0, 4096), peer_memory);          // peer_memory: a RemoteMemory
-//   send_to_peer(mr.remote());                              // let the peer write here
+//   send_to_peer(prepared.advertise(mr));                   // let the peer write here
+//                                     // (mr.remote(), and the queue pair grants what mr allows)
 #pragma once
 
 #include "gpuverbs/error.hpp"

@@ -58,6 +58,16 @@ public:
     [[nodiscard]] const Endpoint& endpoint() const noexcept { return local_; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
 
+    /// Tells this queue pair that its peer will be given `mr`: returns what
+    /// the peer needs (mr.remote()), and connect() grants the peer the remote
+    /// access `mr` allows (write, read, atomics; with other advertised regions,
+    /// the union), unless ConnectOptions::remote_access says otherwise. A queue
+    /// pair that advertised nothing grants nothing. Throws invalid_argument for
+    /// an empty region or one of another protection domain.
+    RemoteMemory advertise(const MemoryRegion& mr);
+    /// What connect() grants by default: the remote access advertised so far.
+    [[nodiscard]] Access advertised_access() const noexcept { return advertised_; }
+
     /// INIT → RTR → RTS against `remote`. On success this object is empty; on
     /// failure (gpuverbs::Error naming the transition and its attributes) it is
     /// left in INIT and can be connected again.
@@ -84,6 +94,7 @@ private:
     std::shared_ptr<detail::QpCore> core_;
     detail::LocalPort port_;
     Endpoint local_;
+    Access advertised_ = Access::none;
 };
 
 /// A connected reliable queue pair (RTS): set-up and state here, the data
@@ -99,6 +110,7 @@ public:
             port_ = other.port_;
             local_ = other.local_;
             remote_ = other.remote_;
+            granted_ = other.granted_;
         }
         return *this;
     }
@@ -111,6 +123,9 @@ public:
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return local_.qp_num; }
     [[nodiscard]] const Endpoint& local_endpoint() const noexcept { return local_; }
     [[nodiscard]] const Endpoint& remote_endpoint() const noexcept { return remote_; }
+    /// The remote access the peer was granted through this queue pair
+    /// (ConnectOptions::remote_access, or what the queue pair advertised).
+    [[nodiscard]] Access remote_access() const noexcept { return granted_; }
     /// The depths, SGE counts and inline size the device granted.
     [[nodiscard]] const QueuePairCapabilities& capabilities() const noexcept { return core_->caps(); }
     /// Send requests posted and not yet known to be finished.
@@ -159,6 +174,7 @@ private:
     detail::LocalPort port_;
     Endpoint local_;
     Endpoint remote_;
+    Access granted_ = Access::none;
 };
 
 } // namespace gpuverbs

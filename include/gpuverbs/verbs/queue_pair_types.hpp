@@ -96,8 +96,13 @@ struct ConnectOptions {
     std::uint8_t traffic_class = 0;
     std::uint8_t hop_limit = 64;
     std::uint32_t flow_label = 0;
-    /// What the peer may do to our memory through this QP (the MR must allow it too).
-    Access remote_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+    /// What the peer may do to our memory through this QP (remote write, read,
+    /// atomics; the region must allow it too). Default: what the queue pair
+    /// advertised — the union of the remote access of every region passed to
+    /// PreparedQueuePair::advertise — and nothing when it advertised none, so
+    /// a peer told no key can neither read nor write through it (least access;
+    /// docs/security.md). Set it to grant more or less than that.
+    std::optional<Access> remote_access;
 };
 
 /// Per-request options of the send-side data path.

@@ -165,10 +165,11 @@ def connect_tcp(
     cq: CompletionQueue,
     host: Optional[str],
     port: int,
-    regions: Sequence[RemoteMemory] = (),
+    regions: Sequence[Union[MemoryRegion, RemoteMemory]] = (),
     *,
     timeout: float = 30.0,
     listener: Optional[TcpListener] = None,
+    remote_access: Optional[Union[Access, int]] = None,
     **qp_options: int,
 ) -> Tuple[QueuePair, List[RemoteMemory], TcpChannel]:
     """One reliable queue pair over the TCP bootstrap, in one call.
@@ -179,15 +180,30 @@ def connect_tcp(
     peer_regions, channel)``; the channel stays open for records (block
     lists). Blocking, GIL released: from asyncio, ``await
     asyncio.to_thread(gv.connect_tcp, ...)``.
+
+    The queue pair grants the peer what the ``regions`` allow (each
+    MemoryRegion is advertised), and nothing when none are given; a
+    RemoteMemory does not say what its region allows, so with one among
+    ``regions``, ``remote_access`` must say what to grant. ``remote_access``
+    overrides the grant either way.
     """
     prepared = PreparedQueuePair(pd, cq, **qp_options)
+    offered: List[RemoteMemory] = []
+    for region in regions:
+        if isinstance(region, MemoryRegion):
+            offered.append(prepared.advertise(region))
+        else:
+            if remote_access is None:
+                raise ValueError("connect_tcp: a RemoteMemory among regions does not say what the peer may do with "
+                                 "it: pass the MemoryRegion itself (its access is then granted), or remote_access")
+            offered.append(region)
     if host is None:
         server = listener if listener is not None else TcpListener(port)
         channel = server.accept(timeout)
     else:
         channel = tcp_connect(host, port, timeout)
-    endpoint, peer_regions = channel.exchange(prepared.endpoint, list(regions), timeout)
-    qp = prepared.connect(endpoint)
+    endpoint, peer_regions = channel.exchange(prepared.endpoint, offered, timeout)
+    qp = prepared.connect(endpoint, remote_access=None if remote_access is None else int(remote_access))
     return qp, peer_regions, channel
 
 

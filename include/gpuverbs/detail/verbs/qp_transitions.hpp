@@ -33,6 +33,9 @@ struct QpTransition {
     int mask = 0;
 };
 
+/// The access flags a queue pair grants its peer (a region's others are local).
+inline constexpr Access peer_facing_access = Access::remote_write | Access::remote_read | Access::remote_atomic;
+
 QpTransition init_transition(const LocalPort& local, Access remote_access);
 /// Fails `status` with errc::invalid_endpoint or errc::invalid_argument,
 /// naming the attribute, when the remote endpoint or options cannot work.
@@ -41,7 +44,7 @@ QpTransition rtr_transition(const LocalPort& local, const Endpoint& remote, cons
 QpTransition rts_transition(std::uint32_t local_psn, const LocalPort& local, const ConnectOptions& options);
 /// Any state → RESET: the first step of reusing a QP (e.g. after an error).
 QpTransition reset_transition();
-/// INIT → INIT with other remote access flags (connect() with non-default ConnectOptions::remote_access).
+/// INIT → INIT with other remote access flags (connect() granting remote access).
 QpTransition access_transition(Access remote_access);
 
 /// Unreliable datagram: RESET → INIT on the local port, with the Q_Key that incoming datagrams must carry.

@@ -58,7 +58,9 @@ public:
     }
 
     /// Collective over the communicator: everyone's publications since the
-    /// last fence become readable (later ones replace earlier ones).
+    /// last fence become readable (later ones replace earlier ones). A
+    /// malformed table from any rank fails it (errc::malformed_record, naming
+    /// the rank) with nothing merged: lookups answer as before the fence.
     void fence(std::chrono::milliseconds /*timeout: MPI collectives cannot time out*/) {
         std::vector<std::byte> mine = encode(pending_);
         if (mine.size() > static_cast<std::size_t>(INT_MAX)) {
@@ -83,10 +85,16 @@ public:
         check(MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(), MPI_BYTE,
                              comm_),
               "MPI_Allgatherv");
+        // Every rank's table is read before any is merged: one malformed table
+        // fails the fence and leaves what lookup() answers as it was.
+        std::vector<Entries> decoded(size_);
         for (std::uint32_t r = 0; r < size_; ++r) {
             auto part =
                 std::span(all).subspan(static_cast<std::size_t>(displacements[r]), static_cast<std::size_t>(counts[r]));
-            for (auto& [key, value] : decode(part, r)) table_[r][key] = std::move(value);
+            decoded[r] = decode(part, r);
+        }
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            for (auto& [key, value] : decoded[r]) table_[r][key] = std::move(value);
         }
         pending_.clear();
     }

@@ -1,0 +1,231 @@
+// Least access, attacked on the rig: a queue pair grants its peer only what
+// it advertised (PreparedQueuePair::advertise, CmConnection::advertise,
+// Mesh's regions), nothing by default. Each attack below holds a valid key
+// for memory in the victim's protection domain and tries to use it through
+// a queue pair that was never meant to allow it; before, every queue pair
+// granted write, read and atomics, and each of these succeeded.
+#include "cm_end.hpp"
+#include "connected_pair.hpp"
+#include "gpuverbs/connections/rdma_cm.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <future>
+
+using namespace gpuverbs;
+using namespace std::chrono_literals;
+using gpuverbs::test::poll_for;
+
+namespace {
+
+/// What a peer's refused request ends with on Soft-RoCE: its responder
+/// answers an operation the queue pair does not grant with "invalid request"
+/// (IBV_WC_REM_INV_REQ_ERR; hardware may say IBV_WC_REM_ACCESS_ERR), and the
+/// message says to look at what the peer advertised.
+bool refused_remotely(const Completion& c) {
+    return c.status.raw() == IBV_WC_REM_INV_REQ_ERR &&
+           c.status.message().find("PreparedQueuePair::advertise") != std::string::npos;
+}
+
+bool all_are(std::span<const std::byte> bytes, std::byte value) {
+    return std::all_of(bytes.begin(), bytes.end(), [value](std::byte b) { return b == value; });
+}
+
+/// Connects `attacker` to `victim`; the victim's grant is what it advertised (or `grant`).
+void connect(test::Side& attacker, test::Side& victim, std::optional<Access> grant = std::nullopt) {
+    const Endpoint ea = attacker.prepared.endpoint(), ev = victim.prepared.endpoint();
+    ConnectOptions options;
+    options.remote_access = grant;
+    attacker.qp = std::move(attacker.prepared).connect(ev);
+    victim.qp = std::move(victim.prepared).connect(ea, options);
+}
+
+Completion one_completion(CompletionQueue& cq) {
+    auto got = poll_for(cq, 1, 10s);
+    REQUIRE_MESSAGE(got.size() == 1, "the request did not complete within 10 s");
+    return got[0];
+}
+
+} // namespace
+
+TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("attack: a queue pair that advertised nothing grants nothing: a valid key writes and reads nothing") {
+        const auto rig = *test::rig_devices();
+        test::Side attacker(rig.dev0, 1 << 16, {}), victim(rig.dev1, 1 << 16, {});
+        // The victim's region allows everything, and the attacker somehow has its key.
+        std::fill(victim.memory.begin(), victim.memory.end(), std::byte{0x5a});
+        const RemoteMemory key = victim.mr.remote();
+        connect(attacker, victim);
+        CHECK(victim.qp.remote_access() == Access::none);
+
+        std::fill(attacker.memory.begin(), attacker.memory.end(), std::byte{0x01});
+        REQUIRE_FALSE(attacker.qp.post_write(attacker.mr.slice(0, 4096), key, 0));
+        const Completion write = one_completion(attacker.cq);
+        MESSAGE("the attacker's write: " << write.status.message());
+        CHECK(refused_remotely(write));
+        CHECK(all_are(victim.memory, std::byte{0x5a}));
+    }
+
+    TEST_CASE(
+        "attack: a peer given a read-only region cannot write through that queue pair to another region "
+        "of the same protection domain, nor run atomics; reading what was advertised works") {
+        const auto rig = *test::rig_devices();
+        test::Side attacker(rig.dev0, 1 << 16, {}), victim(rig.dev1, 1 << 16, {});
+        // The victim advertises a read-only region; in the same PD lives a
+        // region writable by anyone who has its key (another peer's).
+        std::vector<std::byte> shown(4096, std::byte{0x33});
+        MemoryRegion readable(victim.pd, shown, Access::remote_read);
+        std::fill(victim.memory.begin(), victim.memory.end(), std::byte{0x5a});
+        const RemoteMemory advertised = victim.prepared.advertise(readable);
+        CHECK(victim.prepared.advertised_access() == Access::remote_read);
+        const RemoteMemory other = victim.mr.remote(); // access_all, not advertised here
+        connect(attacker, victim);
+        CHECK(victim.qp.remote_access() == Access::remote_read);
+
+        REQUIRE_FALSE(attacker.qp.post_read(attacker.mr.slice(0, 4096), advertised, 0));
+        const Completion read = one_completion(attacker.cq);
+        REQUIRE_MESSAGE(read.ok(), read.status.message());
+        CHECK(all_are(std::span(attacker.memory).first(4096), std::byte{0x33}));
+
+        std::fill(attacker.memory.begin(), attacker.memory.end(), std::byte{0x01});
+        REQUIRE_FALSE(attacker.qp.post_write(attacker.mr.slice(0, 4096), other, 0));
+        const Completion write = one_completion(attacker.cq);
+        MESSAGE("the attacker's write to the other region: " << write.status.message());
+        CHECK(refused_remotely(write));
+        CHECK(all_are(victim.memory, std::byte{0x5a}));
+    }
+
+    TEST_CASE("attack: atomics are refused through a queue pair that grants write and read only") {
+        const auto rig = *test::rig_devices();
+        test::Side attacker(rig.dev0, 1 << 16, {}), victim(rig.dev1, 1 << 16, {});
+        std::fill(victim.memory.begin(), victim.memory.end(), std::byte{0x5a});
+        connect(attacker, victim, Access::remote_write | Access::remote_read);
+        CHECK(victim.qp.remote_access() == (Access::remote_write | Access::remote_read));
+        REQUIRE_FALSE(attacker.qp.post_fetch_add(attacker.mr.slice(0, 8), victim.mr.remote(), 0, 1));
+        const Completion atomic = one_completion(attacker.cq);
+        MESSAGE("the attacker's fetch-and-add: " << atomic.status.message());
+        CHECK(refused_remotely(atomic));
+        CHECK(all_are(victim.memory, std::byte{0x5a}));
+    }
+
+    TEST_CASE("ConnectOptions::remote_access grants exactly what it says; reset keeps the grant") {
+        const auto rig = *test::rig_devices();
+        test::Side a(rig.dev0, 1 << 16, {}), b(rig.dev1, 1 << 16, {});
+        (void)b.prepared.advertise(b.mr);    // access_all advertised...
+        connect(a, b, Access::remote_write); // ...but the grant says write only
+        CHECK(b.qp.remote_access() == Access::remote_write);
+        std::fill(a.memory.begin(), a.memory.end(), std::byte{0x42});
+        REQUIRE_FALSE(a.qp.post_write(a.mr.slice(0, 4096), b.mr.remote(), 0));
+        const Completion write = one_completion(a.cq);
+        REQUIRE_MESSAGE(write.ok(), write.status.message());
+        CHECK(all_are(std::span(b.memory).first(4096), std::byte{0x42}));
+        REQUIRE_FALSE(a.qp.post_read(a.mr.slice(0, 4096), b.mr.remote(), 8192));
+        CHECK(refused_remotely(one_completion(a.cq)));
+
+        // Reset and connected again without options: the same grant, no wider.
+        PreparedQueuePair ra = std::move(a.qp).reset();
+        PreparedQueuePair rb = std::move(b.qp).reset();
+        CHECK(rb.advertised_access() == Access::remote_write);
+        const Endpoint ea = ra.endpoint(), eb = rb.endpoint();
+        a.qp = std::move(ra).connect(eb);
+        b.qp = std::move(rb).connect(ea);
+        CHECK(b.qp.remote_access() == Access::remote_write);
+    }
+
+    TEST_CASE("advertise refuses what a peer could not use, with words") {
+        const auto rig = *test::rig_devices();
+        test::Side a(rig.dev0, 1 << 16, {}), b(rig.dev1, 1 << 16, {});
+        CHECK_THROWS_WITH_AS((void)a.prepared.advertise(b.mr),
+                             doctest::Contains("belongs to another protection domain"), Error);
+        CHECK_THROWS_WITH_AS((void)a.prepared.advertise(MemoryRegion()), doctest::Contains("MemoryRegion is empty"),
+                             Error);
+        CHECK(a.prepared.advertised_access() == Access::none); // nothing was advertised by the refusals
+    }
+}
+
+#if GPUVERBS_HAVE_RDMACM
+
+TEST_SUITE("least access on real RDMA: rdma_cm" * doctest::skip(!test::rig_present())) {
+    /// The queue pair's access flags as the device has them now.
+    unsigned device_access(QueuePair & qp) {
+        ibv_qp_attr attr{};
+        ibv_qp_init_attr init{};
+        REQUIRE(ibv_query_qp(qp.native_handle(), &attr, IBV_QP_ACCESS_FLAGS, &init) == 0);
+        return attr.qp_access_flags;
+    }
+
+    TEST_CASE(
+        "attack: an rdma_cm connection that advertised a read-only region refuses writes and atomics "
+        "(rdma_cm itself would have granted write, read and atomics)") {
+        const auto rig = *test::rig_devices();
+        CmListener listener(rig.ip1, 0);
+        auto server = std::async(std::launch::async, [&] {
+            // The server's end: not test::CmEnd, which advertises its memory.
+            auto conn = listener.accept(20s);
+            ProtectionDomain pd(conn.device());
+            CompletionQueue cq(conn.device(), 64);
+            auto memory = std::make_unique<std::vector<std::byte>>(std::size_t{1} << 16, std::byte{0x5a});
+            MemoryRegion all(pd, *memory, access_all);
+            std::vector<std::byte> shown(4096, std::byte{0x33});
+            MemoryRegion readable(pd, shown, Access::remote_read);
+            (void)conn.create_qp(pd, cq, cq);
+            const RemoteMemory advertised = conn.advertise(readable);
+            conn.accept();
+            const unsigned granted = device_access(conn.qp());
+            const Access reported = conn.qp().remote_access();
+            // Destroyed in reverse: the connection (its queue pair) first, the domain last.
+            return std::tuple{std::move(pd),       std::move(cq),   std::move(memory), std::move(shown), std::move(all),
+                              std::move(readable), std::move(conn), advertised,        granted,          reported};
+        });
+        test::CmEnd client(cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0));
+        client.conn.create_qp(client.pd, client.cq, client.cq);
+        client.conn.connect();
+        auto [pd, cq, memory, shown, all, readable, conn, advertised, granted, reported] = server.get();
+        CHECK(granted == IBV_ACCESS_REMOTE_READ);
+        CHECK(reported == Access::remote_read);
+
+        REQUIRE_FALSE(client.qp().post_read(client.mr.slice(0, 4096), advertised, 0));
+        const Completion read = one_completion(client.cq);
+        REQUIRE_MESSAGE(read.ok(), read.status.message());
+        CHECK(all_are(std::span(client.memory).first(4096), std::byte{0x33}));
+
+        std::fill(client.memory.begin(), client.memory.end(), std::byte{0x01});
+        REQUIRE_FALSE(client.qp().post_write(client.mr.slice(0, 4096), all.remote(), 0));
+        const Completion write = one_completion(client.cq);
+        MESSAGE("the client's write to the server's other region: " << write.status.message());
+        CHECK(refused_remotely(write));
+        CHECK(all_are(*memory, std::byte{0x5a}));
+    }
+
+    TEST_CASE(
+        "an rdma_cm connection that advertised nothing grants nothing and asks for no responder "
+        "resources; CmOptions::remote_access grants what it says") {
+        const auto rig = *test::rig_devices();
+        CmListener listener(rig.ip1, 0);
+        auto server = std::async(std::launch::async, [&] {
+            auto conn = listener.accept(20s);
+            ProtectionDomain pd(conn.device());
+            CompletionQueue cq(conn.device(), 64);
+            (void)conn.create_qp(pd, cq, cq);
+            conn.accept();
+            return std::tuple{device_access(conn.qp()), conn.parameters().responder_resources,
+                              conn.qp().remote_access()};
+        });
+        test::CmEnd client(cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0));
+        client.conn.create_qp(client.pd, client.cq, client.cq);
+        CmOptions write_only;
+        write_only.remote_access = Access::remote_write; // overrides what CmEnd advertised
+        client.conn.connect(write_only);
+        const auto [server_flags, server_resources, server_reported] = server.get();
+        CHECK(server_flags == 0);
+        CHECK(server_resources == 0);
+        CHECK(server_reported == Access::none);
+        CHECK(device_access(client.qp()) == IBV_ACCESS_REMOTE_WRITE);
+        CHECK(client.qp().remote_access() == Access::remote_write);
+        MESSAGE("the client's responder resources as rdma_cm set them: "
+                << int(client.conn.parameters().responder_resources) << " (its grant has no read: none used)");
+    }
+}
+
+#endif
