@@ -3,7 +3,10 @@
 
 #include "random.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +33,12 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> range_of(const RemoteBloc
     return std::pair{first, first + block.length};
 }
 
+std::string hex(std::uint64_t value) {
+    std::array<char, 19> text{};
+    (void)std::snprintf(text.data(), text.size(), "0x%llx", static_cast<unsigned long long>(value));
+    return text.data();
+}
+
 } // namespace
 
 std::uint32_t BlockLeases::new_id_locked() {
@@ -43,6 +52,69 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
     if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
         throw Error(make_error_code(errc::invalid_argument), "BlockLeases::grant", problem);
     }
+    std::vector<RemoteBlock> named = blocks;
+    return grant_impl(std::move(blocks), std::move(named), reader, {}, LeaseScope::whole_regions);
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd,
+                                   Access access) {
+    const char* verb = "BlockLeases::grant";
+    if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
+        throw Error(make_error_code(errc::invalid_argument), verb, problem);
+    }
+    // The runs of contiguous (or overlapping) blocks, in address order.
+    struct Run {
+        std::uint64_t first;
+        std::uint64_t end;
+    };
+    std::vector<Run> runs;
+    runs.reserve(blocks.size());
+    for (const RemoteBlock& b : blocks) {
+        const auto range = range_of(b); // block_list_problem checked it lies inside its region
+        runs.push_back({range->first, range->second});
+    }
+    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.first < b.first; });
+    std::vector<Run> merged;
+    for (const Run& r : runs) {
+        if (!merged.empty() && r.first <= merged.back().end) {
+            merged.back().end = std::max(merged.back().end, r.end);
+        } else {
+            merged.push_back(r);
+        }
+    }
+    // One region per run, registered before anything is leased: a refused
+    // registration leaves no lease behind.
+    std::vector<MemoryRegion> regions;
+    regions.reserve(merged.size());
+    for (const Run& r : merged) {
+        std::error_code ec;
+        Diagnostics why;
+        regions.push_back(MemoryRegion::create(pd, reinterpret_cast<void*>(r.first), r.end - r.first, access, ec,
+                                               why)); // NOLINT(performance-no-int-to-ptr): the owner's own address
+        if (ec) {
+            throw Error(ec, verb,
+                        "cannot register a region of the lease over " + std::to_string(r.end - r.first) +
+                            " bytes at " + hex(r.first) + " (" + why.message() +
+                            "); the blocks must be host memory, or GPU memory ibv_reg_mr takes (nvidia-peermem); "
+                            "otherwise lease whole regions, one per tenant; nothing was leased");
+        }
+    }
+    // The list names each block inside its run's region.
+    std::vector<RemoteBlock> named = blocks;
+    for (RemoteBlock& b : named) {
+        const std::uint64_t first = range_of(b)->first;
+        const auto run = std::upper_bound(merged.begin(), merged.end(), first,
+                                          [](std::uint64_t a, const Run& r) { return a < r.first; }) -
+                         1;
+        const MemoryRegion& region = regions[static_cast<std::size_t>(run - merged.begin())];
+        b.memory = region.remote();
+        b.offset = first - run->first;
+    }
+    return grant_impl(std::move(blocks), std::move(named), reader, std::move(regions), LeaseScope::lease_regions);
+}
+
+LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named,
+                                        Reader reader, std::vector<MemoryRegion> regions, LeaseScope scope) {
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     expire_locked(now, nullptr);
@@ -50,8 +122,10 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
     list.version = ++version_;
     list.lease = new_id_locked();
     list.ttl = options_.ttl;
-    list.blocks = blocks;
-    leases_.emplace(list.lease, Lease{std::move(blocks), now + options_.ttl + options_.grace, list.version, reader});
+    list.blocks = std::move(named);
+    list.scope = scope;
+    leases_.emplace(list.lease, Lease{std::move(blocks), now + options_.ttl + options_.grace, list.version, reader,
+                                      std::move(regions)});
     ++statistics_.granted;
     return list;
 }

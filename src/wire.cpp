@@ -206,8 +206,13 @@ std::vector<std::byte> serialize(const LeasedBlockList& list) {
     }
     const std::vector<std::byte> blocks = serialize(std::span<const RemoteBlock>(list.blocks));
     std::vector<std::byte> out(leased_header_size + blocks.size());
+    if (list.scope != LeaseScope::whole_regions && list.scope != LeaseScope::lease_regions) {
+        throw Error(errc::invalid_argument, "gpuverbs::wire::serialize",
+                    "a leased list's scope is whole_regions (0) or lease_regions (1), not " +
+                        std::to_string(static_cast<unsigned>(list.scope)));
+    }
     Writer w(out);
-    w.header(leased_magic, version, 0);
+    w.header(leased_magic, version, static_cast<std::uint16_t>(list.scope)); // a reserved word before 0.3
     w.u64(list.version);
     w.u32(list.lease);
     w.u32(static_cast<std::uint32_t>(list.ttl.count()));
@@ -221,11 +226,15 @@ LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, gpuver
     const char* verb = "gpuverbs::wire::parse";
     Reader r(bytes);
     if (!check_header(r, bytes, leased_header_size, false, leased_magic, "leased block list", status)) return {};
-    if (r.u16() != 0) {
-        status.fail(errc::malformed_record, verb, "leased block list has a non-zero reserved field");
+    const std::uint16_t scope = r.u16();
+    if (scope > static_cast<std::uint16_t>(LeaseScope::lease_regions)) {
+        status.fail(errc::malformed_record, verb,
+                    "leased block list has scope " + std::to_string(scope) +
+                        "; this gpuverbs knows 0 (whole regions) and 1 (regions of the lease alone)");
         return {};
     }
     LeasedBlockList out;
+    out.scope = static_cast<LeaseScope>(scope);
     out.version = r.u64();
     out.lease = r.u32();
     const std::uint32_t ms = r.u32();

@@ -1,14 +1,16 @@
 // libFuzzer target: wire::parse_leased_block_list, a block list under a lease
 // as its owner sends it (src/wire.cpp; the "GVLL" layout in wire.hpp):
 //
-//   "GVLL" u16 version u16 0 | u64 list version | u32 lease | u32 lease ms | Block list
+//   "GVLL" u16 version u16 scope | u64 list version | u32 lease | u32 lease ms | Block list
+//
+// (scope: 0 whole regions, 1 regions of the lease alone; a reserved 0 before 0.3)
 //
 // Checks, for any input:
 //  - both forms behave (error_code: no throw, an empty value on failure;
 //    throwing: gpuverbs::Error only, with the same code, naming
 //    gpuverbs::wire::parse);
 //  - the outcome is what a model of the 24-byte lease header says (written
-//    from the layout above: size, magic, version, reserved word, a lease of
+//    from the layout above: size, magic, version, a scope of 0 or 1, a lease of
 //    at most a day), with the block list that follows judged by
 //    wire::parse_block_list alone (block_list_fuzz checks that one against
 //    its own rules): the leased list is valid exactly when the header is and
@@ -43,9 +45,10 @@ constexpr std::uint64_t max_lease_ms = 24ull * 3600 * 1000;
 fuzz::Expected<LeasedBlockList> model_leased(fuzz::Bytes in) {
     if (in.size() < 24) return {errc::malformed_record};
     if (auto e = fuzz::header_error(in, "GVLL")) return {e};
-    if (fuzz::be(in, 6, 2) != 0) return {errc::malformed_record};
+    if (fuzz::be(in, 6, 2) > 1) return {errc::malformed_record};
     if (fuzz::be(in, 20, 4) > max_lease_ms) return {errc::malformed_record};
     LeasedBlockList want;
+    want.scope = static_cast<gpuverbs::LeaseScope>(fuzz::be(in, 6, 2));
     want.version = fuzz::be(in, 8, 8);
     want.lease = static_cast<std::uint32_t>(fuzz::be(in, 16, 4));
     want.ttl = std::chrono::milliseconds(fuzz::be(in, 20, 4));

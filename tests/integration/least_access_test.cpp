@@ -133,6 +133,79 @@ TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
         CHECK(b.qp.remote_access() == Access::remote_write);
     }
 
+    TEST_CASE("attack: a reader leased blocks through lease regions reads them, cannot read the block between "
+              "them with the lease's key, and can read nothing once the lease is released") {
+        const auto rig = *test::rig_devices();
+        test::Side reader(rig.dev0, 1 << 16, {}), owner(rig.dev1, 1 << 16, {});
+        constexpr std::uint64_t block = 4096;
+        for (std::size_t i = 0; i < owner.memory.size(); ++i) owner.memory[i] = std::byte(i / block + 1);
+        BlockLeases leases;
+        // Blocks 1, 2 and 4 of the owner's pool: two runs, [1, 3) and [4, 5).
+        const RemoteMemory pool = owner.prepared.advertise(owner.mr);
+        const std::vector<RemoteBlock> blocks{{pool, 1 * block, block}, {pool, 2 * block, block}, {pool, 4 * block, block}};
+        const LeasedBlockList list = leases.grant(blocks, 7, owner.pd, Access::remote_read);
+        CHECK(list.scope == LeaseScope::lease_regions);
+        REQUIRE(list.blocks.size() == 3);
+        CHECK(list.blocks[0].memory == list.blocks[1].memory); // one region for the run of blocks 1 and 2
+        CHECK(list.blocks[0].memory.length == 2 * block);
+        CHECK(list.blocks[2].memory.length == block);
+        CHECK(list.blocks[0].memory.rkey != pool.rkey);
+        CHECK(list.blocks[1].offset == block);
+        CHECK(leases.held(blocks[0]));
+        CHECK_FALSE(leases.held({pool, 3 * block, block}));
+        const LeasedBlockList wire_copy = wire::parse_leased_block_list(wire::serialize(list));
+        CHECK(wire_copy == list);
+        auto connect_reader = [&] {
+            if (!reader.prepared) {
+                reader.prepared = std::move(reader.qp).reset();
+                owner.prepared = std::move(owner.qp).reset();
+            }
+            connect(reader, owner);
+        };
+        connect_reader();
+
+        // The leased blocks, through the list: every byte.
+        for (std::size_t k = 0; k < 3; ++k) {
+            REQUIRE_FALSE(reader.qp.post_read(reader.mr.slice(k * block, block), wire_copy.blocks[k].memory,
+                                              wire_copy.blocks[k].offset));
+            const Completion read = one_completion(reader.cq);
+            REQUIRE_MESSAGE(read.ok(), read.status.message());
+        }
+        CHECK(all_are(std::span(reader.memory).subspan(0, block), std::byte{2}));
+        CHECK(all_are(std::span(reader.memory).subspan(block, block), std::byte{3}));
+        CHECK(all_are(std::span(reader.memory).subspan(2 * block, block), std::byte{5}));
+
+        // Block 3 lies between the runs: the second run's key, stretched over it by a lying reader.
+        RemoteMemory stretched = wire_copy.blocks[2].memory;
+        stretched.address -= block;
+        stretched.length += block;
+        REQUIRE_FALSE(reader.qp.post_read(reader.mr.slice(0, block), stretched, 0));
+        const Completion outside = one_completion(reader.cq);
+        MESSAGE("a read of the block between the runs: " << outside.status.message());
+        CHECK(outside.status.raw() == IBV_WC_REM_ACCESS_ERR);
+
+        // Released: the regions are gone, and so is every byte they reached.
+        CHECK_FALSE(leases.release(list.lease, 7));
+        CHECK_FALSE(leases.held(blocks[0]));
+        connect_reader();
+        REQUIRE_FALSE(reader.qp.post_read(reader.mr.slice(0, block), wire_copy.blocks[0].memory, 0));
+        const Completion late = one_completion(reader.cq);
+        MESSAGE("a read after the release: " << late.status.message());
+        CHECK(late.status.raw() == IBV_WC_REM_ACCESS_ERR);
+    }
+
+    TEST_CASE("a lease whose memory cannot be registered again is refused in words, and nothing is leased") {
+        const auto rig = *test::rig_devices();
+        test::Side owner(rig.dev1, 1 << 16, {});
+        BlockLeases leases;
+        const RemoteMemory nowhere{4096, 1 << 20, 1}; // an address nothing is mapped at
+        CHECK_THROWS_WITH_AS((void)leases.grant({{nowhere, 0, 4096}}, 1, owner.pd, Access::remote_read),
+                             doctest::Contains("cannot register a region of the lease over 4096 bytes at 0x1000"),
+                             Error);
+        CHECK(leases.active() == 0);
+        CHECK(leases.statistics().granted == 0);
+    }
+
     TEST_CASE("advertise refuses what a peer could not use, with words") {
         const auto rig = *test::rig_devices();
         test::Side a(rig.dev0, 1 << 16, {}), b(rig.dev1, 1 << 16, {});

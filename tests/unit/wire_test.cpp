@@ -309,10 +309,17 @@ TEST_SUITE("block list") {
             }
             return std::string("accepted");
         };
-        auto reserved = bytes;
-        reserved[7] = std::byte{1};
-        CHECK(refused(reserved, errc::malformed_record).find("leased block list has a non-zero reserved field") !=
-              std::string::npos);
+        auto scoped = bytes; // the header's word says what the blocks reach
+        scoped[7] = std::byte{1};
+        CHECK(wire::parse_leased_block_list(scoped).scope == LeaseScope::lease_regions);
+        LeasedBlockList narrow = list;
+        narrow.scope = LeaseScope::lease_regions;
+        CHECK(wire::serialize(narrow) == scoped);
+        auto unknown = bytes;
+        unknown[7] = std::byte{2};
+        CHECK(refused(unknown, errc::malformed_record)
+                  .find("leased block list has scope 2; this gpuverbs knows 0 (whole regions) and 1 (regions of the "
+                        "lease alone)") != std::string::npos);
         auto forever = bytes; // 0xffffffff ms: a unit mistake, not a lease
         for (int i = 20; i < 24; ++i) forever[i] = std::byte{0xff};
         CHECK(refused(forever, errc::malformed_record).find("a lease of 4294967295 ms") != std::string::npos);

@@ -45,6 +45,18 @@ struct Handshake {
 /// blocks as they are until the reader releases the lease (the transfer's
 /// notification carries its id) or it expires; the list's version lets a
 /// reader refuse a list older than one it already had from that owner.
+/// What a leased list's blocks let the reader reach (LeasedBlockList::scope).
+enum class LeaseScope : std::uint16_t {
+    /// Each block names its whole region: the reader can reach every byte of
+    /// those regions (within their access) for as long as they are registered.
+    whole_regions = 0,
+    /// Each block names a region registered for this lease alone, over its
+    /// run of contiguous blocks: the reader can reach exactly the leased
+    /// bytes, and nothing once the lease has ended (BlockLeases::grant with a
+    /// protection domain).
+    lease_regions = 1,
+};
+
 struct LeasedBlockList {
     std::uint64_t version = 0; ///< grows with every list the owner hands out
     std::uint32_t lease = 0;   ///< the id the reader's notification carries back
@@ -52,6 +64,7 @@ struct LeasedBlockList {
     /// blocks (the owner waits longer: BlockLeasesOptions::grace).
     std::chrono::milliseconds ttl{0};
     std::vector<RemoteBlock> blocks;
+    LeaseScope scope = LeaseScope::whole_regions;
     friend bool operator==(const LeasedBlockList&, const LeasedBlockList&) = default;
 };
 

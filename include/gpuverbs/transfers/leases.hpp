@@ -32,6 +32,8 @@
 #pragma once
 
 #include "gpuverbs/connections/wire.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+#include "gpuverbs/verbs/protection_domain.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -80,6 +82,20 @@ public:
     /// Throws gpuverbs::Error (invalid_argument) for a list wire::serialize
     /// would refuse.
     LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader);
+    /// … through regions of this lease alone (LeaseScope::lease_regions):
+    /// each run of contiguous blocks is registered anew in `pd` with
+    /// `access` (Access::remote_read for a reader that reads them;
+    /// local_write | remote_write for one that writes), and the list names
+    /// those regions instead of the blocks' own. The reader can reach exactly
+    /// the leased bytes — a request outside them fails at its NIC with a
+    /// remote access error — and nothing once the lease ends (released,
+    /// revoked or expired: its regions are deregistered, so a late request
+    /// fails the same way). Costs one registration per run on the set-up
+    /// path. The memory must be host memory, or GPU memory that ibv_reg_mr
+    /// takes (nvidia-peermem); otherwise the registration's error is thrown
+    /// (a DMA-BUF-only GPU: one region per tenant instead, docs/security.md)
+    /// and nothing is leased.
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd, Access access);
     /// `reader` is done (its notification carried `lease`): no error, and the
     /// blocks are free of it; errc::lease_not_yours when the lease is another
     /// reader's (refused, counted, the lease stays); errc::lease_unknown when
@@ -121,11 +137,14 @@ public:
 
 private:
     struct Lease {
-        std::vector<RemoteBlock> blocks;
+        std::vector<RemoteBlock> blocks; ///< as the owner named them (held() compares these)
         std::chrono::steady_clock::time_point until;
         std::uint64_t version = 0;
         Reader reader = 0;
+        std::vector<MemoryRegion> regions; ///< LeaseScope::lease_regions: deregistered when the lease ends
     };
+    LeasedBlockList grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named, Reader reader,
+                               std::vector<MemoryRegion> regions, LeaseScope scope);
     /// The live lease holding a byte of [first, end), or nullptr (under the lock).
     const std::pair<const std::uint32_t, Lease>* holder(std::uint64_t first, std::uint64_t end) const;
     void expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids);
