@@ -93,8 +93,8 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
                                                why)); // NOLINT(performance-no-int-to-ptr): the owner's own address
         if (ec) {
             throw Error(ec, verb,
-                        "cannot register a region of the lease over " + std::to_string(r.end - r.first) +
-                            " bytes at " + hex(r.first) + " (" + why.message() +
+                        "cannot register a region of the lease over " + std::to_string(r.end - r.first) + " bytes at " +
+                            hex(r.first) + " (" + why.message() +
                             "); the blocks must be host memory, or GPU memory ibv_reg_mr takes (nvidia-peermem); "
                             "otherwise lease whole regions, one per tenant; nothing was leased");
         }
@@ -113,8 +113,8 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
     return grant_impl(std::move(blocks), std::move(named), reader, std::move(regions), LeaseScope::lease_regions);
 }
 
-LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named,
-                                        Reader reader, std::vector<MemoryRegion> regions, LeaseScope scope) {
+LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named, Reader reader,
+                                        std::vector<MemoryRegion> regions, LeaseScope scope) {
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     expire_locked(now, nullptr);

@@ -133,8 +133,9 @@ TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
         CHECK(b.qp.remote_access() == Access::remote_write);
     }
 
-    TEST_CASE("attack: a reader leased blocks through lease regions reads them, cannot read the block between "
-              "them with the lease's key, and can read nothing once the lease is released") {
+    TEST_CASE(
+        "attack: a reader leased blocks through lease regions reads them, cannot read the block between "
+        "them with the lease's key, and can read nothing once the lease is released") {
         const auto rig = *test::rig_devices();
         test::Side reader(rig.dev0, 1 << 16, {}), owner(rig.dev1, 1 << 16, {});
         constexpr std::uint64_t block = 4096;
@@ -142,7 +143,8 @@ TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
         BlockLeases leases;
         // Blocks 1, 2 and 4 of the owner's pool: two runs, [1, 3) and [4, 5).
         const RemoteMemory pool = owner.prepared.advertise(owner.mr);
-        const std::vector<RemoteBlock> blocks{{pool, 1 * block, block}, {pool, 2 * block, block}, {pool, 4 * block, block}};
+        const std::vector<RemoteBlock> blocks{
+            {pool, 1 * block, block}, {pool, 2 * block, block}, {pool, 4 * block, block}};
         const LeasedBlockList list = leases.grant(blocks, 7, owner.pd, Access::remote_read);
         CHECK(list.scope == LeaseScope::lease_regions);
         REQUIRE(list.blocks.size() == 3);
