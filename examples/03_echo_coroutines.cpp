@@ -48,7 +48,13 @@ asio::awaitable<void> run(asio::any_io_executor ex, Args a) {
                                                       use_awaitable);
     }
     auto peer = co_await gpuverbs::async_exchange_handshake(socket, {prepared.endpoint(), {}}, use_awaitable);
-    auto qp = std::move(prepared).connect(peer.endpoint);
+    // Sends only, and no region offered: the queue pair grants the peer
+    // nothing but remote write, so a server may probe us with zero-length
+    // writes (a heartbeat, which touches no memory; no region here allows
+    // remote writes, so no key could reach one).
+    gpuverbs::ConnectOptions options;
+    options.remote_access = gpuverbs::Access::remote_write;
+    auto qp = std::move(prepared).connect(peer.endpoint, options);
 
     if (a.server) {
         // 3s. Echo every message back until an empty one arrives.

@@ -89,8 +89,9 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
     for (const Run& r : merged) {
         std::error_code ec;
         Diagnostics why;
-        regions.push_back(MemoryRegion::create(pd, reinterpret_cast<void*>(r.first), r.end - r.first, access, ec,
-                                               why)); // NOLINT(performance-no-int-to-ptr): the owner's own address
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): a block's address is the owner's own pointer
+        void* const first = reinterpret_cast<void*>(r.first);
+        regions.push_back(MemoryRegion::create(pd, first, r.end - r.first, access, ec, why));
         if (ec) {
             throw Error(ec, verb,
                         "cannot register a region of the lease over " + std::to_string(r.end - r.first) + " bytes at " +

@@ -100,6 +100,8 @@ asio::awaitable<int> serve_session(TcpListener& listener, const ProtectionDomain
             co_await timer.async_wait(no_throw);
             if (over) co_return;
             ++tally.started;
+            // A zero-length write: it needs the peer's queue pair to grant
+            // remote write (03_echo_coroutines grants it for this), no region.
             auto [ec, n] = co_await qp->async_write(mr.slice(0, 0), RemoteMemory{}, 0, no_throw);
             tally.done(ec);
             (void)n;
