@@ -231,8 +231,8 @@ TEST_SUITE("least access on real RDMA: rdma_cm" * doctest::skip(!test::rig_prese
     }
 
     TEST_CASE(
-        "attack: an rdma_cm connection that advertised a read-only region refuses writes and atomics "
-        "(rdma_cm itself would have granted write, read and atomics)") {
+        "attack: an rdma_cm connection that advertised a read-only region lets its region be read and refuses a "
+        "write to another region of its domain (rdma_cm itself would have granted write, read and atomics)") {
         const auto rig = *test::rig_devices();
         CmListener listener(rig.ip1, 0);
         auto server = std::async(std::launch::async, [&] {
