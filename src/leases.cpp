@@ -2,11 +2,10 @@
 #include "gpuverbs/transfers/leases.hpp"
 
 #include "random.hpp"
+#include "text.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,12 +30,6 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> range_of(const RemoteBloc
     if (m.address > UINT64_MAX - m.length) return std::nullopt;
     const std::uint64_t first = m.address + block.offset;
     return std::pair{first, first + block.length};
-}
-
-std::string hex(std::uint64_t value) {
-    std::array<char, 19> text{};
-    (void)std::snprintf(text.data(), text.size(), "0x%llx", static_cast<unsigned long long>(value));
-    return text.data();
 }
 
 } // namespace
@@ -95,7 +88,7 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
         if (ec) {
             throw Error(ec, verb,
                         "cannot register a region of the lease over " + std::to_string(r.end - r.first) + " bytes at " +
-                            hex(r.first) + " (" + why.message() +
+                            detail::hex_address(r.first) + " (" + why.message() +
                             "); the blocks must be host memory, or GPU memory ibv_reg_mr takes (nvidia-peermem); "
                             "otherwise lease whole regions, one per tenant; nothing was leased");
         }

@@ -236,4 +236,15 @@ std::string qp_name(std::uint32_t qp_num) {
     return text;
 }
 
+Access advertised_access(const MemoryRegion& mr, const ibv_pd* qp_pd, std::string_view verb, Status& status) {
+    if (!mr) {
+        status.fail(errc::invalid_argument, verb, "the MemoryRegion is empty");
+    } else if (qp_pd != nullptr && mr.native_handle()->pd != qp_pd) {
+        status.fail(errc::invalid_argument, verb,
+                    "the region belongs to another protection domain than the queue pair's: the peer could not use "
+                    "its key through it");
+    }
+    return status.ok() ? mr.access() & peer_facing_access : Access::none;
+}
+
 } // namespace gpuverbs::detail

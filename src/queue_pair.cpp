@@ -118,18 +118,12 @@ QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectO
 }
 
 RemoteMemory PreparedQueuePair::advertise(const MemoryRegion& mr) {
+    constexpr std::string_view verb = "PreparedQueuePair::advertise";
     detail::Status status;
-    if (!core_) {
-        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise", "the PreparedQueuePair is empty");
-    } else if (!mr) {
-        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise", "the MemoryRegion is empty");
-    } else if (mr.native_handle()->pd != core_->qp()->pd) {
-        status.fail(errc::invalid_argument, "PreparedQueuePair::advertise",
-                    "the region belongs to another protection domain than " + detail::qp_name(local_.qp_num) +
-                        ": the peer could not use its key through this queue pair");
-    }
+    if (!core_) status.fail(errc::invalid_argument, verb, "the PreparedQueuePair is empty");
+    const Access adds = status.ok() ? detail::advertised_access(mr, core_->qp()->pd, verb, status) : Access::none;
     status.check();
-    advertised_ = advertised_ | (mr.access() & detail::peer_facing_access);
+    advertised_ = advertised_ | adds;
     return mr.remote();
 }
 

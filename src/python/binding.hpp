@@ -181,7 +181,6 @@ inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_
     return o;
 }
 
-/// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
 /// A queue pair's grant from Python's gpuverbs.Access flags: remote write,
 /// read and atomics only (ValueError naming `step` otherwise).
 inline Access remote_access_flags(unsigned bits, const char* step) {
@@ -194,6 +193,7 @@ inline Access remote_access_flags(unsigned bits, const char* step) {
     return static_cast<Access>(bits);
 }
 
+/// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
 void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);
 
 /// A Slice from a Region or a Slice argument (TypeError naming `name` otherwise).

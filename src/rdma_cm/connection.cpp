@@ -129,21 +129,19 @@ QueuePair& CmConnection::qp() {
 }
 
 RemoteMemory CmConnection::advertise(const MemoryRegion& mr) {
+    constexpr std::string_view verb = "CmConnection::advertise";
     auto& s = require(state_, "CmConnection::advertise");
     detail::Status status;
-    if (!mr) {
-        status.fail(errc::invalid_argument, "CmConnection::advertise", "the MemoryRegion is empty");
-    } else if (s.established) {
-        status.fail(errc::invalid_argument, "CmConnection::advertise",
+    if (s.established) {
+        status.fail(errc::invalid_argument, verb,
                     "the connection is already established: advertise regions before accept() or connect() (or "
                     "set CmOptions::remote_access)");
-    } else if (s.qp && mr.native_handle()->pd != s.qp.native_handle()->pd) {
-        status.fail(errc::invalid_argument, "CmConnection::advertise",
-                    "the region belongs to another protection domain than the connection's queue pair: the peer "
-                    "could not use its key through it");
     }
+    const Access adds = status.ok()
+                            ? detail::advertised_access(mr, s.qp ? s.qp.native_handle()->pd : nullptr, verb, status)
+                            : Access::none;
     status.check();
-    s.advertised = s.advertised | (mr.access() & detail::peer_facing_access);
+    s.advertised = s.advertised | adds;
     return mr.remote();
 }
 

@@ -21,9 +21,10 @@ struct Warning {
 using WarningHandler = std::function<void(const Warning&)>;
 
 /// Replaces the process's warning handler and returns the previous one; an
-/// empty handler restores the default (standard error). Thread-safe; the
-/// handler runs on the thread that warns, under no gpuverbs lock but the
-/// handler's own (one warning at a time), and must not throw.
+/// empty handler restores the default (standard error). Thread-safe. The
+/// handler runs on the thread that warns, one warning at a time (under the
+/// lock this function takes too: a handler must not call it), and must not
+/// throw (an exception is swallowed).
 WarningHandler set_warning_handler(WarningHandler handler);
 
 namespace detail {

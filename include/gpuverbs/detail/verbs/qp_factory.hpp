@@ -9,6 +9,7 @@
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/gid.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
 #include "gpuverbs/verbs/protection_domain.hpp"
 #include "gpuverbs/verbs/queue_pair_types.hpp"
 
@@ -18,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace gpuverbs {
 class SharedReceiveQueue;
@@ -67,5 +69,10 @@ std::uint32_t random_psn();
 
 /// "QP 0x1a2b", for messages.
 std::string qp_name(std::uint32_t qp_num);
+/// What advertising `mr` through a queue pair of domain `qp_pd` adds to the
+/// queue pair's grant: mr's remote flags. Fails `status` (as `verb`) for an
+/// empty region or one of another protection domain (`qp_pd` nullptr: no
+/// queue pair yet, not checked).
+Access advertised_access(const MemoryRegion& mr, const ibv_pd* qp_pd, std::string_view verb, Status& status);
 
 } // namespace gpuverbs::detail

@@ -12,7 +12,7 @@
 //   gpuverbs::RedisRendezvous store(options);
 //   gpuverbs::SignedRendezvous signed_store(store, RedisOptions::secret_from_environment("GPUVERBS_MESH_SECRET"),
 //                                           options.service);
-//   gpuverbs::Mesh mesh(signed_store, pd, cq, {mr.remote()});
+//   gpuverbs::Mesh mesh(signed_store, pd, cq, {mr});
 //
 // The tag binds the domain (the service or job the caller names), the rank
 // and the key, so one member's genuine record cannot be replayed as
