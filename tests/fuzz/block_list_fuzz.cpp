@@ -1,5 +1,5 @@
 // libFuzzer target: wire::parse_block_list, the remote side of a block-list
-// transfer as a peer sends it (src/wire.cpp). Checks, for any input:
+// transfer as a peer sends it (src/connections/wire.cpp). Checks, for any input:
 //  - both forms behave (error_code: no throw, an empty list on failure;
 //    throwing: gpuverbs::Error only, with the same code);
 //  - a list that parses is well-formed by the serializer's own rules (every

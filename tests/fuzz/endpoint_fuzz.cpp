@@ -1,5 +1,5 @@
 // libFuzzer target: wire::parse_endpoint, the 40-byte record a peer sends to
-// say where its queue pair is (src/wire.cpp). Checks, for any input:
+// say where its queue pair is (src/connections/wire.cpp). Checks, for any input:
 //  - the parser agrees with the model of the layout (wire_model.hpp): same
 //    verdict, same error (malformed_record / unsupported_version), same fields;
 //  - both forms behave (error_code: no throw, empty value on failure;

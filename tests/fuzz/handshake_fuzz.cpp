@@ -1,6 +1,6 @@
 // libFuzzer target: wire::parse_handshake, the record each side of the TCP
 // bootstrap sends: an 8-byte header with a region count, an Endpoint, and
-// count RemoteMemory records (src/wire.cpp). Checks, for any input:
+// count RemoteMemory records (src/connections/wire.cpp). Checks, for any input:
 //  - the parser agrees with the model of the layout (wire_model.hpp): same
 //    verdict, same error, same endpoint and regions; a count above
 //    wire::max_regions or one that does not match the size is malformed_record;

@@ -1,5 +1,5 @@
 // libFuzzer target: wire::parse_leased_block_list, a block list under a lease
-// as its owner sends it (src/wire.cpp; the "GVLL" layout in wire.hpp):
+// as its owner sends it (src/connections/wire.cpp; the "GVLL" layout in wire.hpp):
 //
 //   "GVLL" u16 version u16 scope | u64 list version | u32 lease | u32 lease ms | Block list
 //

@@ -1,5 +1,5 @@
 // libFuzzer target: wire::parse_mesh_record, the record a mesh member
-// publishes (its rank, an endpoint per peer, its regions; src/wire.cpp).
+// publishes (its rank, an endpoint per peer, its regions; src/connections/wire.cpp).
 // Checks, for any input:
 //  - both forms behave (error_code: no throw, an empty value on failure;
 //    throwing: gpuverbs::Error only, with the same code);

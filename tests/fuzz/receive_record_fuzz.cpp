@@ -1,6 +1,6 @@
 // libFuzzer target: gpuverbs::receive_record, the framed record any exchange
 // after the handshake receives (a block list, a leased list), with the
-// caller's size limit taken from the input (src/tcp_bootstrap.cpp: read_frame,
+// caller's size limit taken from the input (src/connections/tcp_bootstrap.cpp: read_frame,
 // frame_length; include/gpuverbs/connections/tcp_bootstrap.hpp).
 //
 // The input is the caller's limit, then the peer's bytes:

@@ -1,5 +1,5 @@
 // libFuzzer target: what RedisRendezvous makes of a Redis server's replies
-// (src/rendezvous/redis_replies.cpp, namespace gpuverbs::detail::redis). The
+// (src/many_peers/rendezvous/redis_replies.cpp, namespace gpuverbs::detail::redis). The
 // input is everything a fake server sends; hiredis' reader (the one
 // redisContext uses) turns it into replies, one after the other until it
 // has no complete reply left or reports a protocol error, and every reply
@@ -28,7 +28,7 @@
 // an array of at most two elements, one level deep (SCAN's shape).
 #include "wire_model.hpp"
 
-#include "rendezvous/redis_replies.hpp"
+#include "many_peers/rendezvous/redis_replies.hpp"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/read.h>

@@ -1,5 +1,5 @@
 // libFuzzer target: wire::parse_remote_memory, the 28-byte record in which a
-// peer offers a region of its memory (address, length, rkey; src/wire.cpp).
+// peer offers a region of its memory (address, length, rkey; src/connections/wire.cpp).
 // Checks, for any input:
 //  - the parser agrees with the model of the layout (wire_model.hpp): same
 //    verdict, same error, same fields; an address + length past 2^64 - 1 is

@@ -1,5 +1,5 @@
 // libFuzzer target: the TCP bootstrap's framing, as a peer's bytes reach it
-// through a real connected socket (src/tcp_bootstrap.cpp: exchange_impl,
+// through a real connected socket (src/connections/tcp_bootstrap.cpp: exchange_impl,
 // read_frame; include/gpuverbs/connections/tcp_bootstrap.hpp: ExchangeHandshakeOp).
 //
 // The input is everything the peer sends before it closes its side: a 4-byte

@@ -1,6 +1,6 @@
 // What the fuzz targets share: a failed check that libFuzzer records as a
 // crash, a model of wire.hpp's records written from the layout in the
-// header's comment (not from src/wire.cpp), and the checks each parse must
+// header's comment (not from src/connections/wire.cpp), and the checks each parse must
 // pass against it. A target hands its input to a parser and to the model;
 // both must agree on whether the record is valid, on the error (malformed
 // or unsupported version) and on every field, and a valid record must come

@@ -3,6 +3,8 @@
 // counters of real queue pairs and rails are checked against the work done
 // on Soft-RoCE (integration/observability_test.cpp).
 #include "gpuverbs/observability/prometheus.hpp"
+#include "gpuverbs/transfers/rail_group.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
 
 #include "prometheus_parse.hpp"
 

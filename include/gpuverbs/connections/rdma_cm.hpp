@@ -25,10 +25,12 @@
 // Each step has a throwing form and a std::error_code& form; the waits have
 // Asio forms (async_accept, async_connect, async_wait_event) that take any
 // completion token. Only available when gpuverbs was built with librdmacm
-// (GPUVERBS_HAVE_RDMACM).
+// (GPUVERBS_HAVE_RDMACM). The values are rdma_cm_types.hpp; the machinery
+// of the Asio forms is detail/connections/cm_steps.hpp.
 #pragma once
 
 #include "gpuverbs/config.hpp"
+#include "gpuverbs/connections/rdma_cm_types.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/device.hpp"
@@ -40,6 +42,7 @@
 
 #include "gpuverbs/detail/async/async_token.hpp"
 #include "gpuverbs/detail/async/event_wait.hpp"
+#include "gpuverbs/detail/connections/cm_steps.hpp"
 
 #include <boost/asio/append.hpp>
 #include <boost/asio/associated_allocator.hpp>
@@ -69,229 +72,6 @@ struct rdma_cm_id;
 struct rdma_event_channel;
 
 namespace gpuverbs {
-
-/// What one side asks for when it connects or accepts. The read depths are
-/// upper bounds: the agreed value is the smallest of this, what the device
-/// allows and what the peer asked for (CmConnection::parameters()).
-struct CmOptions {
-    /// RDMA reads and atomics the peer may have outstanding at us (we answer them).
-    std::uint8_t responder_resources = 16;
-    /// RDMA reads and atomics we may have outstanding at the peer.
-    std::uint8_t initiator_depth = 16;
-    /// Transport retries before a request fails with IBV_WC_RETRY_EXC_ERR
-    /// (0-7). The connection request carries the client's count and both queue
-    /// pairs use it; a server's value is not sent (the answer has no field).
-    /// Finite by default (6, as ConnectOptions): 7 is "retry forever" on
-    /// Soft-RoCE, so a write to a peer that is gone would never complete there.
-    std::uint8_t retry_count = 6;
-    /// Receiver-not-ready retries the *peer* makes when a send of its finds no
-    /// receive of ours posted, before its send fails with
-    /// IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries forever). The connection
-    /// manager carries it to the peer (InfiniBand CM: the request holds the
-    /// server's, the answer the client's); our own queue pair retries as the
-    /// peer asked — parameters().rnr_retry_count. Finite by default: a peer
-    /// that sends while we have no receive posted for longer than about
-    /// 7 x min_rnr_timer (~18 ms with the defaults) gets an error instead of
-    /// stalling silently. Post receives before accept/connect and ahead of the
-    /// peer's sends; docs/rdma-cm.md.
-    std::uint8_t rnr_retry_count = 6;
-    /// How long a peer waits before retrying a send we had no receive for, in
-    /// the InfiniBand encoding (16 = 2.56 ms, 12 = 0.64 ms, 0 = 655 ms: what
-    /// rdma_cm alone leaves). Set on our queue pair once it is connected.
-    std::uint8_t min_rnr_timer = 16;
-    /// End-to-end flow control (the responder's credits); hardware may ignore it.
-    bool flow_control = true;
-    /// What the peer may do to our memory through this connection's queue
-    /// pair (remote write, read, atomics). Default: what the connection
-    /// advertised (CmConnection::advertise), nothing when it advertised none.
-    /// rdma_cm itself sets a queue pair's access when it connects it (write,
-    /// plus read and atomics when we answer reads), so gpuverbs asks for no
-    /// responder resources when the grant has neither read nor atomics, and
-    /// narrows the access (RTS → RTS) as soon as the connection is
-    /// established: a write the peer sends before that is still bounded by the
-    /// region's own access (docs/security.md).
-    std::optional<Access> remote_access;
-};
-
-/// The parameters of a connection: what the peer asked for
-/// (CmConnection::requested()), or what the connection runs with
-/// (CmConnection::parameters(), read back from the queue pair).
-struct CmParameters {
-    std::uint8_t responder_resources = 0; ///< reads/atomics the peer may have outstanding at us
-    std::uint8_t initiator_depth = 0;     ///< reads/atomics we may have outstanding at the peer
-    std::uint8_t retry_count = 0;         ///< transport retries of our queue pair (the request's count)
-    std::uint8_t rnr_retry_count = 0;     ///< RNR retries of our queue pair (what the peer asked of us)
-    std::uint8_t min_rnr_timer = 0;       ///< ours (parameters() only)
-    bool flow_control = false;            ///< end-to-end flow control (ours in parameters(), the peer's in requested())
-    bool srq = false;                     ///< the peer's receives come from a shared receive queue
-    std::uint32_t qp_num = 0;             ///< the peer's queue pair number
-    std::uint8_t path_mtu = 0;            ///< IBV_MTU_* (parameters() only)
-};
-
-/// Why a connection was refused, as the connecting side sees it.
-struct CmRejection {
-    int reason = 0;                      ///< the transport's reject reason (28: the peer's program refused)
-    bool by_peer = false;                ///< the peer's program refused (rdma_reject), not its transport
-    std::string reason_text;             ///< rdma_reject_msg(): "consumer defined", "invalid service ID", …
-    std::vector<std::byte> private_data; ///< what the refusal carried (padded by the transport)
-};
-
-/// The most private data each message carries on this transport.
-struct CmPrivateDataLimits {
-    std::size_t connect = 0; ///< in a connection request (56 over RoCE/InfiniBand)
-    std::size_t accept = 0;  ///< in the answer that accepts it (196)
-    std::size_t reject = 0;  ///< in a refusal (148)
-};
-
-/// What happened to an established connection.
-enum class CmEventType : std::uint8_t {
-    disconnected,   ///< the peer disconnected, or we did (RDMA_CM_EVENT_DISCONNECTED)
-    device_removal, ///< the device is going away (RDMA_CM_EVENT_DEVICE_REMOVAL)
-    address_change, ///< the local address changed (RDMA_CM_EVENT_ADDR_CHANGE)
-    timewait_exit,  ///< the queue pair left time-wait: its number may be reused (RDMA_CM_EVENT_TIMEWAIT_EXIT)
-    other,          ///< another rdma_cm event (native_type says which)
-};
-/// "disconnected", "device_removal", … (the enumerator's name).
-std::string_view to_string(CmEventType type) noexcept;
-
-/// One event of an established connection.
-struct CmEvent {
-    CmEventType type = CmEventType::other;
-    int native_type = -1; ///< the rdma_cm_event_type
-    int status = 0;       ///< the event's status
-    /// One line: what happened, what gpuverbs did about it, what to do.
-    [[nodiscard]] std::string describe() const;
-};
-
-class CmConnection;
-
-namespace detail {
-class CmIdCore;
-class CmState;
-
-/// The private threads rdma_cm's blocking steps run on for the async_* forms
-/// (as Asio's resolver runs getaddrinfo on one of its own); up to 16 steps
-/// wait at once.
-boost::asio::thread_pool& cm_thread();
-
-/// The cancellation flag of the step running on this thread (nullptr: none):
-/// its waits for rdma_cm events look at it every 50 ms and end with
-/// operation_aborted once it is set.
-void set_cm_step_cancel(const std::atomic<bool>* flag) noexcept;
-
-/// Runs `step` — the error_code form of a step, `Result(std::error_code&)` —
-/// on the rdma_cm thread, then completes `handler` with (error_code, result),
-/// or (error_code) when Result is void, on its associated executor (else the
-/// system executor). The handler's allocator carries the step to the thread;
-/// its cancellation slot, when connected, ends the step's waits with
-/// operation_aborted (a step already past its last wait completes as it is).
-template <class Result, class Handler, class Step>
-void run_cm_step(Handler&& handler, Step step) {
-    auto executor = boost::asio::get_associated_executor(handler, boost::asio::system_executor());
-    auto allocator = boost::asio::get_associated_allocator(handler);
-    auto slot = boost::asio::get_associated_cancellation_slot(handler);
-    auto cancelled = std::allocate_shared<std::atomic<bool>>(allocator, false);
-    if (slot.is_connected()) {
-        slot.assign([cancelled](boost::asio::cancellation_type type) {
-            if (type != boost::asio::cancellation_type::none) cancelled->store(true);
-        });
-    }
-    auto work = boost::asio::make_work_guard(executor);
-    auto run = [h = std::forward<Handler>(handler), work = std::move(work), step = std::move(step), slot,
-                cancelled]() mutable {
-        async_error_code ec;
-        using Stored = std::conditional_t<std::is_void_v<Result>, bool, Result>;
-        Stored result{};
-        set_cm_step_cancel(cancelled.get());
-        try {
-            std::error_code failed;
-            if constexpr (std::is_void_v<Result>) {
-                step(failed);
-            } else {
-                result = step(failed);
-            }
-            if (failed) ec = to_asio_error(failed);
-        } catch (const std::bad_alloc&) {
-            ec = boost::asio::error::no_memory;
-        } catch (const std::system_error& e) { // never let one escape into the pool's thread
-            ec = to_asio_error(e.code());
-        }
-        set_cm_step_cancel(nullptr);
-        auto ex = work.get_executor();
-        // The slot is the handler's: cleared on the handler's executor, before it runs.
-        auto finish = [slot](auto h2, auto&&... args) mutable {
-            if (slot.is_connected()) slot.clear();
-            std::move(h2)(std::forward<decltype(args)>(args)...);
-        };
-        if constexpr (std::is_void_v<Result>) {
-            boost::asio::post(
-                ex, [finish = std::move(finish), h = std::move(h), ec]() mutable { finish(std::move(h), ec); });
-        } else {
-            boost::asio::post(ex,
-                              [finish = std::move(finish), h = std::move(h), ec, result = std::move(result)]() mutable {
-                                  finish(std::move(h), ec, std::move(result));
-                              });
-        }
-    };
-    boost::asio::post(cm_thread(), boost::asio::bind_allocator(allocator, std::move(run)));
-}
-
-/// The named initiation of every rdma_cm step's async_* form (async_accept,
-/// async_connect, async_establish, CmListener::async_accept,
-/// async_cm_resolve): the step has no I/O object, so its executor is the
-/// system executor, where a handler without one of its own completes.
-template <class Result>
-struct InitiateCmStep {
-    using executor_type = boost::asio::any_io_executor;
-    [[nodiscard]] executor_type get_executor() const noexcept { return boost::asio::system_executor(); }
-    template <class Handler, class Step>
-    void operator()(Handler&& handler, Step step) const {
-        run_cm_step<Result>(std::forward<Handler>(handler), std::move(step));
-    }
-};
-
-CmConnection cm_resolve_impl(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
-                             const std::string& source, Status& status);
-
-using CmEventCallback = EventCallback<CmEvent>;
-/// Starts the connection's one async wait, its reader watching on `executor` (set at the first wait).
-void start_cm_event_wait(const std::shared_ptr<CmState>& state, const boost::asio::any_io_executor& executor,
-                         CmEventCallback callback);
-void cancel_cm_event_wait(const std::shared_ptr<CmState>& state) noexcept;
-
-/// The named initiation of CmConnection::async_wait_event: the wait's reader
-/// runs on the handler's associated executor (there is no other I/O executor).
-struct InitiateCmEventWait {
-    using executor_type = boost::asio::any_io_executor;
-    [[nodiscard]] executor_type get_executor() const noexcept { return boost::asio::system_executor(); }
-    template <class Handler>
-    void operator()(Handler&& handler, const std::shared_ptr<CmState>& state) const {
-        using Executor = decltype(boost::asio::get_associated_executor(handler));
-        boost::asio::any_io_executor executor;
-        if constexpr (!std::is_same_v<Executor, boost::asio::system_executor>) {
-            executor = boost::asio::get_associated_executor(handler);
-        }
-        auto fallback = executor ? executor : boost::asio::any_io_executor(boost::asio::system_executor());
-        start_cm_event_wait(
-            state, executor,
-            bind_event_handler<CmEvent>(std::forward<Handler>(handler), fallback,
-                                        [weak = std::weak_ptr<CmState>(state)] { cancel_cm_event_wait(weak.lock()); }));
-    }
-};
-
-/// What to accept with, from what the peer asked for, what the device allows
-/// and what the user set (pure; unit-tested).
-struct CmDeviceLimits {
-    std::uint8_t max_responder_resources = 0; ///< ibv_device_attr::max_qp_rd_atom
-    std::uint8_t max_initiator_depth = 0;     ///< ibv_device_attr::max_qp_init_rd_atom
-};
-CmParameters cm_negotiate(const CmOptions& ours, const CmDeviceLimits& device, const CmParameters* peer);
-/// Checks `options` and `private_data` before anything is sent ("connect",
-/// "accept" or "reject"); fails `status` naming the value and its limit.
-bool cm_check_request(std::string_view step, const CmOptions& options, std::size_t private_data,
-                      const CmPrivateDataLimits& limits, Status& status);
-CmPrivateDataLimits cm_private_data_limits(bool iwarp) noexcept;
-} // namespace detail
 
 /// A connection: a request a CmListener accepted, or an outgoing connection
 /// whose address and route cm_resolve found; then, after accept() or

@@ -14,17 +14,10 @@
 #include "gpuverbs/verbs/memory_region.hpp"
 #include "gpuverbs/verbs/queue_pair_types.hpp"
 
+#include "gpuverbs/detail/hot.hpp"
+
 #include <cstdint>
 #include <span>
-
-/// Forces the data path's small functions inline, so a request built from
-/// constants (the usual default options) folds into the few stores it needs
-/// instead of being built in memory and read back.
-#if defined(__GNUC__)
-#define GPUVERBS_HOT [[gnu::always_inline]] inline
-#else
-#define GPUVERBS_HOT inline
-#endif
 
 namespace gpuverbs {
 

@@ -12,10 +12,6 @@
 // error counts), a group's are updated once per transfer.
 #pragma once
 
-#include "gpuverbs/transfers/rail_group.hpp"
-#include "gpuverbs/verbs/device.hpp"
-#include "gpuverbs/verbs/queue_pair.hpp"
-
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,6 +19,12 @@
 #include <vector>
 
 namespace gpuverbs {
+
+// Only referred to here (their headers: verbs/device.hpp, verbs/queue_pair.hpp,
+// transfers/rail_group.hpp): the text needs none of the transfer engine.
+class Device;
+class QueuePair;
+class RailGroup;
 
 class PrometheusText {
 public:

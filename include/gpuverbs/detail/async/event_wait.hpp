@@ -1,7 +1,7 @@
 // The one asynchronous-wait machinery behind every event stream of gpuverbs:
 // a device's events (DeviceEvents::async_wait) and a connection's events
 // (CmConnection::async_wait_event). The reader itself (a descriptor and a timer
-// on a strand) is src/events/event_reader.hpp; this is the part the public
+// on a strand) is src/verbs/event_reader.hpp; this is the part the public
 // headers need: the type-erased completion and the initiation that binds a
 // handler to its executor and cancellation slot.
 #pragma once

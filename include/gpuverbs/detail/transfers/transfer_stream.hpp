@@ -13,6 +13,7 @@
 #pragma once
 
 #include "gpuverbs/detail/async/async_op.hpp"
+#include "gpuverbs/detail/transfers/key_map.hpp"
 #include "gpuverbs/detail/verbs/queue_cores.hpp"
 
 #include <infiniband/verbs.h>
@@ -34,12 +35,6 @@ class TransferJobBase;
 
 /// Requests one chain may hold at most (one ibv_post_send).
 inline constexpr std::uint32_t max_transfer_chain = 64;
-
-/// A memory key of the plan and the same memory's key on a rail's device.
-struct KeyMap {
-    std::uint32_t plan_key = 0;
-    std::uint32_t rail_key = 0;
-};
 
 /// One rail of a transfer: the requests [first, end) of a plan on one queue pair.
 class RailStream final : public AsyncOpBase {

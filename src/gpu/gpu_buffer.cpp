@@ -1,6 +1,6 @@
 #include "gpuverbs/gpu/gpu_buffer.hpp"
 
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 #include "text.hpp"
 
 #include <cctype>

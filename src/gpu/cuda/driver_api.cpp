@@ -1,4 +1,4 @@
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 
 #include "gpuverbs/gpu/gpu.hpp"
 

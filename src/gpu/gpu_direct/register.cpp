@@ -1,9 +1,9 @@
 // register_gpu_memory: gathers the probes' answers, asks the pure plan which
 // methods to try, and tries them in order, keeping every reason a method was
 // ruled out or failed.
-#include "gpu_direct/probes.hpp"
+#include "gpu/gpu_direct/probes.hpp"
 
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 #include "text.hpp"
 
 #include <unistd.h>

@@ -1,9 +1,9 @@
 // The probes behind register_gpu_memory: what the NIC, the GPU and the
 // kernel support, each asked of the real system and cached where it cannot
 // change while the process runs.
-#include "gpu_direct/probes.hpp"
+#include "gpu/gpu_direct/probes.hpp"
 
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 #include "text.hpp"
 
 #include <dlfcn.h>

@@ -4,7 +4,7 @@
 
 #include "gpuverbs/gpu/gpu_direct.hpp"
 
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 #include "text.hpp"
 
 #include <array>

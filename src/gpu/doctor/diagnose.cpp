@@ -5,7 +5,7 @@
 #include "gpuverbs/detail/verbs/rdma_presence.hpp"
 #include "gpuverbs/verbs/device.hpp"
 
-#include "gpu_direct/probes.hpp"
+#include "gpu/gpu_direct/probes.hpp"
 
 #include <dlfcn.h>
 #include <sys/resource.h>

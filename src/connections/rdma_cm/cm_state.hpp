@@ -5,7 +5,7 @@
 
 #include "gpuverbs/connections/rdma_cm.hpp"
 
-#include "../events/event_reader.hpp"
+#include "verbs/event_reader.hpp"
 
 #include <rdma/rdma_cma.h>
 

@@ -1,5 +1,8 @@
 // PrometheusText (observability/prometheus.hpp).
 #include "gpuverbs/observability/prometheus.hpp"
+#include "gpuverbs/transfers/rail_group.hpp"
+#include "gpuverbs/verbs/device.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
 
 #include <infiniband/verbs.h>
 

@@ -1,6 +1,6 @@
 #include "gpuverbs/gpu/gpu.hpp"
 
-#include "cuda/driver_api.hpp"
+#include "gpu/cuda/driver_api.hpp"
 
 #include <cctype>
 

@@ -1,0 +1,438 @@
+// The job behind async_transfer (detail/transfers/transfer_job.hpp): it
+// binds the rails, sets up one stream per rail, feeds TransferFsm every
+// event and performs what it decides.
+#include "gpuverbs/detail/access.hpp"
+#include "gpuverbs/transfers/transfer.hpp"
+
+#include "gpuverbs/detail/data_path/posting_path.hpp"
+
+#include "text.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <utility>
+
+namespace gpuverbs::detail {
+
+std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails) {
+    std::vector<BoundRail> out;
+    out.reserve(rails.size());
+    for (const TransferRail& r : rails) {
+        BoundRail b;
+        if (r.qp != nullptr && *r.qp) {
+            b.qp = access::core(static_cast<const DataPath&>(*r.qp));
+            b.given = true;
+        }
+        b.local_keys = r.local_keys;
+        b.remote_keys = r.remote_keys;
+        out.push_back(std::move(b));
+    }
+    return out;
+}
+
+bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan& plan, const TransferOptions& options,
+                            std::error_code& ec, std::string& why) {
+    plan_ = &plan;
+    notify_ = options.notify;
+    failed_blocks_ = options.failed_blocks;
+    rail_bytes_ = options.rail_bytes;
+    report_ = options.report;
+    deadline_at_ = options.deadline;
+    auto refuse = [&](std::error_code code, std::string text) {
+        ec = code;
+        why = std::move(text);
+        return false;
+    };
+    // The queue pairs, held for the set-up; the streams then refer to them
+    // as every asynchronous operation does (a QP destroyed later aborts them).
+    std::vector<LockedRail> rails(bound.size());
+    for (std::size_t k = 0; k < bound.size(); ++k) rails[k] = {bound[k].qp.lock(), &bound[k]};
+    if (rails.empty()) return refuse(errc::invalid_argument, "a transfer needs at least one rail");
+    if (plan.requests().empty()) return refuse(errc::invalid_argument, "an empty plan");
+    if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
+        return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
+    }
+    if (!options.rail_bytes.empty() && options.rail_bytes.size() != rails.size()) {
+        return refuse(errc::invalid_argument, "rail_bytes has " + std::to_string(options.rail_bytes.size()) +
+                                                  " entries for " + std::to_string(rails.size()) + " rails");
+    }
+    for (std::size_t k = 0; k < rails.size(); ++k) {
+        if (!bound[k].given) {
+            return refuse(errc::invalid_argument, "rail " + std::to_string(k) + " has no queue pair");
+        }
+        if (!rails[k].qp) {
+            return refuse(aborted_error(),
+                          "rail " + std::to_string(k) + "'s queue pair was destroyed before the transfer started");
+        }
+        if (std::error_code refusal = async_refusal(rails[k].qp.get())) {
+            return refuse(refusal, "rail " + std::to_string(k) + ": " +
+                                       (refusal == errc::no_executor ? "the QP's CQ has no executor"
+                                                                     : "the QP cannot run asynchronous operations"));
+        }
+    }
+    for (std::size_t k = 1; k < rails.size(); ++k) {
+        if (rails[k].qp->pd() != rails[0].qp->pd() &&
+            (rails[k].rail->local_keys.empty() || rails[k].rail->remote_keys.empty())) {
+            return refuse(errc::invalid_argument,
+                          "rail " + std::to_string(k) +
+                              "'s queue pair is on another protection domain than rail 0's, whose keys the plan "
+                              "holds: give the same memory's keys on that rail (TransferRail::local and ::remote)");
+        }
+    }
+    if (!options.rail_weights.empty() && options.rail_weights.size() != rails.size()) {
+        return refuse(errc::invalid_argument, "rail_weights has " + std::to_string(options.rail_weights.size()) +
+                                                  " entries for " + std::to_string(rails.size()) + " rails");
+    }
+    for (std::uint64_t& b : rail_bytes_) b = 0;
+    const std::vector<std::uint64_t> equal(options.rail_weights.empty() ? rails.size() : 0, 1);
+    const Stripes stripes =
+        stripe(plan, 0, static_cast<std::uint32_t>(plan.requests().size()),
+               options.rail_weights.empty() ? std::span<const std::uint64_t>(equal) : options.rail_weights);
+    rail_count_ = rails.size();
+    rails_ = std::make_unique<RailStream[]>(rail_count_);
+    for (std::size_t k = 0; k < rail_count_; ++k) {
+        RailStream& r = rails_[k];
+        r.fn = &TransferJobBase::rail_done;
+        r.job = this;
+        r.index = k;
+        std::string text;
+        if (std::error_code e =
+                r.setup(*rails[k].qp, plan, stripes.bounds[k], stripes.bounds[k + 1], stripes.bytes[k],
+                        rails[k].rail->local_keys, rails[k].rail->remote_keys, options.doorbell_batch, text)) {
+            return refuse(e, "rail " + std::to_string(k) + ": " + text);
+        }
+        r.driver = rails[k].qp->send_cq()->driver();
+    }
+    executor_ = rails_[0].driver->executor();
+    chain_ = options.doorbell_batch;
+    failover_ = options.failover && rail_count_ > 1;
+    if (failover_) {
+        bound_.assign(bound.begin(), bound.end());
+        usable_.resize(rail_count_);
+    }
+    if (rail_count_ > 1 || report_ != nullptr) outcomes_.resize(rail_count_);
+    return true;
+}
+
+/// The deadline's timer and the job it may stop. The timer's handler holds
+/// this (not the job, which finishes without waiting for the timer): under
+/// its lock the job is either still there, and may be pinned open, or gone.
+struct TransferJobBase::Deadline {
+    Deadline(const boost::asio::any_io_executor& executor, TransferJobBase* j) : timer(executor), job(j) {}
+    std::mutex mutex;
+    boost::asio::steady_timer timer;
+    TransferJobBase* job;
+};
+
+/// What the machine asks while it decides, answered under the job's lock:
+/// a rail is usable when its queue pair is alive and accepts asynchronous
+/// operations (then held in usable_ until its streams are submitted).
+class TransferJobBase::Probe final : public TransferFsm::Rails {
+public:
+    explicit Probe(TransferJobBase& job) noexcept : job_(job) {}
+    bool usable(std::size_t rail) override {
+        std::shared_ptr<QpCore>& qp = job_.usable_[rail];
+        qp = job_.bound_[rail].qp.lock();
+        return qp && !async_refusal(qp.get());
+    }
+    bool reaches_notification(std::size_t rail) override {
+        return job_.rails_[rail].reaches_remote(job_.plan_->requests().back().remote.rkey);
+    }
+    void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
+                std::span<std::uint32_t> bounds) override {
+        job_.stripes_ = detail::stripe(*job_.plan_, first, end, weights);
+        std::copy(job_.stripes_.bounds.begin(), job_.stripes_.bounds.end(), bounds.begin());
+    }
+
+private:
+    TransferJobBase& job_;
+};
+
+void TransferJobBase::start() {
+    // The rails with requests (by weight, an empty one may sit between
+    // two). Counted before the first submit, and the last one found: once it
+    // is submitted the job may already be gone (finished on another thread,
+    // or refused at once), so nothing of `this` is read after it.
+    RailStream* const rails = rails_.get();
+    std::size_t n = 0, last = 0;
+    {
+        std::lock_guard lock(mutex_);
+        std::vector<std::uint32_t> bounds(rail_count_ + 1);
+        for (std::size_t k = 0; k < rail_count_; ++k) bounds[k] = rails[k].first();
+        bounds[rail_count_] = rails[rail_count_ - 1].end();
+        // Started first: a rail refused at once must not finish the job while others are still to start.
+        Probe probe(*this);
+        fsm_.start(bounds, failover_, notify_.has_value(), probe); // submit them (setup refused an empty plan)
+        for (std::size_t k = 0; k < rail_count_; ++k) {
+            if (!fsm_.streams()[k].running) continue;
+            ++n;
+            last = k;
+        }
+        started_at_ = std::chrono::steady_clock::now();
+    }
+    if (deadline_at_) {
+        // Started before the rails: a deadline that passes while they are
+        // submitted stops those not yet submitted as they are.
+        deadline_ = std::make_shared<Deadline>(executor_, this);
+        std::lock_guard hold(deadline_->mutex); // its handler and the finish wait until the wait is started
+        deadline_->timer.expires_at(*deadline_at_);
+        deadline_->timer.async_wait([d = deadline_](const boost::system::error_code& ec) {
+            if (ec) return; // cancelled: the transfer finished first
+            TransferJobBase* job = nullptr;
+            {
+                std::lock_guard lock(d->mutex);
+                job = d->job;
+                if (job == nullptr || !job->pin(std::make_error_code(std::errc::timed_out))) return;
+            }
+            job->stop_pinned();
+        });
+    }
+    for (std::size_t k = 0; k <= last && n > 0; ++k) {
+        if (rails[k].first() < rails[k].end()) rails[k].driver->submit(&rails[k]); // rails[last] goes last
+    }
+}
+
+bool TransferJobBase::pin(std::error_code reason) {
+    std::lock_guard lock(mutex_);
+    // Finishing (nothing running), notifying (every block landed; the
+    // notification ends as it ends), destroyed, or stopped already: nothing to do.
+    if (!fsm_.stoppable()) return false;
+    // The words first: if they cannot be allocated, nothing has changed.
+    if (!fsm_.error() && failed_blocks_ != nullptr) {
+        *failed_blocks_ = reason == std::errc::timed_out
+                              ? "the deadline passed before every block had moved (nothing more was posted)"
+                              : "the transfer was cancelled (nothing more was posted)";
+    }
+    fsm_.stop(reason); // taken (stoppable): held open until stop_pinned() has stopped every stream
+    return true;
+}
+
+// Only std::bad_alloc (the words of the reason) can escape: termination rather than a lost stop.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void TransferJobBase::stop(std::error_code reason) noexcept {
+    if (pin(reason)) stop_pinned();
+}
+
+// NOLINTNEXTLINE(bugprone-exception-escape): as finished_one
+void TransferJobBase::stop_pinned() noexcept {
+    // Each stream stops under its driver's lock; a waiting one finishes here
+    // (finished_one), never the job: the pin holds it open. The streams are
+    // listed under the lock (takeovers add to them).
+    std::vector<RailStream*> streams;
+    {
+        std::lock_guard lock(mutex_);
+        // Not those that finished: their queue pair (and driver) may be gone since.
+        const auto all = fsm_.streams();
+        for (std::uint32_t id = 0; id < all.size(); ++id) {
+            if (all[id].running) streams.push_back(&stream(id));
+        }
+    }
+    for (RailStream* s : streams) s->driver->stop_stream(*s);
+    std::unique_lock lock(mutex_);
+    Probe probe(*this);
+    const TransferFsm::Action a = fsm_.unpin(probe);
+    explain(a.why, {});
+    perform(lock, a);
+}
+
+// Only std::bad_alloc (the words of an error, the handler's post) can escape;
+// an operation cannot complete without them, so termination is the answer.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+void TransferJobBase::rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::error_code ec) noexcept {
+    auto* rail = static_cast<RailStream*>(op);
+    rail->job->finished_one(*rail, how, ec);
+}
+
+void TransferJobBase::fill_report() const {
+    // A request's state over every stream that carried it (the machine's), per rail what the machine decided.
+    const std::size_t n = plan_->requests().size();
+    std::vector<RequestState> states(n);
+    fsm_.request_states(states);
+    TransferReport& r = *report_;
+    r.requests.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        r.requests[i] = states[i] == RequestState::landed      ? BlockState::landed
+                        : states[i] == RequestState::uncertain ? BlockState::uncertain
+                                                               : BlockState::not_posted;
+    }
+    summarize_blocks(*plan_, r);
+    r.rails = outcomes_;
+    const auto rails = fsm_.rails();
+    for (std::size_t k = 0; k < r.rails.size() && k < rails.size(); ++k) {
+        r.rails[k].error = rails[k].error;
+        r.rails[k].taken_over = rails[k].taken_over;
+        r.rails[k].took_over = rails[k].took_over;
+    }
+}
+
+RailStream& TransferJobBase::stream(std::uint32_t id) const noexcept {
+    return id < rail_count_ ? rails_[id] : *extra_[id - rail_count_];
+}
+
+std::uint32_t TransferJobBase::stream_id(const RailStream& s) const noexcept {
+    if (s.index < rail_count_ && &rails_[s.index] == &s) return static_cast<std::uint32_t>(s.index);
+    std::size_t i = 0; // a takeover: few, and only after a failure
+    while (extra_[i].get() != &s) ++i;
+    return static_cast<std::uint32_t>(rail_count_ + i);
+}
+
+bool TransferJobBase::make_takeover(const TransferFsm::Action& action, Holds& hold) {
+    std::vector<std::unique_ptr<RailStream>> made;
+    for (std::uint32_t id = action.first_stream; id < action.end_stream; ++id) {
+        const TransferFsm::Stream& t = fsm_.streams()[id];
+        QpCore& qp = *usable_[t.rail]; // the machine asked: alive and usable
+        auto s = std::make_unique<RailStream>();
+        s->fn = &TransferJobBase::rail_done;
+        s->job = this;
+        s->index = t.rail;
+        std::string why;
+        if (s->setup(qp, *plan_, t.first, t.end, stripes_.bytes[t.rail], bound_[t.rail].local_keys,
+                     bound_[t.rail].remote_keys, chain_, why)) {
+            return false; // a key it cannot translate: checked at the start only for its own share
+        }
+        s->driver = qp.send_cq()->driver();
+        made.push_back(std::move(s));
+    }
+    for (auto& s : made) { // kept once every stream could be made, in the machine's order
+        hold.push_back(usable_[s->index]);
+        extra_.push_back(std::move(s));
+    }
+    return true;
+}
+
+void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::error_code ec) {
+    const std::size_t k = rail.index;
+    Holds hold; // the takeovers' queue pairs, alive until submitted
+    std::unique_lock lock(mutex_);
+    // Every completion, an abort's too, comes after its driver released its
+    // lock (async_driver.hpp): takeovers are submitted from here directly.
+    std::error_code e = rail.error();
+    if (!e && rail.failure) e = *rail.failure;
+    if (!e) e = ec;
+    const std::uint64_t moved = rail.bytes();
+    bytes_ += moved;
+    if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
+    if (!outcomes_.empty()) {
+        outcomes_[k].bytes += moved;
+        outcomes_[k].busy = std::chrono::steady_clock::now() - started_at_;
+    }
+    std::string text;
+    if (e) {
+        const bool stopping = fsm_.phase() == TransferFsm::Phase::stopping;
+        if (rail.notification_failed()) {
+            text = "the notification after the last block";
+        } else if (rail.failed()) {
+            text = plan_->blocks_of(rail.failed_request());
+        } else if (!stopping && e == aborted_error()) {
+            text = "its queue pair or completion queue was destroyed";
+        } else {
+            text = "the transfer was stopped (" + e.message() + ")";
+        }
+        if (rail_count_ > 1) text += " on rail " + std::to_string(k);
+    }
+    TransferFsm::StreamEnd end;
+    end.stream = stream_id(rail);
+    end.landed_end = rail.landed_end();
+    end.posted_end = rail.posted_end();
+    end.error = e;
+    end.failure = classify_stream_failure(e, rail.wc_status(), rail.post_refused(), rail.notification_failed());
+    end.own_failure = rail.failed();
+    end.destroyed = how == AsyncOpBase::How::destroy;
+    Probe probe(*this);
+    TransferFsm::Action a = fsm_.stream_finished(end, probe);
+    if (a.kind == TransferFsm::Action::Kind::make_streams) a = fsm_.takeover_made(make_takeover(a, hold), probe);
+    // A rail that failed while the transfer was stopping failed all the same (its group should know).
+    if (a.record_failure && !outcomes_.empty()) outcomes_[k].failure = e.message() + ": " + text;
+    explain(a.why, std::move(text));
+    perform(lock, a); // `hold` outlives the submissions
+}
+
+void TransferJobBase::explain(TransferFsm::Why why, std::string text) {
+    if (failed_blocks_ == nullptr) return;
+    switch (why) {
+        case TransferFsm::Why::none:
+        case TransferFsm::Why::stopped: return; // pin() wrote them before the stop was taken
+        case TransferFsm::Why::stream_failed: *failed_blocks_ = std::move(text); return;
+        case TransferFsm::Why::every_rail_failed: {
+            // No rail was left to take its requests: name every rail that failed, and why.
+            std::string all = "every rail failed:";
+            const auto rails = fsm_.rails();
+            for (std::size_t j = 0; j < rail_count_; ++j) {
+                if (rails[j].error) all += " rail " + std::to_string(j) + ": " + outcomes_[j].failure + ";";
+            }
+            all.pop_back();
+            *failed_blocks_ = std::move(all);
+            return;
+        }
+        case TransferFsm::Why::no_rail_for_notification:
+            *failed_blocks_ =
+                "every block landed, but no rail that has not failed reaches the notification's "
+                "remote region (give its key on another rail: TransferRail::remote)";
+            return;
+    }
+}
+
+void TransferJobBase::submit_stream(RailStream* s) {
+    // Never under a driver's lock: every completion, aborts included, reaches
+    // the job after the driver released it, so a takeover may go to any driver.
+    s->driver->submit(s);
+}
+
+void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const TransferFsm::Action& action) {
+    using Kind = TransferFsm::Action::Kind;
+    // The queue pairs the machine looked at are not held past this event, but those about to be submitted to.
+    // They are let go after the job's lock (the last reference destroys a
+    // queue pair, which waits for its CQ's pollers: never under our lock).
+    std::shared_ptr<QpCore> notify_qp;
+    if (action.kind == Kind::notify && failover_) notify_qp = std::move(usable_[action.rail]);
+    Holds released(usable_.size());
+    released.swap(usable_);
+    switch (action.kind) {
+        case Kind::wait:
+        case Kind::make_streams: // answered in finished_one
+        case Kind::stop_streams: // performed by stop_pinned
+            lock.unlock();
+            return;
+        case Kind::submit: {
+            // Listed under the lock; once the last is submitted the job may be gone.
+            std::vector<RailStream*> streams;
+            const auto all = fsm_.streams();
+            for (std::uint32_t id = action.first_stream; id < action.end_stream; ++id) {
+                if (all[id].running) streams.push_back(&stream(id));
+            }
+            lock.unlock();
+            for (RailStream* s : streams) submit_stream(s);
+            return;
+        }
+        case Kind::notify: {
+            // On the first rail that has not failed and reaches the plan's last remote block.
+            RailStream* notify = &rails_[action.rail];
+            const std::uint32_t immediate = *notify_;
+            lock.unlock();
+            notify->reset_for_resubmit();
+            notify->arm_notification(immediate);
+            submit_stream(notify);
+            return;
+        }
+        case Kind::finish: break;
+    }
+    error_ = fsm_.error();
+    const bool destroy = fsm_.destroyed();
+    lock.unlock();
+    if (deadline_) {
+        // The timer's handler finds no job from here on; a pending wait ends
+        // early (not while the execution context is being destroyed: its
+        // services are shutting down, and the wait is destroyed with them).
+        std::lock_guard held(deadline_->mutex);
+        deadline_->job = nullptr;
+        if (!destroy) deadline_->timer.cancel();
+    }
+    if (!destroy && report_ != nullptr) fill_report();
+    finish_(this, destroy);
+}
+
+} // namespace gpuverbs::detail
