@@ -258,12 +258,24 @@ py::object make_error(const std::error_code& code, std::string_view verb, std::s
 /// Raises `error` (a gpuverbs::Error or another std::exception) as its gpuverbs.Error.
 [[noreturn]] void raise_exception(const std::exception& error);
 
+/// Records the keys of the dict a C++ struct becomes in Python, in the
+/// module's _struct_fields: call it with the converter applied to a
+/// default-constructed struct, so what is recorded is the converter's own
+/// output. tests/python/test_stubs.py compares each entry (and the attributes
+/// of the classes bound from structs) with the struct's members in its
+/// header, without a device.
+void record_fields(py::module_& m, const char* cpp_struct, const py::dict& form);
+
+// Called in this order (module.cpp): a class is bound before the functions
+// that take or return it, so that their signatures name it
+// (gpuverbs._core.X), not its C++ type.
 void bind_errors(py::module_& m);
+void bind_verbs(py::module_& m); ///< devices, the context, protection domains, CQs
 void bind_memory(py::module_& m);
-void bind_verbs(py::module_& m);
 void bind_operations(py::module_& m);
-void bind_connections(py::module_& m);
+void bind_queue_pairs(py::module_& m); ///< endpoints, prepared and connected queue pairs
 void bind_transfers(py::module_& m);
+void bind_connections(py::module_& m);
 void bind_gpu(py::module_& m);
 
 } // namespace gpuverbs::python

@@ -65,6 +65,15 @@ py::dict event_dict(const CmEvent& e) {
     d["description"] = e.describe();
     return d;
 }
+
+py::dict rejection_dict(const CmRejection& r) {
+    py::dict d;
+    d["reason"] = r.reason;
+    d["by_peer"] = r.by_peer;
+    d["reason_text"] = r.reason_text;
+    d["private_data"] = to_py(r.private_data);
+    return d;
+}
 #endif
 
 } // namespace
@@ -144,6 +153,8 @@ void bind_connections(py::module_& m) {
 
 #if GPUVERBS_HAVE_RDMACM
     m.attr("have_rdma_cm") = true;
+    record_fields(m, "CmEvent", event_dict(CmEvent{}));
+    record_fields(m, "CmRejection", rejection_dict(CmRejection{}));
     py::class_<Cm, std::shared_ptr<Cm>>(m, "CmConnection",
                                         "An rdma_cm connection: create_qp, post receives, then accept or connect.")
         .def_property_readonly(
@@ -223,12 +234,7 @@ void bind_connections(py::module_& m) {
                                [](const Cm& c) -> py::object {
                                    const auto& r = c.conn.rejection();
                                    if (!r) return py::none();
-                                   py::dict d;
-                                   d["reason"] = r->reason;
-                                   d["by_peer"] = r->by_peer;
-                                   d["reason_text"] = r->reason_text;
-                                   d["private_data"] = to_py(r->private_data);
-                                   return d;
+                                   return rejection_dict(*r);
                                })
         .def("disconnect", [](Cm& c) { c.conn.disconnect(); })
         .def("event_fd", [](const Cm& c) { return c.conn.event_fd(); })

@@ -75,6 +75,17 @@ py::dict check_dict(const Check& c) {
     return d;
 }
 
+py::dict probes_dict(const GpuDirectProbes& p) {
+    py::dict d;
+    d["gpu_direct_rdma"] = check_dict(p.gpu_direct_rdma);
+    d["memory"] = check_dict(p.memory);
+    d["gpu_dmabuf"] = check_dict(p.gpu_dmabuf);
+    d["nic_dmabuf"] = check_dict(p.nic_dmabuf);
+    d["peermem"] = check_dict(p.peermem);
+    return d;
+}
+
+/// The plan's members and the probes, in one dict.
 py::dict explanation_dict(const GpuRegistrationExplanation& e) {
     py::dict d;
     d["policy"] = std::string(to_string(e.plan.policy));
@@ -85,13 +96,7 @@ py::dict explanation_dict(const GpuRegistrationExplanation& e) {
     for (const Rejection& r : e.plan.rejected)
         rejected.append(py::make_tuple(std::string(to_string(r.method)), r.reason));
     d["rejected"] = rejected;
-    py::dict probes;
-    probes["gpu_direct_rdma"] = check_dict(e.probes.gpu_direct_rdma);
-    probes["memory"] = check_dict(e.probes.memory);
-    probes["gpu_dmabuf"] = check_dict(e.probes.gpu_dmabuf);
-    probes["nic_dmabuf"] = check_dict(e.probes.nic_dmabuf);
-    probes["peermem"] = check_dict(e.probes.peermem);
-    d["probes"] = probes;
+    d["probes"] = probes_dict(e.probes);
     return d;
 }
 
@@ -104,6 +109,11 @@ GpuRegistration policy_of(const std::string& name) {
 } // namespace
 
 void bind_gpu(py::module_& m) {
+    record_fields(m, "GpuMemory", memory_dict(GpuMemory{}));
+    record_fields(m, "Check", check_dict(Check{}));
+    record_fields(m, "GpuDirectProbes", probes_dict(GpuDirectProbes{}));
+    record_fields(m, "GpuRegistrationExplanation", explanation_dict(GpuRegistrationExplanation{}));
+
     m.def(
         "gpu_memory",
         [](const py::object& obj, const std::string& via) { return memory_dict(gpu_memory_of(obj, via)); },

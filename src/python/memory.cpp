@@ -390,6 +390,19 @@ std::shared_ptr<Region> cached_region(const std::shared_ptr<Cache>& cache, const
     return region;
 }
 
+py::dict cache_statistics_dict(const RegistrationCacheStatistics& s) {
+    py::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["evictions"] = s.evictions;
+    d["merges"] = s.merges;
+    d["invalidations"] = s.invalidations;
+    d["stale"] = s.stale;
+    d["regions"] = s.regions;
+    d["bytes_pinned"] = s.bytes_pinned;
+    return d;
+}
+
 py::list rejections_list(const std::vector<Rejection>& rejected) {
     py::list out;
     for (const Rejection& r : rejected) out.append(py::make_tuple(std::string(to_string(r.method)), r.reason));
@@ -399,6 +412,8 @@ py::list rejections_list(const std::vector<Rejection>& rejected) {
 } // namespace
 
 void bind_memory(py::module_& m) {
+    record_fields(m, "RegistrationCacheStatistics", cache_statistics_dict(RegistrationCacheStatistics{}));
+
     py::dict access;
     access["none"] = static_cast<unsigned>(Access::none);
     access["local_write"] = static_cast<unsigned>(Access::local_write);
@@ -438,16 +453,20 @@ void bind_memory(py::module_& m) {
             },
             py::arg("data"), "Parses to_bytes' form (gpuverbs.Error malformed_record when it is not one).");
 
-    py::class_<Slice>(m, "LocalBuffer", "A range of a registered region: what an operation reads or writes locally.")
-        .def_property_readonly("region", [](const Slice& s) { return s.region; })
+    // Both declared before their members: each names the other in its signatures.
+    py::class_<Slice> local_buffer(m, "LocalBuffer",
+                                   "A range of a registered region: what an operation reads or writes locally.");
+    py::class_<Region, std::shared_ptr<Region>> region(
+        m, "MemoryRegion",
+        "Memory registered with a protection domain (ProtectionDomain.register). It holds the registered object "
+        "for its whole life, so the memory stays valid while the NIC may use it.");
+
+    local_buffer.def_property_readonly("region", [](const Slice& s) { return s.region; })
         .def_readonly("offset", &Slice::offset)
         .def_readonly("length", &Slice::length)
         .def("__len__", [](const Slice& s) { return s.length; });
 
-    py::class_<Region, std::shared_ptr<Region>>(
-        m, "MemoryRegion",
-        "Memory registered with a protection domain (ProtectionDomain.register). It holds the registered object "
-        "for its whole life, so the memory stays valid while the NIC may use it.")
+    region
         .def_property_readonly(
             "obj", [](const Region& r) { return r.owner; }, "The registered object (held).")
         .def_property_readonly("address", [](const Region& r) { return r.memory.address; })
@@ -535,19 +554,8 @@ void bind_memory(py::module_& m) {
                                     b.size);
             },
             py::arg("obj"), "Drops the cached registrations overlapping obj's memory (call it before freeing it).")
-        .def_property_readonly("statistics", [](const Cache& c) {
-            RegistrationCacheStatistics s = c.cache->statistics();
-            py::dict d;
-            d["hits"] = s.hits;
-            d["misses"] = s.misses;
-            d["evictions"] = s.evictions;
-            d["merges"] = s.merges;
-            d["invalidations"] = s.invalidations;
-            d["stale"] = s.stale;
-            d["regions"] = s.regions;
-            d["bytes_pinned"] = s.bytes_pinned;
-            return d;
-        });
+        .def_property_readonly("statistics",
+                               [](const Cache& c) { return cache_statistics_dict(c.cache->statistics()); });
 
     m.def(
         "_register",

@@ -295,10 +295,8 @@ void bind_operations(py::module_& m) {
             py::arg("timeout") = py::none(),
             "Blocks (the GIL released) until done, running the context's completions: the result.")
         .def("cancel", &Operation::cancel, "Asks the operation to stop (see the class's rules).")
-        .def("_set_future", &Operation::set_future)
-        .def_property_readonly(
-            "report", [](const Operation& op) { return op.report; },
-            "A transfer's TransferReport (filled when it completes).");
+        .def("_set_future", &Operation::set_future, py::arg("future"));
+    // Operation.report: bind_transfers adds it, after TransferReport.
 }
 
 } // namespace gpuverbs::python

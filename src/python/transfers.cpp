@@ -156,6 +156,23 @@ std::string_view state_name(BlockState s) {
     return "?";
 }
 
+py::list states_list(const std::vector<BlockState>& states) {
+    py::list out;
+    for (BlockState s : states) out.append(std::string(state_name(s)));
+    return out;
+}
+
+py::dict rail_dict(const TransferReport::Rail& rail) {
+    py::dict d;
+    d["bytes"] = rail.bytes;
+    d["error"] = rail.error ? rail.error.message() : std::string();
+    d["failure"] = rail.failure;
+    d["taken_over"] = rail.taken_over;
+    d["took_over"] = rail.took_over;
+    d["busy_seconds"] = std::chrono::duration<double>(rail.busy).count();
+    return d;
+}
+
 struct Finish {
     std::shared_ptr<Operation> op;
     void operator()(const boost::system::error_code& ec, std::size_t n) const noexcept {
@@ -206,6 +223,8 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
 } // namespace
 
 void bind_transfers(py::module_& m) {
+    record_fields(m, "TransferReport::Rail", rail_dict(TransferReport::Rail{}));
+
     py::class_<LocalBlocks>(m, "LocalBlocks", "Blocks of a registered region: offsets and lengths (arrays).")
         .def(py::init(&make_local), py::arg("region"), py::arg("offsets"), py::arg("lengths"),
              "offsets: an array (or sequence) of byte offsets into region; lengths: one per offset, or one int for "
@@ -229,6 +248,14 @@ void bind_transfers(py::module_& m) {
                                    for (const RemoteBlock& r : b.blocks) v.push_back(r.length);
                                    return uint64_array(v);
                                })
+        .def_property_readonly(
+            "memories",
+            [](const RemoteBlocks& b) {
+                py::list out;
+                for (const RemoteBlock& r : b.blocks) out.append(py::cast(r.memory));
+                return out;
+            },
+            "Per block, the RemoteMemory its offset is in.")
         .def(
             "to_bytes",
             [](const RemoteBlocks& b) {
@@ -268,26 +295,26 @@ void bind_transfers(py::module_& m) {
         .def_readonly("landed", &TransferReport::landed)
         .def_readonly("not_posted", &TransferReport::not_posted)
         .def_readonly("uncertain", &TransferReport::uncertain)
-        .def_property_readonly("remote_blocks",
-                               [](const TransferReport& r) {
-                                   py::list out;
-                                   for (BlockState s : r.remote_blocks) out.append(std::string(state_name(s)));
-                                   return out;
-                               })
-        .def_property_readonly("rails", [](const TransferReport& r) {
-            py::list out;
-            for (const TransferReport::Rail& rail : r.rails) {
-                py::dict d;
-                d["bytes"] = rail.bytes;
-                d["error"] = rail.error ? rail.error.message() : std::string();
-                d["failure"] = rail.failure;
-                d["taken_over"] = rail.taken_over;
-                d["took_over"] = rail.took_over;
-                d["busy_seconds"] = std::chrono::duration<double>(rail.busy).count();
-                out.append(d);
-            }
-            return out;
-        });
+        .def_property_readonly(
+            "requests", [](const TransferReport& r) { return states_list(r.requests); },
+            "Per request of the plan: 'landed', 'not_posted' or 'uncertain'.")
+        .def_property_readonly(
+            "remote_blocks", [](const TransferReport& r) { return states_list(r.remote_blocks); },
+            "Per remote block, in the list's order: 'landed', 'not_posted' or 'uncertain'.")
+        .def_property_readonly(
+            "rails",
+            [](const TransferReport& r) {
+                py::list out;
+                for (const TransferReport::Rail& rail : r.rails) out.append(rail_dict(rail));
+                return out;
+            },
+            "Per rail, a dict: bytes, error, failure, taken_over, took_over, busy_seconds.");
+
+    // Here, after TransferReport, so that its signature names the class.
+    py::class_<Operation, std::shared_ptr<Operation>>(m.attr("Operation"))
+        .def_property_readonly(
+            "report", [](const Operation& op) { return op.report; },
+            "A transfer's TransferReport (filled when it completes).");
 
     m.def("transfer", &transfer, py::arg("rails"), py::arg("plan"), py::kw_only(), py::arg("notify") = py::none(),
           py::arg("failover") = true, py::arg("doorbell_batch") = 32,

@@ -31,6 +31,9 @@ Qp::~Qp() {
 
 namespace {
 
+// What a struct becomes in Python: every member (record_fields lets the test
+// check that), named as in C++; enums by their C++ names (to_string), MTUs in bytes.
+
 py::dict port_dict(const PortAttributes& p) {
     py::dict d;
     d["port"] = p.port;
@@ -41,6 +44,42 @@ py::dict port_dict(const PortAttributes& p) {
     d["lid"] = p.lid;
     d["speed_gbps"] = p.speed_gbps;
     d["gid_table_length"] = p.gid_table_length;
+    // `native` (the raw ibv_port_attr) stays in C++.
+    return d;
+}
+
+py::dict device_info_dict(const DeviceInfo& info) {
+    py::dict d;
+    d["name"] = info.name;
+    d["node_guid"] = format_guid(info.node_guid);
+    d["node_type"] = std::string(to_string(info.node_type));
+    d["transport"] = std::string(to_string(info.transport));
+    return d;
+}
+
+py::dict gid_dict(const GidEntry& g) {
+    py::dict d;
+    d["index"] = g.index;
+    d["port"] = g.port;
+    d["gid"] = g.gid.to_string();
+    d["type"] = std::string(to_string(g.type));
+    d["netdev_ifindex"] = g.netdev_ifindex;
+    return d;
+}
+
+py::dict statistics_dict(const AsyncStatistics& s) {
+    py::dict d;
+    d["submitted"] = s.submitted;
+    d["waited"] = s.waited;
+    d["completed"] = s.completed;
+    d["aborted"] = s.aborted;
+    d["cancelled"] = s.cancelled;
+    d["polls"] = s.polls;
+    d["empty_polls"] = s.empty_polls;
+    d["wakeups"] = s.wakeups;
+    d["work_completions"] = s.work_completions;
+    d["queue_pairs_failed"] = s.queue_pairs_failed;
+    d["completed_by_library"] = s.completed_by_library;
     return d;
 }
 
@@ -71,17 +110,22 @@ std::string_view element_name(EventElement e) {
     return "?";
 }
 
+py::dict event_dict(const DeviceEvent& e) {
+    py::dict d;
+    d["type"] = std::string(to_string(e.type));
+    d["element"] = std::string(element_name(e.element));
+    d["device"] = e.device;
+    d["port"] = e.port;
+    d["qp_num"] = e.qp_num;
+    d["object"] = e.object;
+    d["native_type"] = e.native_type;
+    d["description"] = e.describe();
+    return d;
+}
+
 py::object event_dict(const std::optional<DeviceEvent>& e) {
     if (!e) return py::none();
-    py::dict d;
-    d["type"] = std::string(to_string(e->type));
-    d["element"] = std::string(element_name(e->element));
-    d["device"] = e->device;
-    d["port"] = e->port;
-    d["qp_num"] = e->qp_num;
-    d["native_type"] = e->native_type;
-    d["description"] = e->describe();
-    return d;
+    return event_dict(*e);
 }
 
 /// A device's asynchronous events and the device they come from (held).
@@ -93,6 +137,12 @@ struct Events {
 } // namespace
 
 void bind_verbs(py::module_& m) {
+    record_fields(m, "PortAttributes", port_dict(PortAttributes{}));
+    record_fields(m, "DeviceInfo", device_info_dict(DeviceInfo{}));
+    record_fields(m, "GidEntry", gid_dict(GidEntry{}));
+    record_fields(m, "DeviceEvent", event_dict(DeviceEvent{}));
+    record_fields(m, "AsyncStatistics", statistics_dict(AsyncStatistics{}));
+
     py::class_<Context, std::shared_ptr<Context>>(
         m, "Context",
         "Runs completions for Python. An asyncio loop drives it through one descriptor (fileno(), done for you by "
@@ -112,14 +162,7 @@ void bind_verbs(py::module_& m) {
         "devices",
         [] {
             py::list out;
-            for (const DeviceInfo& d : Device::list()) {
-                py::dict info;
-                info["name"] = d.name;
-                info["node_guid"] = format_guid(d.node_guid);
-                info["node_type"] = std::string(to_string(d.node_type));
-                info["transport"] = std::string(to_string(d.transport));
-                out.append(info);
-            }
+            for (const DeviceInfo& d : Device::list()) out.append(device_info_dict(d));
             return out;
         },
         "The RDMA devices of this machine, as dicts (an empty list when there is none).");
@@ -149,14 +192,7 @@ void bind_verbs(py::module_& m) {
             "gid_table",
             [](const Device& d, std::uint8_t port) {
                 py::list out;
-                for (const GidEntry& g : d.gid_table(port)) {
-                    py::dict e;
-                    e["index"] = g.index;
-                    e["gid"] = g.gid.to_string();
-                    e["type"] = std::string(to_string(g.type));
-                    e["netdev_ifindex"] = g.netdev_ifindex;
-                    out.append(e);
-                }
+                for (const GidEntry& g : d.gid_table(port)) out.append(gid_dict(g));
                 return out;
             },
             py::arg("port") = 1)
@@ -165,7 +201,7 @@ void bind_verbs(py::module_& m) {
     py::class_<Events, std::shared_ptr<Events>>(
         m, "DeviceEvents",
         "A device's asynchronous events (link up and down, a queue pair's fatal error, the device's removal), "
-        "each a dict: type, element, device, port, qp_num, native_type, description.")
+        "each a dict: type, element, device, port, qp_num, object, native_type, description.")
         .def(py::init([](const std::shared_ptr<Device>& device) {
                  auto e = std::make_shared<Events>();
                  e->events = DeviceEvents(*device);
@@ -211,27 +247,22 @@ void bind_verbs(py::module_& m) {
              }),
              py::arg("device"), py::arg("capacity"), py::arg("context"))
         .def_property_readonly("context", [](const Cq& c) { return c.context; })
-        .def_property_readonly("statistics", [](const Cq& c) {
-            AsyncStatistics s = c.cq.async_statistics();
-            py::dict d;
-            d["submitted"] = s.submitted;
-            d["completed"] = s.completed;
-            d["aborted"] = s.aborted;
-            d["cancelled"] = s.cancelled;
-            d["polls"] = s.polls;
-            d["wakeups"] = s.wakeups;
-            d["work_completions"] = s.work_completions;
-            d["waited"] = s.waited;
-            d["empty_polls"] = s.empty_polls;
-            d["queue_pairs_failed"] = s.queue_pairs_failed;
-            d["completed_by_library"] = s.completed_by_library;
-            return d;
-        });
+        .def_property_readonly("statistics", [](const Cq& c) { return statistics_dict(c.cq.async_statistics()); });
+}
+
+void bind_queue_pairs(py::module_& m) {
+    // Declared before the methods that take or return one, so that their
+    // signatures (help(), the stubs' test) name it gpuverbs._core.QueuePair.
+    py::class_<Qp, std::shared_ptr<Qp>> qp(m, "QueuePair", "A connected reliable queue pair: the data path.");
 
     py::class_<Endpoint>(m, "Endpoint", "What the peer needs to connect to a queue pair (QPN, PSN, LID, GID, MTU).")
         .def_readonly("qp_num", &Endpoint::qp_num)
         .def_readonly("psn", &Endpoint::psn)
+        .def_readonly("lid", &Endpoint::lid)
         .def_property_readonly("gid", [](const Endpoint& e) { return e.gid.to_string(); })
+        .def_property_readonly(
+            "mtu", [](const Endpoint& e) { return mtu_bytes(e.mtu); }, "The port's active MTU, in bytes.")
+        .def_property_readonly("link_layer", [](const Endpoint& e) { return std::string(to_string(e.link_layer)); })
         .def(
             "to_bytes", [](const Endpoint& e) { return as_bytes(wire::serialize(e)); },
             "The wire form (Endpoint.from_bytes reads it).")
@@ -300,7 +331,6 @@ void bind_verbs(py::module_& m) {
             "Moves to RTR and RTS towards remote: the connected QueuePair. It grants the peer remote_access "
             "(gpuverbs.Access remote flags), by default what was advertised, else nothing.");
 
-    py::class_<Qp, std::shared_ptr<Qp>> qp(m, "QueuePair", "A connected reliable queue pair: the data path.");
     qp.def_property_readonly("qp_num", [](const Qp& q) { return q.get().qp_num(); })
         .def_property_readonly("remote_endpoint", [](const Qp& q) { return q.get().remote_endpoint(); })
         .def_property_readonly("outstanding_sends", [](const Qp& q) { return q.get().outstanding_sends(); })

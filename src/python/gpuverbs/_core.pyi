@@ -2,63 +2,82 @@
 
 Import gpuverbs, not this module: gpuverbs re-exports these names and adds
 Access, ProtectionDomain.register, doctor(), connect_tcp() and the asyncio glue.
+
+tests/python/test_stubs.py checks this file against the compiled module
+(mypy's stubtest, and the argument lists pybind11 writes in each docstring):
+change both together.
 """
 
 from __future__ import annotations
 
 import array
-import enum
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 have_rdma_cm: bool
 _access_flags: Dict[str, int]
+_struct_fields: Dict[str, List[str]]
+
+class _pybind11_type(type):
+    """pybind11_builtins.pybind11_type: the metaclass of every class bound here."""
 
 _Integers = Union[int, Sequence[int], Any]  # an int, a sequence, or a buffer of integers (NumPy array, array.array)
 _Local = Union["MemoryRegion", "LocalBuffer"]
 
-class Errc(enum.IntEnum):
-    no_rdma_device: int
-    device_not_found: int
-    port_not_found: int
-    gid_not_found: int
-    built_without_cuda: int
-    no_gpu_driver: int
-    no_gpu: int
-    cuda_error: int
-    unsupported: int
-    invalid_argument: int
-    local_range_outside_region: int
-    remote_range_outside_region: int
-    inline_too_large: int
-    too_many_sges: int
-    send_queue_full: int
-    receive_queue_full: int
-    misaligned_atomic: int
-    batch_full: int
-    receives_through_srq: int
-    invalid_endpoint: int
-    malformed_record: int
-    unsupported_version: int
-    peer_closed: int
-    no_executor: int
-    async_needs_one_cq: int
-    not_gpu_memory: int
-    gpu_direct_unavailable: int
-    rendezvous_unavailable: int
-    rank_taken: int
-    peer_missing: int
-    connection_rejected: int
-    not_connected: int
-    stale_block_list: int
-    blocks_leased: int
-    queue_pair_in_error: int
-    queue_pair_stalled: int
-    port_down: int
-    lease_unknown: int
-    lease_not_yours: int
+class Errc(metaclass=_pybind11_type):
+    """A pybind11 enum (not an enum.Enum): compare members with ==, int() gives the C++ value."""
+    no_rdma_device: ClassVar[Errc]
+    device_not_found: ClassVar[Errc]
+    port_not_found: ClassVar[Errc]
+    gid_not_found: ClassVar[Errc]
+    built_without_cuda: ClassVar[Errc]
+    no_gpu_driver: ClassVar[Errc]
+    no_gpu: ClassVar[Errc]
+    cuda_error: ClassVar[Errc]
+    unsupported: ClassVar[Errc]
+    invalid_argument: ClassVar[Errc]
+    local_range_outside_region: ClassVar[Errc]
+    remote_range_outside_region: ClassVar[Errc]
+    inline_too_large: ClassVar[Errc]
+    too_many_sges: ClassVar[Errc]
+    send_queue_full: ClassVar[Errc]
+    receive_queue_full: ClassVar[Errc]
+    misaligned_atomic: ClassVar[Errc]
+    batch_full: ClassVar[Errc]
+    receives_through_srq: ClassVar[Errc]
+    invalid_endpoint: ClassVar[Errc]
+    malformed_record: ClassVar[Errc]
+    unsupported_version: ClassVar[Errc]
+    peer_closed: ClassVar[Errc]
+    no_executor: ClassVar[Errc]
+    async_needs_one_cq: ClassVar[Errc]
+    not_gpu_memory: ClassVar[Errc]
+    gpu_direct_unavailable: ClassVar[Errc]
+    rendezvous_unavailable: ClassVar[Errc]
+    rank_taken: ClassVar[Errc]
+    peer_missing: ClassVar[Errc]
+    connection_rejected: ClassVar[Errc]
+    not_connected: ClassVar[Errc]
+    stale_block_list: ClassVar[Errc]
+    blocks_leased: ClassVar[Errc]
+    queue_pair_in_error: ClassVar[Errc]
+    queue_pair_stalled: ClassVar[Errc]
+    port_down: ClassVar[Errc]
+    lease_unknown: ClassVar[Errc]
+    lease_not_yours: ClassVar[Errc]
+    __members__: ClassVar[Dict[str, Errc]]
+    def __init__(self, value: int) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __ne__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __int__(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
 
-class Context:
+class Context(metaclass=_pybind11_type):
     """Runs completions for Python; an asyncio loop drives it through fileno()."""
     def __init__(self) -> None: ...
     def fileno(self) -> int: ...
@@ -68,7 +87,7 @@ class Context:
 def devices() -> List[Dict[str, str]]: ...
 def _doctor_json(live: bool = True) -> str: ...
 
-class Device:
+class Device(metaclass=_pybind11_type):
     @staticmethod
     def open(name: str) -> Device: ...
     @staticmethod
@@ -78,37 +97,43 @@ class Device:
     def query_port(self, port: int = 1) -> Dict[str, Any]: ...
     def gid_table(self, port: int = 1) -> List[Dict[str, Any]]: ...
 
-class ProtectionDomain:
+class ProtectionDomain(metaclass=_pybind11_type):
     def __init__(self, device: Device) -> None: ...
     @property
     def device_name(self) -> str: ...
-    def register(self, obj: Any, access: int = 1, *, via: str = "auto", policy: str = "auto") -> MemoryRegion: ...
+    # gpuverbs/__init__.py adds it (access defaults to Access.local_write).
+    def register(self, obj: Any, access: int = ..., *, via: str = "auto", policy: str = "auto") -> MemoryRegion: ...
 
-class CompletionQueue:
+class CompletionQueue(metaclass=_pybind11_type):
     def __init__(self, device: Device, capacity: int, context: Context) -> None: ...
     @property
     def context(self) -> Context: ...
     @property
     def statistics(self) -> Dict[str, int]: ...
 
-class RemoteMemory:
+class RemoteMemory(metaclass=_pybind11_type):
     def __init__(self, address: int, length: int, rkey: int) -> None: ...
-    address: int
-    length: int
-    rkey: int
+    @property
+    def address(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def rkey(self) -> int: ...
     def __len__(self) -> int: ...
     def to_bytes(self) -> bytes: ...
     @staticmethod
     def from_bytes(data: bytes) -> RemoteMemory: ...
 
-class LocalBuffer:
+class LocalBuffer(metaclass=_pybind11_type):
     @property
     def region(self) -> MemoryRegion: ...
-    offset: int
-    length: int
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
     def __len__(self) -> int: ...
 
-class MemoryRegion:
+class MemoryRegion(metaclass=_pybind11_type):
     @property
     def obj(self) -> Any: ...
     @property
@@ -138,11 +163,13 @@ class MemoryRegion:
 
 def _register(pd: ProtectionDomain, obj: Any, access: int, via: str = "auto", policy: str = "auto") -> MemoryRegion: ...
 
-class Received:
-    bytes: int
-    immediate: Optional[int]
+class Received(metaclass=_pybind11_type):
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def immediate(self) -> Optional[int]: ...
 
-class Operation:
+class Operation(metaclass=_pybind11_type):
     """Await it on the running loop, or wait(): int (bytes or an atomic's old value) or Received."""
     @property
     def done(self) -> bool: ...
@@ -156,16 +183,24 @@ class Operation:
     def _set_future(self, future: Any) -> None: ...
     def __await__(self) -> Generator[Any, None, Any]: ...
 
-class Endpoint:
-    qp_num: int
-    psn: int
+class Endpoint(metaclass=_pybind11_type):
+    @property
+    def qp_num(self) -> int: ...
+    @property
+    def psn(self) -> int: ...
+    @property
+    def lid(self) -> int: ...
     @property
     def gid(self) -> str: ...
+    @property
+    def mtu(self) -> int: ...
+    @property
+    def link_layer(self) -> str: ...
     def to_bytes(self) -> bytes: ...
     @staticmethod
     def from_bytes(data: bytes) -> Endpoint: ...
 
-class PreparedQueuePair:
+class PreparedQueuePair(metaclass=_pybind11_type):
     def __init__(self, pd: ProtectionDomain, cq: CompletionQueue, *, max_send_wr: int = 256, max_recv_wr: int = 256,
                  max_send_sge: int = 1, max_recv_sge: int = 1, max_inline_data: int = 0, port: int = 1) -> None: ...
     @property
@@ -176,7 +211,7 @@ class PreparedQueuePair:
     def connect(self, remote: Endpoint, *, timeout: int = 14, retry_count: int = 6,
                 rnr_retry_count: int = 7, remote_access: Optional[int] = None) -> QueuePair: ...
 
-class QueuePair:
+class QueuePair(metaclass=_pybind11_type):
     @property
     def qp_num(self) -> int: ...
     @property
@@ -202,22 +237,24 @@ class QueuePair:
     def compare_swap(self, result: _Local, remote: RemoteMemory, remote_offset: int, compare: int,
                      swap: int) -> Operation: ...
 
-class LocalBlocks:
+class LocalBlocks(metaclass=_pybind11_type):
     def __init__(self, region: MemoryRegion, offsets: _Integers, lengths: _Integers) -> None: ...
     def __len__(self) -> int: ...
 
-class RemoteBlocks:
+class RemoteBlocks(metaclass=_pybind11_type):
     def __init__(self, remote: RemoteMemory, offsets: _Integers, lengths: _Integers) -> None: ...
     def __len__(self) -> int: ...
     @property
     def offsets(self) -> array.array[int]: ...
     @property
     def lengths(self) -> array.array[int]: ...
+    @property
+    def memories(self) -> List[RemoteMemory]: ...
     def to_bytes(self) -> bytes: ...
     @staticmethod
     def from_bytes(data: bytes) -> RemoteBlocks: ...
 
-class TransferPlan:
+class TransferPlan(metaclass=_pybind11_type):
     def __init__(self, direction: str, local: LocalBlocks, remote: RemoteBlocks, qp: QueuePair) -> None: ...
     @property
     def requests(self) -> int: ...
@@ -225,10 +262,15 @@ class TransferPlan:
     def bytes(self) -> int: ...
     def blocks_of(self, request: int) -> str: ...
 
-class TransferReport:
-    landed: int
-    not_posted: int
-    uncertain: int
+class TransferReport(metaclass=_pybind11_type):
+    @property
+    def landed(self) -> int: ...
+    @property
+    def not_posted(self) -> int: ...
+    @property
+    def uncertain(self) -> int: ...
+    @property
+    def requests(self) -> List[str]: ...
     @property
     def remote_blocks(self) -> List[str]: ...
     @property
@@ -237,14 +279,14 @@ class TransferReport:
 def transfer(rails: Union[QueuePair, Sequence[QueuePair]], plan: TransferPlan, *, notify: Optional[int] = None,
              failover: bool = True, doorbell_batch: int = 32) -> Operation: ...
 
-class TcpChannel:
+class TcpChannel(metaclass=_pybind11_type):
     def exchange(self, endpoint: Endpoint, regions: Sequence[RemoteMemory] = (),
                  timeout: float = 30.0) -> Tuple[Endpoint, List[RemoteMemory]]: ...
     def send(self, record: bytes, timeout: float = 30.0) -> None: ...
     def receive(self, max_size: int = 64 << 20, timeout: float = 30.0) -> bytes: ...
     def close(self) -> None: ...
 
-class TcpListener:
+class TcpListener(metaclass=_pybind11_type):
     def __init__(self, port: int = 0, address: str = "0.0.0.0") -> None: ...
     @property
     def port(self) -> int: ...
@@ -252,7 +294,7 @@ class TcpListener:
 
 def tcp_connect(host: str, port: int, timeout: float = 30.0) -> TcpChannel: ...
 
-class CmConnection:
+class CmConnection(metaclass=_pybind11_type):
     @property
     def device(self) -> Device: ...
     @property
@@ -285,7 +327,7 @@ class CmConnection:
     def _wait_event(self, timeout: float) -> Optional[Dict[str, Any]]: ...
     def wait_event(self, timeout: Optional[float] = None) -> Any: ...
 
-class CmListener:
+class CmListener(metaclass=_pybind11_type):
     def __init__(self, address: str, port: int = 0) -> None: ...
     @property
     def port(self) -> int: ...
@@ -296,7 +338,7 @@ def gpu_memory(obj: Any, via: str = "auto") -> Dict[str, Any]: ...
 def explain_gpu_registration(obj: Any, pd: Optional[ProtectionDomain] = None, policy: str = "auto",
                              via: str = "auto") -> Dict[str, Any]: ...
 
-class GpuBuffer:
+class GpuBuffer(metaclass=_pybind11_type):
     def __init__(self, size: int, gpu: int = 0) -> None: ...
     @property
     def size(self) -> int: ...
@@ -312,8 +354,9 @@ class GpuBuffer:
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     def __dlpack__(self, stream: Any = None) -> Any: ...
 
-class DeviceEvents:
-    """A device's asynchronous events, each a dict (type, element, device, port, qp_num, native_type, description)."""
+class DeviceEvents(metaclass=_pybind11_type):
+    """A device's asynchronous events, each a dict (type, element, device, port, qp_num, object, native_type,
+    description)."""
     removal_check_interval: float
     def __init__(self, device: Device) -> None: ...
     def poll(self) -> Optional[Dict[str, Any]]: ...
@@ -321,9 +364,10 @@ class DeviceEvents:
     def fileno(self) -> int: ...
     def wait_event(self, timeout: Optional[float] = None) -> Any: ...
 
-class RegistrationCache:
+class RegistrationCache(metaclass=_pybind11_type):
     def __init__(self, pd: ProtectionDomain, *, max_regions: int = 1024, max_bytes: int = 4 << 30) -> None: ...
-    def get(self, obj: Any, access: int = 1) -> MemoryRegion: ...
+    # gpuverbs/__init__.py replaces it (access defaults to Access.local_write).
+    def get(self, obj: Any, access: int = ...) -> MemoryRegion: ...
     def _get(self, obj: Any, access: int) -> MemoryRegion: ...
     def invalidate(self, obj: Any) -> None: ...
     @property
