@@ -3,9 +3,9 @@
 // its block; a queue pair destroyed mid-transfer.
 #include "process_resources.hpp"
 #include "prometheus_parse.hpp"
-#include "rails.hpp"
 #include "rig.hpp"
 #include "rig_faults.hpp"
+#include "rig_rails.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
 
