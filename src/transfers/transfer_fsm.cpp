@@ -1,8 +1,9 @@
 // TransferFsm (detail/transfers/transfer_fsm.hpp): the transfer's decisions,
 // with no I/O. The order of the checks is the order the job made them in
-// before they moved here (tests/integration/transfer_test.cpp holds the job
-// to it on a device; tests/unit/transfer_fsm_test.cpp holds the machine to
-// its promises without one).
+// before they moved here (tests/integration/transfer_blocks_test.cpp and
+// transfer_rails_test.cpp hold the job to it on a device;
+// tests/unit/transfer_fsm_test.cpp holds the machine to its promises
+// without one).
 #include "gpuverbs/detail/transfers/transfer_fsm.hpp"
 
 #include "gpuverbs/detail/async/async_token.hpp"

@@ -1,8 +1,7 @@
 // The asynchronous data path on Asio executors, on rxe0 <-> rxe1, in both
 // completion modes: every handler runs exactly once, with the right result or error.
 #include "allocation_counter.hpp"
-#include "async_pair.hpp"
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,9 +25,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using test::AsyncPair;
 using test::mode_name;
 using test::modes;
+using test::Pair;
 using test::shared_modes;
 
 const auto aborted = boost::asio::error::operation_aborted;
@@ -40,7 +39,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             CHECK(p.a.qp.get_executor() == io.get_executor());
             gpuverbs::test::fill_pattern(std::span(p.a.memory).first(5000), 1);
             int calls = 0;
@@ -68,7 +67,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             auto guard = asio::make_work_guard(io);
             std::thread runner([&] { io.run(); });
             {
-                AsyncPair p(io.get_executor(), mode);
+                Pair p(io.get_executor(), mode);
                 gpuverbs::test::fill_pattern(std::span(p.b.memory).first(3000), 2);
                 auto receive = p.b.qp.async_receive(p.b.mr.slice(8192, 64), asio::use_future);
                 auto read = p.a.qp.async_read(p.a.mr.slice(0, 3000), p.b.mr.remote(), 0, asio::use_future);
@@ -89,7 +88,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             bool finished = false;
             asio::co_spawn(
                 io,
@@ -128,7 +127,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             QueuePairOptions options;
             options.max_send_wr = 64;
             options.max_recv_wr = 64;
-            AsyncPair p(pool.get_executor(), mode, 1 << 20, options);
+            Pair p(pool.get_executor(), mode, 1 << 20, options);
             constexpr int coroutines = 4;
             constexpr int per_coroutine = 2500;
             std::atomic<int> handlers{0}, failures{0};
@@ -182,7 +181,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             asio::io_context io;
             QueuePairOptions options;
             options.max_send_wr = 8;
-            AsyncPair p(io.get_executor(), mode, 1 << 20, options);
+            Pair p(io.get_executor(), mode, 1 << 20, options);
             std::vector<int> order;
             int errors = 0;
             for (int i = 0; i < 300; ++i) {
@@ -203,7 +202,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             boost::system::error_code got;
             int calls = 0;
             p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), p.b.mr.length(),
@@ -222,7 +221,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             std::vector<std::error_code> results;
             for (int i = 0; i < 5; ++i) {
                 p.b.qp.async_receive(p.b.mr.slice(0, 64),
@@ -238,7 +237,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
 
     TEST_CASE("reset is refused while asynchronous operations are outstanding, and works once they are done") {
         asio::io_context io;
-        AsyncPair p(io.get_executor(), modes[0]);
+        Pair p(io.get_executor(), modes[0]);
         std::optional<boost::system::error_code> result;
         p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { result = ec; });
         io.poll(); // posted
@@ -260,7 +259,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
 
     TEST_CASE("an operation started right after a QueuePair is dropped still gets its completion (event-driven)") {
         asio::io_context io;
-        AsyncPair p(io.get_executor(), modes[0]);
+        Pair p(io.get_executor(), modes[0]);
         // A second pair on the same completion queues.
         PreparedQueuePair pa(p.a.pd, p.a.cq, p.a.cq), pb(p.b.pd, p.b.cq, p.b.cq);
         (void)pa.advertise(p.a.mr);
@@ -288,7 +287,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             int calls = 0, aborted_calls = 0;
             for (int i = 0; i < 4; ++i) {
                 p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
@@ -308,7 +307,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             int aborted_calls = 0;
             for (int i = 0; i < 3; ++i) {
                 p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
@@ -326,7 +325,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            auto p = std::make_unique<AsyncPair>(io.get_executor(), mode);
+            auto p = std::make_unique<Pair>(io.get_executor(), mode);
             int calls = 0;
             for (int i = 0; i < 3; ++i) {
                 p->b.qp.async_receive(p->b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) {
@@ -351,7 +350,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             int calls = 0;
             {
                 auto io = std::make_unique<asio::io_context>();
-                auto p = std::make_unique<AsyncPair>(io->get_executor(), mode);
+                auto p = std::make_unique<Pair>(io->get_executor(), mode);
                 for (int i = 0; i < 3; ++i) {
                     p->b.qp.async_receive(p->b.mr.slice(0, 64),
                                           [&, token](boost::system::error_code, Received) { ++calls; });
@@ -373,7 +372,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             ConnectOptions fast;
             fast.timeout = 8;
             fast.retry_count = 1;
-            AsyncPair p(io.get_executor(), mode, 1 << 20, {}, fast);
+            Pair p(io.get_executor(), mode, 1 << 20, {}, fast);
             p.b.qp = QueuePair(); // the peer's QP is gone
             io.poll();
             io.restart(); // poll() ran out of work, which stops an io_context
@@ -394,7 +393,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
     }
 
     TEST_CASE("a QP whose CQ is not bound to an executor refuses asynchronous operations clearly") {
-        gpuverbs::test::ConnectedPair plain;
+        gpuverbs::test::Pair plain;
         asio::io_context io;
         boost::system::error_code got;
         plain.a.qp.async_write(plain.a.mr.slice(0, 8), plain.b.mr.remote(), 0,
@@ -408,13 +407,13 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             int remaining = 0;
             std::function<void()> next; // allocated once, before measuring
             auto run_ops = [&](int count) {
                 remaining = count;
                 struct Step {
-                    AsyncPair* p;
+                    Pair* p;
                     int* remaining;
                     void operator()(boost::system::error_code ec, std::size_t) const {
                         REQUIRE_FALSE(ec);
@@ -471,7 +470,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             asio::io_context io;
             QueuePairOptions options;
             options.max_inline_data = 64;
-            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            Pair p(io.get_executor(), mode, 1 << 16, options);
             std::array<std::byte, 48> payload{};
             gpuverbs::test::fill_pattern(payload, 21);
             boost::system::error_code got = asio::error::would_block;
@@ -503,7 +502,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             QueuePairOptions options;
             options.max_send_sge = 3;
             options.max_recv_sge = 3;
-            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            Pair p(io.get_executor(), mode, 1 << 16, options);
             gpuverbs::test::fill_pattern(std::span(p.a.memory).first(3000), 5);
             const std::array<LocalBuffer, 3> gather{p.a.mr.slice(0, 1000), p.a.mr.slice(1000, 1500),
                                                     p.a.mr.slice(2500, 500)};
@@ -544,7 +543,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
             asio::io_context io;
             QueuePairOptions options;
             options.max_send_wr = 2;
-            AsyncPair p(io.get_executor(), mode, 1 << 16, options);
+            Pair p(io.get_executor(), mode, 1 << 16, options);
             const std::size_t depth = p.a.qp.capabilities().max_send_wr;
             std::vector<boost::system::error_code> results(depth + 2, asio::error::would_block);
             asio::cancellation_signal cancel_last;
@@ -575,7 +574,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             asio::cancellation_signal cancel;
             boost::system::error_code got = asio::error::would_block;
             std::size_t bytes = 0;
@@ -595,7 +594,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
 
     TEST_CASE("the initiation exposes the queue pair's executor to the token machinery") {
         asio::io_context io;
-        AsyncPair p(io.get_executor(), modes[0]);
+        Pair p(io.get_executor(), modes[0]);
         // async_initiate hands the initiation to the token: a deferred operation
         // launched later still runs on the CQ's executor.
         auto op = p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, asio::deferred);
@@ -612,7 +611,7 @@ TEST_SUITE("asynchronous operations on real RDMA" * doctest::skip(!gpuverbs::tes
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io;
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             // Made while the QueuePair exists, launched after it is gone (the
             // initiation must not reach the destroyed queue pair: ASan checks).
             auto write = p.a.qp.async_write(p.a.mr.slice(0, 64), p.b.mr.remote(), 0, asio::deferred);

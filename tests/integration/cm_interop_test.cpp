@@ -4,8 +4,8 @@
 // counters read before and after each exchange.
 #include "child_process.hpp"
 #include "cm_end.hpp"
-#include "connected_pair.hpp"
 #include "gpuverbs/connections/rdma_cm.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 

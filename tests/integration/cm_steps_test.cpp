@@ -2,9 +2,9 @@
 // transport's limits, negotiated read depths, events after establishment,
 // IPv6 / "::" / port 0 / names, the Asio forms, and peers that misbehave.
 #include "cm_end.hpp"
-#include "connected_pair.hpp"
 #include "gpuverbs/async.hpp"
 #include "gpuverbs/connections/rdma_cm.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,14 +1,14 @@
 // Every RC operation, byte-exact, between rxe0 and rxe1 over the wire.
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cstring>
 
 using namespace gpuverbs;
-using gpuverbs::test::ConnectedPair;
 using gpuverbs::test::fill_pattern;
 using gpuverbs::test::has_pattern;
+using gpuverbs::test::Pair;
 using gpuverbs::test::poll_for;
 
 namespace {
@@ -17,7 +17,7 @@ constexpr std::size_t MiB = 1 << 20;
 
 TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("connect brings both queue pairs to RTS with each other's endpoint") {
-        ConnectedPair p;
+        Pair p;
         CHECK(p.a.qp.state() == QpState::ready_to_send);
         CHECK(p.b.qp.state() == QpState::ready_to_send);
         CHECK(p.a.qp.remote_endpoint() == p.b.qp.local_endpoint());
@@ -30,17 +30,17 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("a queue pair posts through the extended verbs when asked and the provider has them (rxe has)") {
         // In the second run (GPUVERBS_TEST_EXTENDED_VERBS=1) every test's queue
         // pairs are extended: this says the run really took that path.
-        ConnectedPair classic_or_env;
+        Pair classic_or_env;
         CHECK(classic_or_env.a.qp.uses_extended_verbs() ==
               (gpuverbs::test::env_or("GPUVERBS_TEST_EXTENDED_VERBS") == "1"));
         QueuePairOptions options;
         options.extended_verbs = true;
         options.max_send_sge = 2;
-        ConnectedPair p(MiB, options);
+        Pair p(MiB, options);
         REQUIRE(p.a.qp.uses_extended_verbs());
         REQUIRE(p.b.qp.uses_extended_verbs());
         QueuePairOptions plain;
-        ConnectedPair q(MiB, plain);
+        Pair q(MiB, plain);
         if (gpuverbs::test::env_or("GPUVERBS_TEST_EXTENDED_VERBS") != "1") CHECK_FALSE(q.a.qp.uses_extended_verbs());
         // One entry: ibv_wr_set_sge. Two entries: the classic path on the
         // same queue pair (ibv_wr_set_sge_list is wrong on older rxe). Both land.
@@ -57,7 +57,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("RDMA write moves every byte, from 1 byte to 8 MiB") {
-        ConnectedPair p(8 * MiB);
+        Pair p(8 * MiB);
         std::uint32_t seed = 1;
         for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{65537}, MiB, 8 * MiB}) {
             CAPTURE(size);
@@ -76,7 +76,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("RDMA write lands at the remote offset asked for") {
-        ConnectedPair p;
+        Pair p;
         fill_pattern(std::span(p.a.memory).first(100), 9);
         REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 100), p.b.mr.remote(), 5000));
         REQUIRE(poll_for(p.a.cq, 1).at(0).ok());
@@ -86,7 +86,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("write with immediate delivers data and the immediate to a posted receive") {
-        ConnectedPair p;
+        Pair p;
         fill_pattern(std::span(p.a.memory).first(3000), 3);
         REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 0), 77));
         REQUIRE_FALSE(p.a.qp.post_write_with_imm(p.a.mr.slice(0, 3000), p.b.mr.remote(), 1000, 0xdeadbeef));
@@ -104,7 +104,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("RDMA read fetches every byte, from 1 byte to 8 MiB") {
-        ConnectedPair p(8 * MiB);
+        Pair p(8 * MiB);
         std::uint32_t seed = 20;
         for (std::size_t size : {std::size_t{1}, std::size_t{4096}, MiB + 3, 8 * MiB}) {
             CAPTURE(size);
@@ -121,7 +121,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("send and receive deliver the payload, its length and the immediate") {
-        ConnectedPair p;
+        Pair p;
         for (std::size_t size : {std::size_t{1}, std::size_t{4095}, std::size_t{4096 * 3 + 1}, 256 * 1024ul}) {
             CAPTURE(size);
             std::memset(p.b.memory.data(), 0, size);
@@ -150,7 +150,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("post_receives posts many receives with one doorbell, all or none, each with its context") {
         QueuePairOptions options;
         options.max_recv_wr = 8;
-        ConnectedPair p(1 << 16, options);
+        Pair p(1 << 16, options);
         const std::uint32_t depth = p.b.qp.capabilities().max_recv_wr;
         REQUIRE(depth >= 8);
         std::vector<LocalBuffer> buffers;
@@ -181,7 +181,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("fetch-and-add returns the old value and adds remotely") {
-        ConnectedPair p;
+        Pair p;
         std::uint64_t start = 1000;
         std::memcpy(p.b.memory.data() + 64, &start, 8);
         for (std::size_t i = 0; i < 10; ++i) {
@@ -201,7 +201,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("compare-and-swap swaps only when the value matches") {
-        ConnectedPair p;
+        Pair p;
         std::uint64_t v = 7;
         std::memcpy(p.b.memory.data() + 8, &v, 8);
         REQUIRE_FALSE(p.a.qp.post_compare_swap(p.a.mr.slice(0, 8), p.b.mr.remote(), 8, 7, 99));
@@ -221,7 +221,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("inline sends carry unregistered memory, reusable as soon as post returns") {
         QueuePairOptions options;
         options.max_inline_data = 64;
-        ConnectedPair p(MiB, options);
+        Pair p(MiB, options);
         REQUIRE(p.a.qp.capabilities().max_inline_data >= 64);
         std::array<std::byte, 48> message;
         fill_pattern(message, 4);
@@ -238,7 +238,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("scatter/gather: a write gathers several buffers, a read scatters into several") {
         QueuePairOptions options;
         options.max_send_sge = 4;
-        ConnectedPair p(MiB, options);
+        Pair p(MiB, options);
         fill_pattern(std::span(p.a.memory).first(3000), 6);
         std::array<LocalBuffer, 3> pieces{p.a.mr.slice(0, 1000), p.a.mr.slice(1000, 1000), p.a.mr.slice(2000, 1000)};
         REQUIRE_FALSE(p.a.qp.post_write(pieces, p.b.mr.remote(), 0));
@@ -253,7 +253,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("a batch posts many requests with one doorbell and only the signaled one completes") {
-        ConnectedPair p;
+        Pair p;
         auto batch = p.a.qp.batch();
         for (std::uint32_t i = 0; i < 32; ++i) {
             fill_pattern(std::span(p.a.memory).subspan(i * 1024ul, 1024), i);
@@ -276,7 +276,7 @@ TEST_SUITE("RC data path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("thousands of operations in flight, selectively signaled, all land") {
         QueuePairOptions options;
         options.max_send_wr = 128;
-        ConnectedPair p(4 * MiB, options);
+        Pair p(4 * MiB, options);
         constexpr int total = 5000; // > 4 MiB / 1 KiB: wraps around and rewrites the start
         constexpr std::size_t size = 1024;
         fill_pattern(std::span(p.a.memory).first(4 * MiB), 11);

@@ -1,6 +1,6 @@
 // Unreliable datagrams between rxe0 and rxe1.
 #include "gpuverbs/verbs/datagram.hpp"
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 

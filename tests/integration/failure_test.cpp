@@ -1,6 +1,6 @@
 // Bad input and broken peers on real RDMA: every failure is a clear error or
 // an error completion, nothing hangs, and every object stays destroyable.
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,12 +9,12 @@
 #include <memory>
 
 using namespace gpuverbs;
-using gpuverbs::test::ConnectedPair;
+using gpuverbs::test::Pair;
 using gpuverbs::test::poll_for;
 
 TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE("a wrong rkey gives a remote access error completion that says why") {
-        ConnectedPair p;
+        Pair p;
         RemoteMemory wrong = p.b.mr.remote();
         wrong.rkey ^= 0x5a5a;
         REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 64), wrong, 0, {.context = 3}));
@@ -39,7 +39,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("an address past the peer's region is refused locally, and by the peer if forced") {
-        ConnectedPair p;
+        Pair p;
         CHECK(p.a.qp.post_write(p.a.mr.slice(0, 64), p.b.mr.remote(), p.b.mr.length() - 32) ==
               errc::remote_range_outside_region);
         CHECK(p.a.qp.outstanding_sends() == 0);
@@ -53,7 +53,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("local bad input is refused before anything is posted") {
-        ConnectedPair p;
+        Pair p;
         CHECK(p.a.qp.post_write(p.a.mr.slice(p.a.mr.length() - 10, 20), p.b.mr.remote()) ==
               errc::local_range_outside_region);
         std::array<std::byte, 512> big{};
@@ -73,7 +73,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     TEST_CASE("a full send queue is reported locally and drains as completions are polled") {
         QueuePairOptions options;
         options.max_send_wr = 16;
-        ConnectedPair p(1 << 20, options);
+        Pair p(1 << 20, options);
         std::uint32_t depth = p.a.qp.capabilities().max_send_wr;
         for (std::uint32_t i = 0; i < depth; ++i) {
             REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.slice(0, 8), p.b.mr.remote(), 0, {.context = i}));
@@ -88,14 +88,14 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     TEST_CASE("a full receive queue is reported locally") {
         QueuePairOptions options;
         options.max_recv_wr = 4;
-        ConnectedPair p(1 << 20, options);
+        Pair p(1 << 20, options);
         std::uint32_t depth = p.b.qp.capabilities().max_recv_wr;
         for (std::uint32_t i = 0; i < depth; ++i) REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 8)));
         CHECK(p.b.qp.post_receive(p.b.mr.slice(0, 8)) == errc::receive_queue_full);
     }
 
     TEST_CASE("a send longer than the posted receive fails on both sides with length errors") {
-        ConnectedPair p;
+        Pair p;
         REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 16), 1));
         REQUIRE_FALSE(p.a.qp.post_send(p.a.mr.slice(0, 64), {.context = 2}));
         auto r = poll_for(p.b.cq, 1);
@@ -111,7 +111,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("forcing a QP to error flushes every outstanding receive with its context") {
-        ConnectedPair p;
+        Pair p;
         for (std::uint64_t i = 0; i < 5; ++i) REQUIRE_FALSE(p.b.qp.post_receive(p.b.mr.slice(0, 64), 10 + i));
         REQUIRE_FALSE(p.b.qp.force_error());
         auto flushed = poll_for(p.b.cq, 5);
@@ -125,7 +125,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("a peer whose QP is destroyed mid-stream: later work fails, earlier work stays, nothing hangs") {
-        ConnectedPair p(8 << 20);
+        Pair p(8 << 20);
         ConnectOptions fast_fail;
         fast_fail.timeout = 8; // ~1 ms per try, so the test does not wait long for the dead peer
         fast_fail.retry_count = 1;
@@ -156,7 +156,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("a QP in error can be reset and connected again, and then works") {
-        ConnectedPair p;
+        Pair p;
         REQUIRE_FALSE(p.a.qp.force_error());
         REQUIRE_FALSE(p.b.qp.force_error());
         CHECK(p.a.qp.state() == QpState::error);
@@ -174,7 +174,7 @@ TEST_SUITE("failures on real RDMA" * doctest::skip(!gpuverbs::test::rig_present(
     }
 
     TEST_CASE("connect refuses an impossible endpoint, says why, and the QP can still connect") {
-        ConnectedPair p;
+        Pair p;
         PreparedQueuePair prepared(p.a.pd, p.a.cq, p.a.cq);
         Endpoint bad = p.b.qp.local_endpoint();
         bad.qp_num = 0;

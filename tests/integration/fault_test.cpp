@@ -8,8 +8,8 @@
 // tests/integration/run-in-rig runs in a process of its own: librdmacm keeps
 // every device open once any rdma_cm call has run, and a removal waits for
 // that.
-#include "connected_pair.hpp"
 #include "rig_faults.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 
@@ -39,7 +39,7 @@ constexpr std::size_t chunks = 256;
 
 /// Writes every chunk of a's memory into the same place in b's, `seed`
 /// patterned, at most 16 in flight; true when all completed without error.
-bool stream(test::ConnectedPair& p, std::uint32_t seed) {
+bool stream(test::Pair& p, std::uint32_t seed) {
     for (std::size_t i = 0; i < chunks; ++i)
         fill_pattern(std::span(p.a.memory).subspan(i * chunk, chunk), seed + static_cast<std::uint32_t>(i));
     std::size_t posted = 0;
@@ -58,7 +58,7 @@ bool stream(test::ConnectedPair& p, std::uint32_t seed) {
     return ok;
 }
 
-bool verified(const test::ConnectedPair& p, std::uint32_t seed) {
+bool verified(const test::Pair& p, std::uint32_t seed) {
     for (std::size_t i = 0; i < chunks; ++i) {
         if (!has_pattern(std::span(p.b.memory).subspan(i * chunk, chunk), seed + static_cast<std::uint32_t>(i)))
             return false;
@@ -68,7 +68,7 @@ bool verified(const test::ConnectedPair& p, std::uint32_t seed) {
 
 /// The documented recovery: both QPs back to INIT with a new PSN, endpoints
 /// exchanged again, connected again.
-void reconnect(test::ConnectedPair& p, const ConnectOptions& options) {
+void reconnect(test::Pair& p, const ConnectOptions& options) {
     PreparedQueuePair pa = std::move(p.a.qp).reset();
     PreparedQueuePair pb = std::move(p.b.qp).reset();
     const Endpoint ea = pa.endpoint();
@@ -110,7 +110,7 @@ TEST_SUITE("faults" * doctest::skip(!faults_available())) {
     TEST_CASE(
         "link down: port_error events on both devices, every write ends, none hangs; link up: port_active, "
         "reconnect, every byte verified") {
-        test::ConnectedPair p(chunks * chunk, {}, fast_fail());
+        test::Pair p(chunks * chunk, {}, fast_fail());
         boost::asio::io_context io;
         DeviceEvents async_events(p.a.device, io.get_executor()); // side a: asynchronously
         DeviceEvents sync_events(p.b.device);                     // side b: synchronously
@@ -183,7 +183,7 @@ TEST_SUITE("faults" * doctest::skip(!faults_available())) {
     TEST_CASE(
         "a silent wire: requests fail with retry exceeded within (retry_count + 1) x timeout, saying the peer "
         "is unreachable; reconnect resumes the stream, every byte verified") {
-        test::ConnectedPair p(chunks * chunk, {}, fast_fail());
+        test::Pair p(chunks * chunk, {}, fast_fail());
         REQUIRE(stream(p, 3));
         Heal heal("drop-off");
         REQUIRE(fault("drop-on") == 0);
@@ -311,7 +311,7 @@ TEST_SUITE("events" * doctest::skip(!gpuverbs::test::rig_present())) {
     TEST_CASE(
         "a peer writing outside the range it was given gets a remote access error; the memory beside it "
         "is untouched") {
-        test::ConnectedPair p(1 << 16);
+        test::Pair p(1 << 16);
         // b lets a write to [4096, 8192) only: a region of its own.
         std::vector<std::byte> window(std::size_t{3} * 4096, std::byte{0x5a});
         MemoryRegion advertised(p.b.pd, std::span(window).subspan(4096, 4096),
@@ -449,7 +449,7 @@ TEST_SUITE("faults: device removal" * doctest::skip(!faults_available())) {
 
         // The rig gets its device back; a new one by the same name works.
         REQUIRE(heal.now() == 0);
-        test::ConnectedPair p(chunks * chunk, {}, fast_fail());
+        test::Pair p(chunks * chunk, {}, fast_fail());
         CHECK(stream(p, 5));
         CHECK(verified(p, 5));
     }

@@ -3,7 +3,7 @@
 // the GPU half's answers injected, each method reaches its real verbs call
 // (ibv_reg_dmabuf_mr, ibv_reg_mr), the automatic policy falls back, the
 // exported fd is closed, and the region it gives carries real RDMA writes.
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
@@ -20,9 +20,9 @@
 #include <filesystem>
 
 using namespace gpuverbs;
-using gpuverbs::test::ConnectedPair;
 using gpuverbs::test::fill_pattern;
 using gpuverbs::test::has_pattern;
+using gpuverbs::test::Pair;
 using gpuverbs::test::poll_for;
 
 namespace {
@@ -139,7 +139,7 @@ TEST_SUITE("GPU registration on Soft-RoCE" * doctest::skip(!gpuverbs::test::rig_
     TEST_CASE(
         "automatic tries ibv_reg_dmabuf_mr, closes the fd, falls back to peermem's ibv_reg_mr, and the region "
         "carries RDMA writes") {
-        ConnectedPair p(1 << 20);
+        Pair p(1 << 20);
         std::vector<std::byte> gpu_stand_in(1 << 20);
         InjectedGpu gpu;
         std::vector<Rejection> why;

@@ -3,7 +3,7 @@
 // queued, error completions carrying the right context, SRQ receives through
 // the registry's QP-number lookup, mixed signaled and unsignaled requests,
 // and the one posting path used by post(), SendBatch and async_post alike.
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 
 using namespace gpuverbs;
-using gpuverbs::test::ConnectedPair;
+using gpuverbs::test::Pair;
 using gpuverbs::test::poll_for;
 
 TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_present())) {
@@ -64,7 +64,7 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     }
 
     TEST_CASE("error completions carry the context of the request that failed, and the flushed ones theirs") {
-        ConnectedPair p;
+        Pair p;
         RemoteMemory wrong = p.b.mr.remote();
         wrong.rkey ^= 0x5a5a5a;
         REQUIRE_FALSE(p.a.qp.post(WorkRequest::write(p.a.mr.slice(0, 64), wrong).context(41)));
@@ -85,7 +85,7 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("unsignaled requests are retired by the next signaled one, across many wraps of the ring") {
         QueuePairOptions options;
         options.max_send_wr = 16;
-        ConnectedPair p(1 << 16, options);
+        Pair p(1 << 16, options);
         const std::uint64_t depth = p.a.qp.capabilities().max_send_wr;
         std::uint64_t signaled = 0;
         for (std::uint64_t i = 0; i < depth * 20; ++i) {
@@ -196,7 +196,7 @@ TEST_SUITE("the hot path on real RDMA" * doctest::skip(!gpuverbs::test::rig_pres
     TEST_CASE("post, SendBatch and the shorthands refuse the same bad request with the same error") {
         QueuePairOptions options;
         options.max_inline_data = 32;
-        ConnectedPair p(1 << 16, options);
+        Pair p(1 << 16, options);
         const WorkRequest too_long = WorkRequest::send(p.a.mr.slice(0, 256)).inline_data();
         CHECK(p.a.qp.post(too_long) == errc::inline_too_large);
         auto batch = p.a.qp.batch();

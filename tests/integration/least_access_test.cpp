@@ -5,8 +5,8 @@
 // a queue pair that was never meant to allow it; before, every queue pair
 // granted write, read and atomics, and each of these succeeded.
 #include "cm_end.hpp"
-#include "connected_pair.hpp"
 #include "gpuverbs/connections/rdma_cm.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 

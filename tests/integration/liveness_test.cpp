@@ -5,12 +5,12 @@
 // down in RTS with its requests outstanding). The decisions are unit-tested
 // in tests/unit/liveness_test.cpp.
 #include "gpuverbs/detail/async/liveness.hpp"
-#include "async_pair.hpp"
-#include "connected_pair.hpp"
 #include "gpuverbs/gpuverbs.hpp"
-#include "rails.hpp"
 #include "rig.hpp"
 #include "rig_faults.hpp"
+#include "rig_pair.hpp"
+#include "rig_rails.hpp"
+#include "transfer_rig.hpp"
 
 #include <boost/asio/io_context.hpp>
 
@@ -28,29 +28,20 @@
 namespace asio = boost::asio;
 using namespace gpuverbs;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using test::AsyncPair;
-using test::AsyncSide;
 using test::mode_name;
 using test::modes;
+using test::Pair;
+using test::run_until;
+using test::Side;
 
 /// The bound docs/transfers.md promises for an operation on a queue pair
 /// that is already in error: two ticks (one to see it, one to end it) plus
 /// the flush grace, with a second for the emulated CPU of the rig.
 std::chrono::milliseconds error_state_bound(const AsyncOptions& m) {
     return 2 * m.liveness_tick + m.flush_grace + 1000ms;
-}
-
-/// Runs `io` until `done()` or `limit`; how long it took.
-template <class Done>
-std::chrono::milliseconds run_until(asio::io_context& io, Done&& done, std::chrono::milliseconds limit) {
-    const auto t0 = Clock::now();
-    io.restart();
-    while (!done() && Clock::now() - t0 < limit) io.run_for(10ms);
-    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
 }
 
 const std::error_code in_error = errc::queue_pair_in_error;
@@ -61,7 +52,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
     TEST_CASE(
         "a post on a queue pair known to be in error is refused at once, naming why, in the synchronous "
         "forms too") {
-        test::ConnectedPair p;
+        test::Pair p;
         CHECK_FALSE(p.a.qp.failure());
         REQUIRE_FALSE(p.a.qp.force_error());
         const std::optional<QueuePairFailure> f = p.a.qp.failure();
@@ -92,7 +83,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             // A write with a key the peer never gave: both queue pairs go to ERROR (rxe NAKs it).
             RemoteMemory bad = p.b.mr.remote();
             bad.rkey ^= 0x00a5a500;
@@ -131,8 +122,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
                 ++ended;
                 results.push_back(ec);
             };
-            for (AsyncSide* s : {&p.a, &p.b}) {
-                AsyncSide& peer = s == &p.a ? p.b : p.a;
+            for (Side* s : {&p.a, &p.b}) {
+                Side& peer = s == &p.a ? p.b : p.a;
                 s->qp.async_write(s->mr.slice(0, 64), peer.mr.remote(), 0, record);
                 s->qp.async_read(s->mr.slice(64, 64), peer.mr.remote(), 0, record);
                 s->qp.async_send(s->mr.slice(128, 64), record);
@@ -157,7 +148,7 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : modes) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            AsyncPair p(io.get_executor(), mode);
+            Pair p(io.get_executor(), mode);
             std::optional<boost::system::error_code> received;
             p.b.qp.async_receive(p.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { received = ec; });
             RemoteMemory bad = p.b.mr.remote();
@@ -177,16 +168,13 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
     TEST_CASE(
         "a rail whose link goes down mid-transfer: the transfer succeeds by failover, every byte and one "
         "notification, every run (GPUVERBS_LIVENESS_RUNS runs, default 2)") {
-        if (!test::faults_available()) {
-            MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
-            return;
-        }
+        const auto wire = test::second_wire();
+        if (!wire) return;
         const char* runs_env = std::getenv("GPUVERBS_LIVENESS_RUNS"); // NOLINT(concurrency-mt-unsafe): tests only
         const int runs = runs_env != nullptr ? std::atoi(runs_env) : 2;
-        REQUIRE(test::fault("rails-up") == 0);
-        test::Heal down("rails-down");
         // 16,384 scattered 4 KiB blocks (64 MiB), rail 1's link cut ~300 ms in (issue 33's report).
         constexpr std::size_t blocks = 16384, block = 4096;
+        const test::Scatter scattered{blocks, block};
         using Wire = test::RailWire;
         std::vector<std::byte> m0(blocks * block), m1(2 * blocks * block);
         for (std::size_t i = 0; i < m0.size(); ++i) m0[i] = std::byte((i * 2654435761U >> 13) & 0xff);
@@ -197,15 +185,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             std::fill(m1.begin(), m1.end(), std::byte{0});
             Wire rail0("rxe0", "rxe1", io.get_executor(), m0, m1, 256);
             Wire rail1("rxe2", "rxe3", io.get_executor(), m0, m1, 256);
-            std::vector<TransferRail> rails{TransferRail{&rail0.qp0, {}, {}}, TransferRail{&rail1.qp0, {}, {}}};
-            rails[1].local(rail0.mr0, rail1.mr0).remote(rail0.mr1.remote(), rail1.mr1.remote());
-            std::vector<LocalBuffer> local;
-            std::vector<RemoteBlock> remote;
-            for (std::size_t k = 0; k < blocks; ++k) {
-                local.push_back(rail0.mr0.slice(k * block, block));
-                remote.push_back({rail0.mr1.remote(), (2 * blocks - 1 - 2 * k) * block, block}); // scattered
-            }
-            const TransferPlan plan(TransferDirection::write, local, remote, TransferLimits{1});
+            std::vector<TransferRail> rails{TransferRail{&rail0.qp0, {}, {}}, test::second_rail(rail0, rail1)};
+            const TransferPlan plan = scattered.plan(rail0.mr0, rail0.mr1.remote());
             TransferReport report;
             std::string failed;
             TransferOptions options;
@@ -237,10 +218,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             CHECK(notified == 33u);
             CHECK(report.landed == blocks);
             std::size_t wrong = 0;
-            for (std::size_t k = 0; k < blocks; ++k) {
-                const std::size_t at = (2 * blocks - 1 - 2 * k) * block;
-                wrong += std::memcmp(&m1[at], &m0[k * block], block) != 0 ? 1 : 0;
-            }
+            for (std::size_t k = 0; k < blocks; ++k)
+                wrong += std::memcmp(&m1[scattered.at(k)], &m0[k * block], block) != 0 ? 1 : 0;
             CHECK(wrong == 0);
             io.restart();
             io.run_for(100ms);
@@ -267,8 +246,8 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
         for (const auto& mode : {modes[0], modes[1]}) {
             CAPTURE(mode_name(mode));
             asio::io_context io(1);
-            AsyncSide a(test::rig_devices()->dev0, io.get_executor(), mode, 1 << 20, {});
-            AsyncSide b(test::rig_devices()->dev1, io.get_executor(), mode, 1 << 20, {});
+            Side a(test::rig_devices()->dev0, io.get_executor(), mode, 1 << 20, {});
+            Side b(test::rig_devices()->dev1, io.get_executor(), mode, 1 << 20, {});
             ConnectOptions forever;
             forever.retry_count = 7; // rxe never counts 7 down (SOFTROCE.md): only gpuverbs can end this
             forever.timeout = 12;    // ~16.8 ms a try: the stall bound is 2 x 8 x 16.8 ms + the margin

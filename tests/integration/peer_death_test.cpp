@@ -6,8 +6,8 @@
 // cycles in one process leave no file descriptors, memory regions or memory
 // behind.
 #include "child_process.hpp"
-#include "connected_pair.hpp"
 #include "process_resources.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 #include "build_has.hpp"
@@ -193,7 +193,7 @@ TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present() || !gpuve
 
     TEST_CASE("100 connect / transfer / disconnect cycles leave no descriptors, regions or memory behind") {
         auto cycle = [](std::uint32_t seed) {
-            test::ConnectedPair p(1 << 16);
+            test::Pair p(1 << 16);
             test::fill_pattern(p.a.memory, seed);
             REQUIRE_FALSE(p.a.qp.post_write(p.a.mr.all(), p.b.mr.remote()));
             auto done = test::poll_for(p.a.cq, 1);
@@ -204,7 +204,7 @@ TEST_SUITE("peer death" * doctest::skip(!gpuverbs::test::rig_present() || !gpuve
         for (std::uint32_t i = 0; i < 5; ++i) cycle(i); // warm-up: libraries' one-time state
         {
             // The region count is a real measurement: it sees a pair's two regions while they exist.
-            test::ConnectedPair alive(1 << 12);
+            test::Pair alive(1 << 12);
             CHECK(test::registered_regions() >= 2);
         }
         const std::size_t fds = open_descriptors();

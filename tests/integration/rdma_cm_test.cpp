@@ -1,7 +1,7 @@
 // librdmacm on the rig: the connection manager resolves addresses and routes
 // and hands back connected queue pairs.
 #include "gpuverbs/connections/rdma_cm.hpp"
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // Two processes: this test is the client, examples/02_rdma_write is the server
 // process. Byte-exact transfers both ways, and a peer killed mid-stream.
 #include "child_process.hpp"
-#include "connected_pair.hpp"
+#include "rig_pair.hpp"
 
 #include <doctest/doctest.h>
 #include "build_has.hpp"

@@ -1,6 +1,6 @@
 // Leases on advertised blocks (transfers/leases.hpp): the owner's table and
 // the reader's stale-list check. The read under a lease and its release by
-// the notification run on Soft-RoCE (integration/transfer_test.cpp).
+// the notification run on Soft-RoCE (integration/transfer_blocks_test.cpp).
 #include "gpuverbs/transfers/leases.hpp"
 
 #include <doctest/doctest.h>

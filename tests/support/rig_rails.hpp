@@ -4,12 +4,19 @@
 #pragma once
 
 #include "gpuverbs/gpuverbs.hpp"
+#include "rig_faults.hpp"
+#include "rig_pair.hpp"
+
+#include <doctest/doctest.h>
 
 #include <boost/asio/any_io_executor.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs::test {
@@ -39,13 +46,17 @@ struct RailWire {
         // the rig's CPUs were loaded (a CI run: acknowledgements late).
         const ConnectOptions c;
         PreparedQueuePair a0(pd0, cq0, cq0, o), b1(pd1, cq1, cq1, o);
-        const Endpoint ea = a0.endpoint(), eb = b1.endpoint();
-        (void)a0.advertise(mr0);
-        (void)b1.advertise(mr1);
-        qp0 = std::move(a0).connect(eb, c);
-        qp1 = std::move(b1).connect(ea, c);
+        std::tie(qp0, qp1) = connect_advertised(a0, mr0, b1, mr1, c);
     }
 };
+
+/// `second` as a transfer over `first`'s regions takes it: its writing queue
+/// pair, with the same memory's keys on its own devices.
+inline TransferRail second_rail(const RailWire& first, RailWire& second) {
+    TransferRail rail{&second.qp0, {}, {}};
+    rail.local(first.mr0, second.mr0).remote(first.mr1.remote(), second.mr1.remote());
+    return rail;
+}
 
 /// Both wires over one pair of pools (m0 on the writing side, m1 on the other).
 struct Rails {
@@ -54,12 +65,20 @@ struct Rails {
     Wire rail0, rail1;
     Rails(const boost::asio::any_io_executor& ex, std::size_t bytes)
         : m0(bytes), m1(bytes), rail0("rxe0", "rxe1", ex, m0, m1), rail1("rxe2", "rxe3", ex, m0, m1) {}
-    /// The two rails as a transfer takes them: rail 1 with the same memory's keys on its devices.
-    std::vector<TransferRail> spec() {
-        std::vector<TransferRail> s{TransferRail{&rail0.qp0, {}, {}}, TransferRail{&rail1.qp0, {}, {}}};
-        s[1].local(rail0.mr0, rail1.mr0).remote(rail0.mr1.remote(), rail1.mr1.remote());
-        return s;
-    }
+    /// The two rails as a transfer takes them: the plan in rail 0's keys.
+    std::vector<TransferRail> spec() { return {TransferRail{&rail0.qp0, {}, {}}, second_rail(rail0, rail1)}; }
 };
+
+/// Brings the second wire up (setup-rxe rails-up) until the returned guard
+/// goes; nothing, with a message, without the rig's fault injector: the test
+/// then has nothing to run.
+inline std::optional<Heal> second_wire() {
+    if (!faults_available()) {
+        MESSAGE("no fault injector (run in the rig): the second wire cannot be made");
+        return std::nullopt;
+    }
+    REQUIRE(fault("rails-up") == 0);
+    return std::optional<Heal>(std::in_place, "rails-down");
+}
 
 } // namespace gpuverbs::test
