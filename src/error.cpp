@@ -124,6 +124,50 @@ const std::error_category& gpuverbs_category() noexcept {
     return category;
 }
 
+namespace {
+
+class ConditionCategory final : public std::error_category {
+public:
+    const char* name() const noexcept override { return "gpuverbs condition"; }
+
+    std::string message(int value) const override {
+        switch (static_cast<condition>(value)) {
+            case condition::refused_locally:
+                return "refused locally: a check of the data path refused the request before anything was posted";
+        }
+        return "unknown gpuverbs condition " + std::to_string(value);
+    }
+
+    bool equivalent(const std::error_code& code, int value) const noexcept override {
+        if (code.category() != gpuverbs_category()) return false;
+        switch (static_cast<condition>(value)) {
+            case condition::refused_locally:
+                switch (static_cast<errc>(code.value())) {
+                    case errc::local_range_outside_region:
+                    case errc::remote_range_outside_region:
+                    case errc::inline_too_large:
+                    case errc::too_many_sges:
+                    case errc::send_queue_full:
+                    case errc::receive_queue_full:
+                    case errc::misaligned_atomic:
+                    case errc::batch_full:
+                    case errc::receives_through_srq:
+                    case errc::no_executor:
+                    case errc::async_needs_one_cq: return true;
+                    default: return false;
+                }
+        }
+        return false;
+    }
+};
+
+} // namespace
+
+const std::error_category& condition_category() noexcept {
+    static const ConditionCategory category;
+    return category;
+}
+
 Error::Error(std::error_code code, std::string_view verb, std::string_view detail)
     : std::system_error(code), verb_(verb), text_(what_text(verb, detail, code)) {}
 

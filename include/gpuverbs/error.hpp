@@ -82,6 +82,24 @@ inline std::error_code make_error_code(errc e) noexcept {
     return {static_cast<int>(e), gpuverbs_category()};
 }
 
+/// Kinds of failure that several codes share, to compare an error with:
+/// `if (ec == gpuverbs::condition::refused_locally) …`.
+enum class condition {
+    /// A local check of the data path refused the request before anything
+    /// was posted (a range outside its region, inline data too large, too
+    /// many pieces, a full queue or batch, a misaligned atomic, receives
+    /// that belong to the SRQ, no executor, send and receive CQs apart):
+    /// nothing reached the device, the queue pair is unchanged, and the same
+    /// request fails again until it is corrected (or, for a full queue, until
+    /// room is made).
+    refused_locally = 1,
+};
+/// The category of gpuverbs::condition (name "gpuverbs condition").
+const std::error_category& condition_category() noexcept;
+inline std::error_condition make_error_condition(condition c) noexcept {
+    return {static_cast<int>(c), condition_category()};
+}
+
 /// The error thrown by the throwing forms of gpuverbs calls.
 ///
 /// what() reads "VERB: DETAIL", e.g. "ibv_open_device: no RDMA device named
@@ -201,3 +219,5 @@ auto or_code(std::error_code& ec, Diagnostics& diagnostics, Impl&& impl) {
 
 template <>
 struct std::is_error_code_enum<gpuverbs::errc> : std::true_type {};
+template <>
+struct std::is_error_condition_enum<gpuverbs::condition> : std::true_type {};

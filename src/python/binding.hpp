@@ -79,6 +79,8 @@ struct Borrowed {
 /// __cuda_array_interface__, then the buffer protocol); raises TypeError or
 /// ValueError naming the argument when it cannot.
 Borrowed borrow(const py::object& obj, const std::string& via, bool writable);
+/// Refuses an empty object (0 bytes), in words (ValueError).
+void check_size(std::size_t size);
 
 /// A registered region and what keeps its memory alive: its own registration,
 /// or a registration cache's region that covers the object (then `base` is

@@ -8,24 +8,6 @@ namespace gpuverbs::python {
 
 namespace {
 
-/// The local checks of the data path: a request refused before anything was posted.
-bool refused_request(errc e) {
-    switch (e) {
-        case errc::local_range_outside_region:
-        case errc::remote_range_outside_region:
-        case errc::inline_too_large:
-        case errc::too_many_sges:
-        case errc::send_queue_full:
-        case errc::receive_queue_full:
-        case errc::misaligned_atomic:
-        case errc::batch_full:
-        case errc::receives_through_srq:
-        case errc::no_executor:
-        case errc::async_needs_one_cq: return true;
-        default: return false;
-    }
-}
-
 py::object error_with_text(const std::error_code& code, std::string_view verb, const std::string& text) {
     py::module_ errors = py::module_::import("gpuverbs.errors");
     const char* kind = "Error";
@@ -33,7 +15,7 @@ py::object error_with_text(const std::error_code& code, std::string_view verb, c
     if (code.category() == gpuverbs_category()) {
         auto e = static_cast<errc>(code.value());
         value = py::cast(e);
-        if (refused_request(e)) kind = "RequestRefused";
+        if (code == condition::refused_locally) kind = "RequestRefused";
         if (e == errc::gpu_direct_unavailable) kind = "GpuDirectUnavailable";
         if (e == errc::connection_rejected) kind = "ConnectionRejected";
         if (e == errc::peer_closed || e == errc::not_connected) kind = "ConnectionClosed";

@@ -168,15 +168,33 @@ bool BlockLeases::held(const RemoteBlock& block) {
     return holder(r->first, r->second) != nullptr;
 }
 
+std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks) {
+    detail::Status status;
+    return claim_impl(blocks, status);
+}
+
+std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, Diagnostics& diagnostics) {
+    detail::Status status;
+    const std::error_code ec = claim_impl(blocks, status);
+    status.report(diagnostics);
+    return ec;
+}
+
 std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, std::string* why) {
+    detail::Status status;
+    const std::error_code ec = claim_impl(blocks, status);
+    if (why != nullptr && ec) *why = status.detail;
+    return ec;
+}
+
+std::error_code BlockLeases::claim_impl(std::span<const RemoteBlock> blocks, detail::Status& status) {
     for (std::size_t k = 0; k < blocks.size(); ++k) {
         if (!range_of(blocks[k])) {
-            if (why != nullptr) {
-                *why = "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
-                       std::to_string(blocks[k].offset) + ") does not lie inside its region of " +
-                       std::to_string(blocks[k].memory.length) + " bytes: it cannot be claimed";
-            }
-            return errc::invalid_argument;
+            status.fail(errc::invalid_argument, "BlockLeases::claim",
+                        "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
+                            std::to_string(blocks[k].offset) + ") does not lie inside its region of " +
+                            std::to_string(blocks[k].memory.length) + " bytes: it cannot be claimed");
+            return status.code;
         }
     }
     std::lock_guard lock(mutex_);
@@ -186,15 +204,14 @@ std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, std::str
         const auto r = range_of(blocks[k]);
         const auto* h = holder(r->first, r->second);
         if (h == nullptr) continue;
-        if (why != nullptr) {
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now);
-            *why = "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
-                   std::to_string(blocks[k].offset) + ") is under lease " + std::to_string(h->first) +
-                   " (list version " + std::to_string(h->second.version) +
-                   "): wait for the reader's release, or at most " + std::to_string(left.count()) +
-                   " ms until it expires";
-        }
-        return errc::blocks_leased;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now);
+        status.fail(errc::blocks_leased, "BlockLeases::claim",
+                    "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
+                        std::to_string(blocks[k].offset) + ") is under lease " + std::to_string(h->first) +
+                        " (list version " + std::to_string(h->second.version) +
+                        "): wait for the reader's release, or at most " + std::to_string(left.count()) +
+                        " ms until it expires");
+        return status.code;
     }
     return {};
 }
@@ -230,17 +247,35 @@ void BlockLeases::expire_locked(std::chrono::steady_clock::time_point now, std::
     }
 }
 
+std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list) {
+    detail::Status status;
+    return accept_impl(owner, list, status);
+}
+
+std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list, Diagnostics& diagnostics) {
+    detail::Status status;
+    const std::error_code ec = accept_impl(owner, list, status);
+    status.report(diagnostics);
+    return ec;
+}
+
 std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list, std::string* why) {
+    detail::Status status;
+    const std::error_code ec = accept_impl(owner, list, status);
+    if (why != nullptr && ec) *why = status.detail;
+    return ec;
+}
+
+std::error_code LeaseReader::accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status& status) {
     std::lock_guard lock(mutex_);
     auto [it, fresh] = newest_.try_emplace(owner, list.version);
     if (!fresh) {
         if (list.version <= it->second) {
-            if (why != nullptr) {
-                *why = "block list version " + std::to_string(list.version) + " from owner " + std::to_string(owner) +
-                       " is not newer than version " + std::to_string(it->second) +
-                       " already accepted from it: its blocks may have been reused since";
-            }
-            return errc::stale_block_list;
+            status.fail(errc::stale_block_list, "LeaseReader::accept",
+                        "block list version " + std::to_string(list.version) + " from owner " + std::to_string(owner) +
+                            " is not newer than version " + std::to_string(it->second) +
+                            " already accepted from it: its blocks may have been reused since");
+            return status.code;
         }
         it->second = list.version;
     }

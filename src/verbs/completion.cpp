@@ -1,6 +1,7 @@
 #include "gpuverbs/verbs/completion.hpp"
 
 #include <string>
+#include <string_view>
 
 namespace gpuverbs {
 
@@ -26,9 +27,13 @@ class WcCategory final : public std::error_category {
 public:
     const char* name() const noexcept override { return "work completion"; }
 
+    /// rdma-core's name of the status, then what it means; said once where
+    /// the meaning starts with the name ("remote access error: the peer …").
     std::string message(int value) const override {
-        std::string name = ibv_wc_status_str(static_cast<ibv_wc_status>(value));
-        return name + ": " + meaning(value);
+        const std::string_view name = ibv_wc_status_str(static_cast<ibv_wc_status>(value));
+        const std::string_view said = meaning(value);
+        if (said.starts_with(name)) return std::string(said);
+        return std::string(name) + ": " + std::string(said);
     }
 
 private:

@@ -263,9 +263,9 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         const std::vector<std::byte> bytes = wire::serialize(leases.grant(offered, /*reader*/ 1));
         CHECK(leases.held(offered[7]));
         CHECK(leases.active() == 1);
-        std::string busy;
-        CHECK(leases.claim(offered, &busy) == errc::blocks_leased); // the owner may not reuse them yet
-        CHECK_MESSAGE(busy.find("block 0 (") == 0, busy);
+        Diagnostics busy;
+        CHECK(leases.claim(offered, busy) == errc::blocks_leased); // the owner may not reuse them yet
+        CHECK_MESSAGE(busy.detail().find("block 0 (") == 0, busy.message());
 
         // The reader: the list as it arrives, checked, then one read with the lease's deadline and its notification.
         const auto received = std::chrono::steady_clock::now();
@@ -320,11 +320,11 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         // An older list from the same owner is refused; another owner's is not.
         LeasedBlockList older = list;
         older.version = list.version - 1;
-        std::string stale;
-        CHECK(reader.accept(1, older, &stale) == errc::stale_block_list);
-        CHECK(stale == "block list version " + std::to_string(older.version) +
-                           " from owner 1 is not newer than version " + std::to_string(list.version) +
-                           " already accepted from it: its blocks may have been reused since");
+        Diagnostics stale;
+        CHECK(reader.accept(1, older, stale) == errc::stale_block_list);
+        CHECK(stale.detail() == "block list version " + std::to_string(older.version) +
+                                    " from owner 1 is not newer than version " + std::to_string(list.version) +
+                                    " already accepted from it: its blocks may have been reused since");
         CHECK(reader.accept(1, list) == errc::stale_block_list); // the same list twice: stale too
         CHECK_FALSE(reader.accept(2, older));
         (void)forgotten;

@@ -1,8 +1,14 @@
 #include "gpuverbs/error.hpp"
 
+#include "gpuverbs/detail/async/async_token.hpp"
+
+#include <boost/asio/error.hpp>
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <string>
 
 TEST_SUITE("error") {
@@ -63,5 +69,58 @@ TEST_SUITE("error") {
         gpuverbs::Diagnostics diag;
         s.report(diag);
         CHECK(diag.message() == "ibv_create_qp: cannot create an RC queue pair: Invalid argument (errno 22)");
+    }
+
+    TEST_CASE("an error reaches an Asio handler equal to what it was, named as it was") {
+        using gpuverbs::detail::to_asio_error;
+        // A deadline's std::errc::timed_out: Boost's generic category, never "std:unknown".
+        const gpuverbs::async_error_code timed_out = to_asio_error(std::make_error_code(std::errc::timed_out));
+        CHECK(timed_out == std::errc::timed_out);
+        CHECK(timed_out == boost::system::errc::timed_out);
+        CHECK(std::string(timed_out.category().name()) == "generic");
+        CHECK(std::error_code(timed_out) == std::errc::timed_out);
+        // ECANCELED is Asio's operation_aborted; another errno keeps its value.
+        CHECK(to_asio_error(std::error_code(ECANCELED, std::system_category())) ==
+              boost::asio::error::operation_aborted);
+        CHECK(to_asio_error(std::error_code(EIO, std::system_category())).value() == EIO);
+        // The library's own codes keep their category's words and compare equal.
+        const gpuverbs::async_error_code refused = to_asio_error(gpuverbs::errc::invalid_argument);
+        CHECK(std::error_code(refused) == gpuverbs::errc::invalid_argument);
+        CHECK(refused.message() == std::error_code(gpuverbs::errc::invalid_argument).message());
+        CHECK_FALSE(to_asio_error(std::error_code()));
+    }
+
+    TEST_CASE("refused_locally is the condition of every local refusal, and of nothing else") {
+        using gpuverbs::condition;
+        using gpuverbs::errc;
+        const errc refused[] = {errc::local_range_outside_region,
+                                errc::remote_range_outside_region,
+                                errc::inline_too_large,
+                                errc::too_many_sges,
+                                errc::send_queue_full,
+                                errc::receive_queue_full,
+                                errc::misaligned_atomic,
+                                errc::batch_full,
+                                errc::receives_through_srq,
+                                errc::no_executor,
+                                errc::async_needs_one_cq};
+        int count = 0;
+        for (int v = 1; v < 200; ++v) {
+            const std::error_code ec(v, gpuverbs::gpuverbs_category());
+            if (ec.message().starts_with("unknown gpuverbs error")) continue;
+            const bool listed =
+                std::find(std::begin(refused), std::end(refused), static_cast<errc>(v)) != std::end(refused);
+            CAPTURE(ec.message());
+            CHECK((ec == condition::refused_locally) == listed);
+            count += listed ? 1 : 0;
+        }
+        CHECK(count == static_cast<int>(std::size(refused)));
+        // The codes keep their std::errc equivalences beside it.
+        CHECK(std::error_code(errc::too_many_sges) == std::errc::invalid_argument);
+        // Another category's code is never refused locally, whatever its value.
+        CHECK(std::error_code(static_cast<int>(errc::too_many_sges), std::system_category()) !=
+              condition::refused_locally);
+        CHECK(std::string(gpuverbs::condition_category().name()) == "gpuverbs condition");
+        CHECK(std::error_condition(condition::refused_locally).message().starts_with("refused locally"));
     }
 }

@@ -38,14 +38,18 @@ TEST_SUITE("leases") {
         CHECK(leases.held({pool, 4096, 1})); // b still holds its block
         CHECK(leases.active() == 1);
         // The owner's attempt to reuse: refused while b holds a block, in words.
-        std::string why;
+        Diagnostics why;
         const std::vector<RemoteBlock> reuse{{pool, 0, 4096}, {pool, 4096, 4096}};
-        CHECK(leases.claim(reuse, &why) == errc::blocks_leased);
-        CHECK_MESSAGE(why.find("block 1 (4096 bytes at offset 4096) is under lease " + std::to_string(b.lease) +
-                               " (list version " + std::to_string(b.version) + "): wait for the reader's release") == 0,
-                      why);
+        CHECK(leases.claim(reuse, why) == errc::blocks_leased);
+        CHECK_MESSAGE(
+            why.detail().find("block 1 (4096 bytes at offset 4096) is under lease " + std::to_string(b.lease) +
+                              " (list version " + std::to_string(b.version) + "): wait for the reader's release") == 0,
+            why.message());
+        CHECK(why.verb() == "BlockLeases::claim");
+        CHECK(why.message() == "BlockLeases::claim: " + why.detail());
         CHECK_FALSE(leases.release(b.lease, reader_b));
-        CHECK_FALSE(leases.claim(reuse, &why));
+        CHECK_FALSE(leases.claim(reuse, why));
+        CHECK(why.message().empty()); // cleared: the blocks are free
         const BlockLeasesStatistics s = leases.statistics();
         CHECK(s.granted == 2);
         CHECK(s.released == 2);
@@ -66,9 +70,8 @@ TEST_SUITE("leases") {
         CHECK(leases.release(victims.lease, reader_a) == errc::lease_not_yours);
         CHECK(make_error_code(errc::lease_not_yours) == std::errc::permission_denied);
         CHECK(leases.held({pool, 0, 4096})); // b's blocks were never freed under it
-        std::string why;
         const std::vector<RemoteBlock> victims_blocks{{pool, 0, 4096}};
-        CHECK(leases.claim(victims_blocks, &why) == errc::blocks_leased);
+        CHECK(leases.claim(victims_blocks) == errc::blocks_leased);
         CHECK(leases.statistics().refused_releases == 2);
         // b's own release still works.
         CHECK_FALSE(leases.release(victims.lease, reader_b));
@@ -103,17 +106,18 @@ TEST_SUITE("leases") {
         CHECK(leases.held({pool, 4096, UINT64_MAX - 100}));
         // An offset or length past the region: not a block of it, never "free".
         CHECK(leases.held({pool, (1 << 20) + 1, 1}));
-        std::string why;
+        Diagnostics why;
         const std::vector<RemoteBlock> wrap{{pool, 0, UINT64_MAX}};
-        CHECK(leases.claim(wrap, &why) == errc::invalid_argument);
-        CHECK_MESSAGE(why.find("does not lie inside its region of 1048576 bytes") != std::string::npos, why);
+        CHECK(leases.claim(wrap, why) == errc::invalid_argument);
+        CHECK_MESSAGE(why.detail().find("does not lie inside its region of 1048576 bytes") != std::string::npos,
+                      why.message());
         const std::vector<RemoteBlock> region_wraps{{RemoteMemory{UINT64_MAX - 10, 100, 5}, 0, 1}};
-        CHECK(leases.claim(region_wraps, &why) == errc::invalid_argument);
+        CHECK(leases.claim(region_wraps, why) == errc::invalid_argument);
         const std::vector<RemoteBlock> other_key{{other, 0, 10}};
-        CHECK(leases.claim(other_key, &why) == errc::blocks_leased);
+        CHECK(leases.claim(other_key, why) == errc::blocks_leased);
         // A block beside the lease is free.
         const std::vector<RemoteBlock> beside{{other, 4096, 4096}};
-        CHECK_FALSE(leases.claim(beside, &why));
+        CHECK_FALSE(leases.claim(beside));
     }
 
     TEST_CASE("the owner revokes a lease itself; the deprecated forms still compile and mean that") {
@@ -175,11 +179,12 @@ TEST_SUITE("leases") {
         CHECK_FALSE(reader.accept(7, l));
         CHECK(reader.accept(7, l) == errc::stale_block_list);
         l.version = 4;
-        std::string why;
-        const std::error_code stale = reader.accept(7, l, &why);
+        Diagnostics why;
+        const std::error_code stale = reader.accept(7, l, why);
         CHECK(stale == errc::stale_block_list);
         CHECK(stale.message().find("older than one already received") != std::string::npos);
-        CHECK(why ==
+        CHECK(why.verb() == "LeaseReader::accept");
+        CHECK(why.detail() ==
               "block list version 4 from owner 7 is not newer than version 5 already accepted from it: its "
               "blocks may have been reused since");
         CHECK_FALSE(reader.accept(8, l)); // another owner

@@ -109,10 +109,16 @@ public:
     /// whose range wraps, counts as held: nothing proves it free.
     [[nodiscard]] bool held(const RemoteBlock& block);
     /// The owner is about to reuse `blocks`: errc::blocks_leased when a live
-    /// lease holds any of them, with `why` naming the first block, the lease
-    /// and how long it may still last; errc::invalid_argument for a block that
-    /// does not lie inside its region; otherwise no error.
-    std::error_code claim(std::span<const RemoteBlock> blocks, std::string* why = nullptr);
+    /// lease holds any of them; errc::invalid_argument for a block that does
+    /// not lie inside its region; otherwise no error. (Its answer is the
+    /// error_code: there is no throwing form.)
+    std::error_code claim(std::span<const RemoteBlock> blocks);
+    /// … with the words in `diagnostics`: the first block held, the lease and
+    /// how long it may still last (cleared when the blocks are free).
+    std::error_code claim(std::span<const RemoteBlock> blocks, Diagnostics& diagnostics);
+    /// 0.3's form: the detail's words in `*why`.
+    [[deprecated("claim(blocks, diagnostics): Diagnostics::detail() has these words")]] std::error_code claim(
+        std::span<const RemoteBlock> blocks, std::string* why);
     /// Live leases (expired ones are dropped first).
     [[nodiscard]] std::size_t active();
     /// Drops the leases past their time to live and grace; returns their ids
@@ -136,6 +142,7 @@ public:
     }
 
 private:
+    std::error_code claim_impl(std::span<const RemoteBlock> blocks, detail::Status& status);
     struct Lease {
         std::vector<RemoteBlock> blocks; ///< as the owner named them (held() compares these)
         std::chrono::steady_clock::time_point until;
@@ -164,8 +171,13 @@ public:
     /// `owner`: how the reader tells owners apart (a rank, a connection id).
     /// errc::stale_block_list when an accepted list from `owner` had a higher
     /// or equal version; otherwise the list's version becomes the newest.
-    /// `why`, when given, receives the words (both versions and the owner).
-    std::error_code accept(std::uint64_t owner, const LeasedBlockList& list, std::string* why = nullptr);
+    /// (Its answer is the error_code: there is no throwing form.)
+    std::error_code accept(std::uint64_t owner, const LeasedBlockList& list);
+    /// … with the words in `diagnostics` (both versions and the owner).
+    std::error_code accept(std::uint64_t owner, const LeasedBlockList& list, Diagnostics& diagnostics);
+    /// 0.3's form: the detail's words in `*why`.
+    [[deprecated("accept(owner, list, diagnostics): Diagnostics::detail() has these words")]] std::error_code accept(
+        std::uint64_t owner, const LeasedBlockList& list, std::string* why);
     /// The latest a transfer under this lease may end (TransferOptions::deadline):
     /// `received` (when the list arrived) plus its time to live.
     static std::chrono::steady_clock::time_point deadline(const LeasedBlockList& list,
@@ -174,6 +186,7 @@ public:
     }
 
 private:
+    std::error_code accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status& status);
     std::mutex mutex_;
     std::unordered_map<std::uint64_t, std::uint64_t> newest_;
 };
