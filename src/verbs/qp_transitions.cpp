@@ -103,7 +103,7 @@ QpTransition rts_transition(std::uint32_t local_psn, const LocalPort& local, con
     t.attr.sq_psn = local_psn & 0xffffff;
     t.attr.timeout = std::min<std::uint8_t>(options.timeout, 31);
     t.attr.retry_cnt = std::min<std::uint8_t>(options.retry_count, 7);
-    t.attr.rnr_retry = std::min<std::uint8_t>(options.rnr_retry_count, 7);
+    t.attr.rnr_retry = std::min<std::uint8_t>(options.rnr_retry.value_or(options.rnr_retry_count), 7);
     t.attr.max_rd_atomic = clamp_rd_atomic(options.max_rd_atomic, local.device_max_rd_atomic);
     t.mask =
         IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
@@ -155,7 +155,7 @@ CmConnectParameters cm_connect_parameters(const LocalPort& local, const ConnectO
     p.responder_resources = clamp_rd_atomic(options.max_dest_rd_atomic, local.device_max_dest_rd_atomic);
     p.initiator_depth = clamp_rd_atomic(options.max_rd_atomic, local.device_max_rd_atomic);
     p.retry_count = std::min<std::uint8_t>(options.retry_count, 7);
-    p.rnr_retry_count = std::min<std::uint8_t>(options.rnr_retry_count, 7);
+    p.rnr_retry_count = std::min<std::uint8_t>(options.rnr_retry.value_or(options.rnr_retry_count), 7);
     return p;
 }
 

@@ -112,6 +112,18 @@ TEST_SUITE("queue pair transitions") {
         CHECK(t.attr.max_rd_atomic == 16); // device allows 128; verbs users cap at 16
     }
 
+    TEST_CASE("0.1's ConnectOptions::rnr_retry, when a program sets it, is the count RTS and rdma_cm use") {
+        ConnectOptions o;
+        o.rnr_retry_count = 3;
+        CHECK(detail::rts_transition(0, roce_port(), o).attr.rnr_retry == 3); // the old name unset
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        o.rnr_retry = 5; // deprecated: tests/compat/api_0_1.cpp checks that it warns
+#pragma GCC diagnostic pop
+        CHECK(detail::rts_transition(0, roce_port(), o).attr.rnr_retry == 5);
+        CHECK(detail::cm_connect_parameters(roce_port(), o).rnr_retry_count == 5);
+    }
+
     TEST_CASE("RESET sets only the state") {
         auto t = detail::reset_transition();
         CHECK(t.attr.qp_state == IBV_QPS_RESET);

@@ -261,6 +261,8 @@ public:
         index_.invalidate(begin, begin + length);
     }
     [[nodiscard]] RegistrationCacheStatistics statistics() const { return index_.statistics(); }
+    /// The name before 0.2.
+    [[deprecated("use statistics()")]] [[nodiscard]] RegistrationCacheStatistics stats() const { return statistics(); }
 
 private:
     std::shared_ptr<const MemoryRegion> host_impl(std::span<std::byte> memory, Access access, detail::Status& status);

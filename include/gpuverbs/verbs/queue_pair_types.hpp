@@ -64,6 +64,28 @@ struct Endpoint {
     friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
 
+namespace detail {
+
+/// ConnectOptions::rnr_retry, 0.1's name of rnr_retry_count, kept for one
+/// release: setting it (`{.rnr_retry = 7}`, `options.rnr_retry = 7`) still
+/// works, with a deprecation warning, and then wins over rnr_retry_count.
+class RenamedRnrRetry {
+public:
+    RenamedRnrRetry() = default;
+    [[deprecated("use ConnectOptions::rnr_retry_count")]] RenamedRnrRetry(std::uint8_t count) : count_(count) {}
+    [[deprecated("use ConnectOptions::rnr_retry_count")]] RenamedRnrRetry& operator=(std::uint8_t count) {
+        count_ = count;
+        return *this;
+    }
+    /// What a program set through the old name, else `count`.
+    [[nodiscard]] std::uint8_t value_or(std::uint8_t count) const noexcept { return count_.value_or(count); }
+
+private:
+    std::optional<std::uint8_t> count_;
+};
+
+} // namespace detail
+
 /// How connect() sets up the path. The defaults suit almost everyone.
 struct ConnectOptions {
     /// Default: the smaller of both ports' active MTUs.
@@ -85,6 +107,8 @@ struct ConnectOptions {
     /// rig). A dead peer still fails a request: transport retries (above) are
     /// finite.
     std::uint8_t rnr_retry_count = 7;
+    /// Deprecated: 0.1's name of rnr_retry_count (set it instead).
+    detail::RenamedRnrRetry rnr_retry{};
     /// How long the peer waits before retrying a send we had no receive for,
     /// in the InfiniBand encoding (12 ≈ 0.64 ms).
     std::uint8_t min_rnr_timer = 12;

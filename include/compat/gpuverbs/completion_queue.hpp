@@ -1,0 +1,7 @@
+// gpuverbs 0.1's path of <gpuverbs/verbs/completion_queue.hpp>: kept for one release so that
+// programs written against 0.1 still compile (with this warning). See compat/README.md.
+#pragma once
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC warning "<gpuverbs/completion_queue.hpp> is deprecated: include <gpuverbs/verbs/completion_queue.hpp>"
+#endif
+#include <gpuverbs/verbs/completion_queue.hpp>

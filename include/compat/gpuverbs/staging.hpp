@@ -1,0 +1,7 @@
+// gpuverbs 0.1's path of <gpuverbs/transfers/staging.hpp>: kept for one release so that
+// programs written against 0.1 still compile (with this warning). See compat/README.md.
+#pragma once
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC warning "<gpuverbs/staging.hpp> is deprecated: include <gpuverbs/transfers/staging.hpp>"
+#endif
+#include <gpuverbs/transfers/staging.hpp>
