@@ -38,6 +38,14 @@ void RailGroup::replace(std::size_t k, TransferRail rail) {
     ++generation_[k];
 }
 
+boost::asio::any_io_executor RailGroup::executor() const {
+    std::lock_guard lock(mutex_);
+    for (const TransferRail& r : rails_) {
+        if (r.qp != nullptr && *r.qp) return r.qp->get_executor();
+    }
+    return {};
+}
+
 RailGroup::Selection RailGroup::select() {
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();

@@ -11,6 +11,8 @@
 
 #include <gpuverbs/gpuverbs.hpp>
 
+#include <boost/asio/bind_allocator.hpp>
+
 #include <doctest/doctest.h>
 
 #include <boost/asio/io_context.hpp>
@@ -134,6 +136,28 @@ std::string summary(const RailRun& run) {
            " uncertain, " + std::to_string(run.report.not_posted) + " never posted";
 }
 
+} // namespace
+
+namespace {
+/// Counts what a handler's associated allocator hands out.
+template <class T>
+struct CountingAllocator {
+    using value_type = T;
+    std::size_t* count;
+    explicit CountingAllocator(std::size_t* c) noexcept : count(c) {}
+    template <class U>
+    CountingAllocator(const CountingAllocator<U>& other) noexcept
+        : count(other.count) {} // NOLINT(google-explicit-constructor)
+    T* allocate(std::size_t n) {
+        ++*count;
+        return std::allocator<T>().allocate(n);
+    }
+    void deallocate(T* p, std::size_t n) noexcept { std::allocator<T>().deallocate(p, n); }
+    template <class U>
+    bool operator==(const CountingAllocator<U>& other) const noexcept {
+        return count == other.count;
+    }
+};
 } // namespace
 
 TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
@@ -339,11 +363,27 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             REQUIRE(run.calls == 1);
             REQUIRE_FALSE(run.result);
         }
+        // The group's transfer keeps the handler's executor and allocator: the
+        // initiation's executor is the group's first rail's, and the state it
+        // holds until the handler runs comes from the handler's allocator.
+        const asio::any_io_executor io_executor(io.get_executor());
+        CHECK(group.executor() == io_executor);
+        CHECK(detail::InitiateGroupTransfer{&group, &plan, {}}.get_executor() == io_executor);
+        std::size_t allocations = 0;
+        std::optional<boost::system::error_code> done;
+        async_transfer(group, plan, {},
+                       asio::bind_allocator(CountingAllocator<void>(&allocations),
+                                            [&](boost::system::error_code ec, std::size_t) { done = ec; }));
+        test::run_until(
+            io, [&] { return done.has_value(); }, 30s);
+        REQUIRE(done.has_value());
+        CHECK_FALSE(*done);
+        CHECK(allocations >= 2); // the group's state and the transfer's job
         // Rail 0's queue pair posted its share of each transfer, one request per block, and all completed.
         const QueuePairCounters c = r.rail0.qp0.counters();
         const RailHealth h0 = group.health(0), h1 = group.health(1);
-        CHECK(h0.bytes + h1.bytes == 3 * s.bytes());
-        CHECK(h0.transfers == 3);
+        CHECK(h0.bytes + h1.bytes == 4 * s.bytes());
+        CHECK(h0.transfers == 4);
         CHECK(c.sends_posted - before.sends_posted == h0.bytes / s.block);
         CHECK(c.sends_completed == c.sends_posted);
         CHECK(c.errors[IBV_WC_REM_ACCESS_ERR] == 0);
@@ -380,7 +420,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             {R"(gpuverbs_qp_errors_total{qp="rail0",status="REM_ACCESS_ERR"})", 1},
             {R"(gpuverbs_rail_bytes_total{group="kv",rail="0"})", static_cast<double>(h0.bytes)},
             {R"(gpuverbs_rail_bytes_total{group="kv",rail="1"})", static_cast<double>(h1.bytes)},
-            {R"(gpuverbs_rail_transfers_total{group="kv",rail="1"})", 3},
+            {R"(gpuverbs_rail_transfers_total{group="kv",rail="1"})", 4},
             {R"(gpuverbs_rail_failures_total{group="kv",rail="0"})", 0},
             {R"(gpuverbs_rail_throughput_bytes_per_second{group="kv",rail="0"})", h0.bytes_per_second},
         };

@@ -14,6 +14,8 @@
 
 #include "gpuverbs/transfers/transfer.hpp"
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_allocator.hpp>
 #include <boost/asio/associator.hpp>
 #include <boost/asio/async_result.hpp>
 
@@ -83,6 +85,10 @@ public:
         std::vector<std::uint64_t> generation; ///< of each rail (replace() starts a new one)
     };
     [[nodiscard]] Selection select();
+    /// The executor of the first rail whose queue pair is there: where a
+    /// transfer over the group completes a handler without an executor of
+    /// its own (empty when no rail has a queue pair).
+    [[nodiscard]] boost::asio::any_io_executor executor() const;
     /// Learns from a finished transfer over `selection` (its report).
     void record(const Selection& selection, const TransferReport& report);
 
@@ -109,7 +115,7 @@ struct GroupTransferState {
 /// and rail_bytes are filled in the group's numbering, then the handler runs.
 template <class Handler>
 struct GroupTransferHandler {
-    std::unique_ptr<GroupTransferState> state;
+    std::shared_ptr<GroupTransferState> state; ///< allocated with the handler's allocator
     Handler handler;
 
     void operator()(async_error_code ec, std::size_t bytes) {
@@ -135,9 +141,18 @@ struct InitiateGroupTransfer {
     const TransferPlan* plan;
     TransferOptions options;
 
+    /// The group's executor (its first rail's), as async_transfer over rails
+    /// has its first rail's: a handler without one of its own completes there.
+    using executor_type = boost::asio::any_io_executor;
+    [[nodiscard]] executor_type get_executor() const { return group->executor(); }
+
     template <class Handler>
     void operator()(Handler&& handler) const {
-        auto state = std::make_unique<GroupTransferState>();
+        // The state lives until the handler runs: with the handler's allocator.
+        using Allocator = typename std::allocator_traits<
+            boost::asio::associated_allocator_t<std::decay_t<Handler>>>::template rebind_alloc<GroupTransferState>;
+        auto state =
+            std::allocate_shared<GroupTransferState>(Allocator(boost::asio::get_associated_allocator(handler)));
         state->group = group;
         state->selection = group->select();
         state->user_report = options.report;
