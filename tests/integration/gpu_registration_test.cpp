@@ -4,6 +4,7 @@
 // (ibv_reg_dmabuf_mr, ibv_reg_mr), the automatic policy falls back, the
 // exported fd is closed, and the region it gives carries real RDMA writes.
 #include "rig_pair.hpp"
+#include "text_checks.hpp"
 
 #include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
@@ -27,9 +28,7 @@ using gpuverbs::test::poll_for;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using gpuverbs::test::contains;
 
 // Host memory standing in for GPU memory: what the peermem path hands to
 // ibv_reg_mr is a pointer either way.

@@ -28,7 +28,6 @@
 
 using namespace gpuverbs;
 namespace asio = boost::asio;
-using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
@@ -108,6 +107,7 @@ asio::awaitable<int> serve_session(TcpListener& listener, const ProtectionDomain
             if (ec) co_return;
         }
     };
+    using namespace asio::experimental::awaitable_operators; // here only: its detail:: would hide gpuverbs::detail
     co_await (receiver(0) && receiver(1) && receiver(2) && receiver(3) && heartbeat());
     co_return echoed;
 }

@@ -13,7 +13,7 @@ namespace asio = boost::asio;
 
 namespace {
 
-Handshake sample(std::uint32_t qpn) {
+Handshake async_sample(std::uint32_t qpn) {
     Handshake h;
     h.endpoint.qp_num = qpn;
     h.endpoint.psn = 3;
@@ -35,7 +35,7 @@ TEST_SUITE("async tcp bootstrap") {
             io,
             [&]() -> asio::awaitable<void> {
                 auto socket = co_await listener.async_accept(asio::use_awaitable);
-                server_got = co_await async_exchange_handshake(socket, sample(2), asio::use_awaitable);
+                server_got = co_await async_exchange_handshake(socket, async_sample(2), asio::use_awaitable);
             },
             asio::detached);
         asio::co_spawn(
@@ -43,12 +43,12 @@ TEST_SUITE("async tcp bootstrap") {
             [&]() -> asio::awaitable<void> {
                 auto socket = co_await async_tcp_connect(io.get_executor(), "127.0.0.1", listener.port(),
                                                          std::chrono::seconds(5), asio::use_awaitable);
-                client_got = co_await async_exchange_handshake(socket, sample(1)); // default token: deferred
+                client_got = co_await async_exchange_handshake(socket, async_sample(1)); // default token: deferred
             },
             asio::detached);
         io.run();
-        CHECK(server_got == sample(1));
-        CHECK(client_got == sample(2));
+        CHECK(server_got == async_sample(1));
+        CHECK(client_got == async_sample(2));
     }
 
     TEST_CASE("garbage from the peer fails the async exchange with malformed_record") {
@@ -67,7 +67,7 @@ TEST_SUITE("async tcp bootstrap") {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
                               async_exchange_handshake(
-                                  *kept, sample(1),
+                                  *kept, async_sample(1),
                                   [&, kept](boost::system::error_code e, const Handshake&) { got = e; });
                           });
         io.run();
@@ -84,7 +84,7 @@ TEST_SUITE("async tcp bootstrap") {
                               REQUIRE_FALSE(ec);
                               auto kept = std::make_shared<asio::ip::tcp::socket>(std::move(s));
                               async_exchange_handshake(
-                                  *kept, sample(1),
+                                  *kept, async_sample(1),
                                   [&, kept](boost::system::error_code e, const Handshake&) { got = e; });
                           });
         io.run();

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 #include "build_has.hpp"
+#include "text_checks.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,9 +62,7 @@ std::optional<PciPath> path_of(const DoctorReport& r, const std::string& gpu, co
     return std::nullopt;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using gpuverbs::test::contains;
 
 } // namespace
 

@@ -5,6 +5,7 @@
 #include "gpuverbs/detail/gpu/gpu_registration.hpp"
 
 #include "scratch_dir.hpp"
+#include "text_checks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,9 +27,7 @@ using gpuverbs::test::ScratchDir;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using gpuverbs::test::contains;
 
 GpuDirectProbes all_yes() {
     return {Check::yes(), Check::yes(), Check::yes(), Check::yes(), Check::yes()};

@@ -1,6 +1,7 @@
 // gpuverbs-perf's control channel, the server's side (benchmarks/perf/control.hpp):
 // every round it runs fits its buffer, and every word it refuses is named.
 #include "../../benchmarks/perf/control.hpp"
+#include "text_checks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,9 +12,7 @@ using namespace perf::control;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using gpuverbs::test::contains;
 
 // Feeds `words` to a server with a buffer of `buffer_bytes`; the last action.
 Action after(std::size_t buffer_bytes, const std::vector<std::uint64_t>& words) {

@@ -2,6 +2,7 @@
 #include "gpuverbs/detail/verbs/rdma_presence.hpp"
 
 #include "scratch_dir.hpp"
+#include "text_checks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,9 +16,7 @@ using gpuverbs::test::ScratchDir;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using gpuverbs::test::contains;
 
 } // namespace
 

@@ -98,7 +98,7 @@ public:
     /// of ibv_poll_cq, `ec` is set and the completions before it are returned.
     std::size_t poll(std::span<Completion> out, std::error_code& ec) noexcept {
         ec.clear();
-        int n = core_->poll(out.data(), static_cast<int>(std::min<std::size_t>(out.size(), INT32_MAX)));
+        int n = detail::poll_into(*core_, out.data(), static_cast<int>(std::min<std::size_t>(out.size(), INT32_MAX)));
         if (n < 0) {
             ec.assign(-n, std::system_category());
             return 0;
@@ -107,7 +107,7 @@ public:
     }
     /// poll() that throws gpuverbs::Error on failure.
     std::size_t poll(std::span<Completion> out) {
-        int n = core_->poll(out.data(), static_cast<int>(std::min<std::size_t>(out.size(), INT32_MAX)));
+        int n = detail::poll_into(*core_, out.data(), static_cast<int>(std::min<std::size_t>(out.size(), INT32_MAX)));
         if (n < 0) throw_poll_error(-n);
         return static_cast<std::size_t>(n);
     }

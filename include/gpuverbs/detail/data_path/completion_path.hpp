@@ -113,8 +113,10 @@ GPUVERBS_HOT int poll_completions(ibv_cq* cq, QpRegistry& registry, int max, OnC
     return total;
 }
 
-GPUVERBS_HOT int CqCore::poll(Completion* out, int max) noexcept {
-    return poll_completions(cq_, registry_, max,
+/// Polls up to `max` of `cq`'s completions into `out`, translated; negative
+/// errno on failure. What CompletionQueue::poll runs.
+GPUVERBS_HOT int poll_into(CqCore& cq, Completion* out, int max) noexcept {
+    return poll_completions(cq.cq(), cq.registry(), max,
                             [out](const ibv_wc& wc, WorkQueueState* queue, int i) { translate(wc, queue, out[i]); });
 }
 

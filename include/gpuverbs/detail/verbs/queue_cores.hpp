@@ -279,9 +279,7 @@ public:
 
     [[nodiscard]] QpRegistry& registry() noexcept { return registry_; }
 
-    /// Polls up to `max` completions into `out`; negative errno on failure.
-    /// The completion path: see completion_path.hpp.
-    int poll(Completion* out, int max) noexcept;
+    // Polling is the completion path's: detail::poll_into (completion_path.hpp).
 
     /// Events are acknowledged in batches (ibv_ack_cq_events takes a mutex).
     void count_event() noexcept {
