@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <functional>
+#include <span>
 #include <string>
+#include <vector>
 
 using namespace gpuverbs;
 
@@ -125,6 +128,65 @@ TEST_SUITE("wire format") {
         auto overflow = wire::serialize(RemoteMemory{~0ull - 10, 100, 1});
         (void)wire::parse_remote_memory(overflow, ec);
         CHECK(ec == errc::malformed_record);
+    }
+
+    TEST_CASE("each parser's three forms say the same words: Error::what(), the code, Diagnostics::message()") {
+        // A bad record of each kind, and a good one after it clears the words.
+        struct Form {
+            const char* name;
+            std::function<void(std::span<const std::byte>)> throwing;
+            std::function<void(std::span<const std::byte>, std::error_code&, Diagnostics&)> with_words;
+            std::vector<std::byte> good;
+        };
+        MeshRecord mesh;
+        mesh.rank = 0;
+        mesh.world_size = 2;
+        mesh.endpoints.emplace_back(1, sample_endpoint());
+        const RemoteMemory region{0x1000, 4096, 7};
+        const std::vector<RemoteBlock> blocks{{region, 0, 64}};
+        LeasedBlockList leased;
+        leased.blocks = blocks;
+        const auto bytes_of = [](auto array) { return std::vector<std::byte>(array.begin(), array.end()); };
+        const std::vector<Form> forms{
+            {"endpoint", [](auto b) { (void)wire::parse_endpoint(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_endpoint(b, ec, d); },
+             bytes_of(wire::serialize(sample_endpoint()))},
+            {"remote memory", [](auto b) { (void)wire::parse_remote_memory(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_remote_memory(b, ec, d); },
+             bytes_of(wire::serialize(region))},
+            {"handshake", [](auto b) { (void)wire::parse_handshake(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_handshake(b, ec, d); },
+             wire::serialize(Handshake{sample_endpoint(), {region}})},
+            {"mesh record", [](auto b) { (void)wire::parse_mesh_record(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_mesh_record(b, ec, d); }, wire::serialize(mesh)},
+            {"block list", [](auto b) { (void)wire::parse_block_list(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_block_list(b, ec, d); },
+             wire::serialize(std::span<const RemoteBlock>(blocks))},
+            {"leased block list", [](auto b) { (void)wire::parse_leased_block_list(b); },
+             [](auto b, auto& ec, auto& d) { (void)wire::parse_leased_block_list(b, ec, d); }, wire::serialize(leased)},
+        };
+        for (const Form& form : forms) {
+            CAPTURE(form.name);
+            const std::vector<std::byte> truncated(form.good.begin(), form.good.end() - 1);
+            std::string what;
+            try {
+                form.throwing(truncated);
+                FAIL("parsed a truncated record");
+            } catch (const Error& e) {
+                what = e.what();
+                CHECK(e.code() == errc::malformed_record);
+            }
+            std::error_code ec;
+            Diagnostics words;
+            form.with_words(truncated, ec, words);
+            CHECK(ec == errc::malformed_record);
+            CHECK(words.message() == what);
+            CHECK(words.verb() == "gpuverbs::wire::parse");
+            CHECK(what.find(" bytes") != std::string::npos); // says how long it was
+            form.with_words(form.good, ec, words);
+            CHECK_FALSE(ec);
+            CHECK(words.message().empty());
+        }
     }
 
     TEST_CASE("the throwing form names the problem in what()") {

@@ -117,26 +117,38 @@ std::vector<std::byte> serialize(std::span<const RemoteBlock> blocks);
 /// A leased block list: the lease header, then the block list. Throws as the block list does.
 std::vector<std::byte> serialize(const LeasedBlockList& list);
 
+/// The parsers refuse a record with errc::malformed_record (wrong size,
+/// magic, reserved bits or contents; the words say which field) or
+/// errc::unsupported_version, in three forms: throwing gpuverbs::Error, the
+/// error_code, and the error_code with the words kept in `diagnostics`.
 Endpoint parse_endpoint(std::span<const std::byte> bytes);
 Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec);
+Endpoint parse_endpoint(std::span<const std::byte> bytes, std::error_code& ec, Diagnostics& diagnostics);
 RemoteMemory parse_remote_memory(std::span<const std::byte> bytes);
 RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, std::error_code& ec);
+RemoteMemory parse_remote_memory(std::span<const std::byte> bytes, std::error_code& ec, Diagnostics& diagnostics);
 Handshake parse_handshake(std::span<const std::byte> bytes);
 Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec);
+Handshake parse_handshake(std::span<const std::byte> bytes, std::error_code& ec, Diagnostics& diagnostics);
 /// Checks sizes, ranks (rank < world size <= max_world_size; peer ranks below
 /// the world size, not the record's own, strictly increasing) and every
 /// endpoint and region as their own parsers do.
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes);
 MeshRecord parse_mesh_record(std::span<const std::byte> bytes, std::error_code& ec);
+MeshRecord parse_mesh_record(std::span<const std::byte> bytes, std::error_code& ec, Diagnostics& diagnostics);
 /// Checks sizes, counts (1 to max_blocks blocks, at most max_regions
 /// regions), reserved fields, each region as parse_remote_memory does, and
 /// that every block has a length and lies inside its region.
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes);
 std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, std::error_code& ec);
+std::vector<RemoteBlock> parse_block_list(std::span<const std::byte> bytes, std::error_code& ec,
+                                          Diagnostics& diagnostics);
 /// Checks the lease header (its reserved word, a lease time of at most a
 /// day) and the block list that follows as parse_block_list does.
 LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes);
 LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, std::error_code& ec);
+LeasedBlockList parse_leased_block_list(std::span<const std::byte> bytes, std::error_code& ec,
+                                        Diagnostics& diagnostics);
 
 namespace detail {
 Endpoint parse_endpoint(std::span<const std::byte> bytes, gpuverbs::detail::Status& status);
