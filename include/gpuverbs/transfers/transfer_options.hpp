@@ -139,7 +139,8 @@ struct DeprecatedOutput {
 
     DeprecatedOutput() = default;
     // Implicit, as 0.1's members were: `{.report = &r}`, `options.report = &r`, `if (options.report)`.
-    // NOLINTBEGIN(google-explicit-constructor,hicpp-explicit-conversions)
+    // The forwarding constructor hides no copy: deprecated_output_source leaves DeprecatedOutput out.
+    // NOLINTBEGIN(google-explicit-constructor,hicpp-explicit-conversions,bugprone-forwarding-reference-overload)
     template <deprecated_output_source<T> U>
     [[deprecated("use the TransferResult the handler receives (0.3 drops this)")]] DeprecatedOutput(U&& v)
         : value(std::forward<U>(v)) {}
@@ -151,7 +152,7 @@ struct DeprecatedOutput {
     [[deprecated("use the TransferResult the handler receives (0.3 drops this)")]] operator T() const noexcept {
         return value;
     }
-    // NOLINTEND(google-explicit-constructor,hicpp-explicit-conversions)
+    // NOLINTEND(google-explicit-constructor,hicpp-explicit-conversions,bugprone-forwarding-reference-overload)
 };
 
 } // namespace detail
