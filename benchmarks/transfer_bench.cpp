@@ -243,10 +243,15 @@ int run(const Args& a) {
     bool failed = false;
     struct Done { // the handler: allocates nothing
         bool* failed;
-        void operator()(boost::system::error_code ec, std::size_t) const {
+        std::vector<std::uint64_t>* rail_bytes;
+        void operator()(boost::system::error_code ec, const gv::TransferResult& r) const {
             if (ec) {
-                std::fprintf(stderr, "transfer failed: %s\n", ec.message().c_str());
+                std::fprintf(stderr, "transfer failed: %s: %s\n", ec.message().c_str(), r.failed_blocks.c_str());
                 *failed = true;
+            }
+            // Each rail's bytes (with one rail and no report asked for, the result has no rails: all of them).
+            for (std::size_t k = 0; k < rail_bytes->size(); ++k) {
+                (*rail_bytes)[k] = k < r.report.rails.size() ? r.report.rails[k].bytes : r.bytes;
             }
         }
     };
@@ -264,20 +269,17 @@ int run(const Args& a) {
             }
             const gv::TransferPlan fresh(gv::TransferDirection::write, mine, theirs, limits);
             gv::TransferOptions options;
-            options.rail_bytes = rail_bytes;
-            gv::async_transfer(std::span<const gv::TransferRail>(spec), fresh, options, Done{&failed});
+            gv::async_transfer(std::span<const gv::TransferRail>(spec), fresh, options, Done{&failed, &rail_bytes});
             io.restart();
             io.run();
         } else if (a.form == "group") {
             gv::TransferOptions options;
-            options.rail_bytes = rail_bytes;
-            gv::async_transfer(group, plan, options, Done{&failed});
+            gv::async_transfer(group, plan, options, Done{&failed, &rail_bytes});
             io.restart();
             io.run();
         } else if (ours) {
             gv::TransferOptions options;
-            options.rail_bytes = rail_bytes;
-            gv::async_transfer(std::span<const gv::TransferRail>(spec), plan, options, Done{&failed});
+            gv::async_transfer(std::span<const gv::TransferRail>(spec), plan, options, Done{&failed, &rail_bytes});
             io.restart();
             io.run();
         } else {

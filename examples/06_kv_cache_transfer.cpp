@@ -105,11 +105,11 @@ int run(const Args& a) {
         gpuverbs::wire::parse_block_list(gpuverbs::receive_record(socket, 64 << 20));
     auto plan = gpuverbs::TransferPlan(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
     auto start = std::chrono::steady_clock::now();
-    std::string failed;
     gpuverbs::async_transfer(
-        qp, plan, {.notify = request_id, .failed_blocks = &failed},
-        [&](boost::system::error_code ec, std::size_t bytes) {
-            if (ec) throw gpuverbs::Error(ec, "async_transfer", failed);
+        qp, plan, {.notify = request_id}, [&](boost::system::error_code ec, const gpuverbs::TransferResult& result) {
+            // On failure the result names the blocks that failed (its report, with .report_blocks, says which landed).
+            if (ec) throw gpuverbs::Error(ec, "async_transfer", result.failed_blocks);
+            const std::size_t bytes = result.bytes;
             double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             std::printf(
                 "prefill: request %u: %zu blocks, %zu bytes in %zu work requests, %.2f "

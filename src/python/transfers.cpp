@@ -175,8 +175,11 @@ py::dict rail_dict(const TransferReport::Rail& rail) {
 
 struct Finish {
     std::shared_ptr<Operation> op;
-    void operator()(const boost::system::error_code& ec, std::size_t n) const noexcept {
-        op->bytes = n;
+    void operator()(const boost::system::error_code& ec, TransferResult r) const noexcept {
+        // What Python reads from the operation: the bytes, .report, and the failed blocks as the error's detail.
+        op->bytes = r.bytes;
+        op->detail = std::move(r.failed_blocks);
+        op->report = std::move(r.report);
         op->finish_noexcept(ec);
     }
 };
@@ -213,8 +216,7 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     options.doorbell_batch = doorbell_batch;
     if (notify) options.notify = static_cast<std::uint32_t>(*notify);
     options.failover = failover;
-    options.failed_blocks = &op->detail;
-    options.report = &op->report;
+    options.report_blocks = true; // Operation.report
     async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
                    boost::asio::bind_cancellation_slot(op->slot(), Finish{op}));
     return op;

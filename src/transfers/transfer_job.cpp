@@ -35,12 +35,14 @@ std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails) {
 }
 
 bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan& plan, const TransferOptions& options,
-                            std::error_code& ec, std::string& why) {
+                            bool every_rail, std::error_code& ec, std::string& why) {
     plan_ = &plan;
     notify_ = options.notify;
-    failed_blocks_ = options.failed_blocks;
-    rail_bytes_ = options.rail_bytes;
-    report_ = options.report;
+    // 0.1's outputs, through their values (reading them there is not the deprecated use).
+    old_failed_blocks_ = options.failed_blocks.value;
+    rail_bytes_ = options.rail_bytes.value;
+    old_report_ = options.report.value;
+    report_blocks_ = options.report_blocks || old_report_ != nullptr;
     deadline_at_ = options.deadline;
     auto refuse = [&](std::error_code code, std::string text) {
         ec = code;
@@ -56,9 +58,9 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
         return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
     }
-    if (!options.rail_bytes.empty() && options.rail_bytes.size() != rails.size()) {
-        return refuse(errc::invalid_argument, "rail_bytes has " + std::to_string(options.rail_bytes.size()) +
-                                                  " entries for " + std::to_string(rails.size()) + " rails");
+    if (!rail_bytes_.empty() && rail_bytes_.size() != rails.size()) {
+        return refuse(errc::invalid_argument, "rail_bytes has " + std::to_string(rail_bytes_.size()) + " entries for " +
+                                                  std::to_string(rails.size()) + " rails");
     }
     for (std::size_t k = 0; k < rails.size(); ++k) {
         if (!bound[k].given) {
@@ -114,7 +116,8 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
         bound_.assign(bound.begin(), bound.end());
         usable_.resize(rail_count_);
     }
-    if (rail_count_ > 1 || report_ != nullptr) outcomes_.resize(rail_count_);
+    // Per rail what it did: kept with several rails (failover needs it), or when asked for.
+    if (rail_count_ > 1 || report_blocks_ || every_rail) outcomes_.resize(rail_count_);
     return true;
 }
 
@@ -202,10 +205,10 @@ bool TransferJobBase::pin(std::error_code reason) {
     // notification ends as it ends), destroyed, or stopped already: nothing to do.
     if (!fsm_.stoppable()) return false;
     // The words first: if they cannot be allocated, nothing has changed.
-    if (!fsm_.error() && failed_blocks_ != nullptr) {
-        *failed_blocks_ = reason == std::errc::timed_out
-                              ? "the deadline passed before every block had moved (nothing more was posted)"
-                              : "the transfer was cancelled (nothing more was posted)";
+    if (!fsm_.error()) {
+        result_.failed_blocks = reason == std::errc::timed_out
+                                    ? "the deadline passed before every block had moved (nothing more was posted)"
+                                    : "the transfer was cancelled (nothing more was posted)";
     }
     fsm_.stop(reason); // taken (stoppable): held open until stop_pinned() has stopped every stream
     return true;
@@ -247,26 +250,39 @@ void TransferJobBase::rail_done(AsyncOpBase* op, AsyncOpBase::How how, std::erro
     rail->job->finished_one(*rail, how, ec);
 }
 
-void TransferJobBase::fill_report() const {
-    // A request's state over every stream that carried it (the machine's), per rail what the machine decided.
-    const std::size_t n = plan_->requests().size();
-    std::vector<RequestState> states(n);
-    fsm_.request_states(states);
-    TransferReport& r = *report_;
-    r.requests.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        r.requests[i] = states[i] == RequestState::landed      ? BlockState::landed
-                        : states[i] == RequestState::uncertain ? BlockState::uncertain
-                                                               : BlockState::not_posted;
+void TransferJobBase::refused(std::string why) {
+    result_.failed_blocks = std::move(why);
+    fill_old_outputs();
+}
+
+void TransferJobBase::fill_report() {
+    TransferReport& r = result_.report;
+    if (report_blocks_) {
+        // A request's state over every stream that carried it (the machine's).
+        const std::size_t n = plan_->requests().size();
+        std::vector<RequestState> states(n);
+        fsm_.request_states(states);
+        r.requests.resize(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            r.requests[i] = states[i] == RequestState::landed      ? BlockState::landed
+                            : states[i] == RequestState::uncertain ? BlockState::uncertain
+                                                                   : BlockState::not_posted;
+        }
+        summarize_blocks(*plan_, r);
     }
-    summarize_blocks(*plan_, r);
-    r.rails = outcomes_;
+    // Per rail what the machine decided (none kept: one rail, not asked for).
+    r.rails = std::move(outcomes_);
     const auto rails = fsm_.rails();
     for (std::size_t k = 0; k < r.rails.size() && k < rails.size(); ++k) {
         r.rails[k].error = rails[k].error;
         r.rails[k].taken_over = rails[k].taken_over;
         r.rails[k].took_over = rails[k].took_over;
     }
+}
+
+void TransferJobBase::fill_old_outputs() const {
+    if (old_failed_blocks_ != nullptr) *old_failed_blocks_ = result_.failed_blocks;
+    if (old_report_ != nullptr) *old_report_ = result_.report;
 }
 
 RailStream& TransferJobBase::stream(std::uint32_t id) const noexcept {
@@ -314,7 +330,7 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
     if (!e && rail.failure) e = *rail.failure;
     if (!e) e = ec;
     const std::uint64_t moved = rail.bytes();
-    bytes_ += moved;
+    result_.bytes += moved;
     if (!rail_bytes_.empty()) rail_bytes_[k] += moved;
     if (!outcomes_.empty()) {
         outcomes_[k].bytes += moved;
@@ -352,11 +368,11 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
 }
 
 void TransferJobBase::explain(TransferFsm::Why why, std::string text) {
-    if (failed_blocks_ == nullptr) return;
+    std::string& words = result_.failed_blocks;
     switch (why) {
         case TransferFsm::Why::none:
         case TransferFsm::Why::stopped: return; // pin() wrote them before the stop was taken
-        case TransferFsm::Why::stream_failed: *failed_blocks_ = std::move(text); return;
+        case TransferFsm::Why::stream_failed: words = std::move(text); return;
         case TransferFsm::Why::every_rail_failed: {
             // No rail was left to take its requests: name every rail that failed, and why.
             std::string all = "every rail failed:";
@@ -365,11 +381,11 @@ void TransferJobBase::explain(TransferFsm::Why why, std::string text) {
                 if (rails[j].error) all += " rail " + std::to_string(j) + ": " + outcomes_[j].failure + ";";
             }
             all.pop_back();
-            *failed_blocks_ = std::move(all);
+            words = std::move(all);
             return;
         }
         case TransferFsm::Why::no_rail_for_notification:
-            *failed_blocks_ =
+            words =
                 "every block landed, but no rail that has not failed reaches the notification's "
                 "remote region (give its key on another rail: TransferRail::remote)";
             return;
@@ -431,7 +447,10 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
         deadline_->job = nullptr;
         if (!destroy) deadline_->timer.cancel();
     }
-    if (!destroy && report_ != nullptr) fill_report();
+    if (!destroy) {
+        fill_report();
+        fill_old_outputs();
+    }
     finish_(this, destroy);
 }
 

@@ -224,7 +224,7 @@ void transfers(gpuverbs::QueuePair& qp, gpuverbs::QueuePair& qp0, gpuverbs::Queu
     rails[1].local(pool_mr_on_nic0, pool_mr_on_nic1).remote(peer_pool_on_nic0, peer_pool_on_nic1);
     std::array<std::uint64_t, 2> per_rail{};
     gpuverbs::TransferOptions options;
-    options.rail_bytes = per_rail;
+    options.rail_bytes = per_rail; // expect-deprecated
     auto handler = [](boost::system::error_code, std::size_t) {};
     gpuverbs::async_transfer(std::span<const gpuverbs::TransferRail>(rails), plan, options, handler);
 
@@ -333,5 +333,25 @@ void allgather(R& rendezvous, gpuverbs::ProtectionDomain& pd, gpuverbs::Completi
 }
 template void allgather(gpuverbs::PmixRendezvous&, gpuverbs::ProtectionDomain&, gpuverbs::CompletionQueue&,
                         gpuverbs::MemoryRegion&);
+
+void kv_cache_transfer(gpuverbs::QueuePair& qp, const gpuverbs::TransferPlan& plan,
+                       std::uint32_t request_id) { // 06_kv_cache_transfer
+    std::string failed;
+    gpuverbs::async_transfer(qp, plan, {.notify = request_id, .failed_blocks = &failed}, // expect-deprecated
+                             [&](boost::system::error_code ec, std::size_t bytes) {
+                                 if (ec) throw gpuverbs::Error(ec, "async_transfer", failed);
+                                 std::printf("%zu bytes\n", bytes);
+                             });
+    gpuverbs::TransferReport report;
+    gpuverbs::TransferOptions options;
+    options.report = &report; // expect-deprecated
+    gpuverbs::async_transfer(qp, plan, options, [](auto ec, std::size_t bytes) { (void)ec, (void)bytes; });
+}
+
+// A transfer awaited as 0.1 awaited it: its result was the bytes.
+asio::awaitable<void> transfer_awaited(gpuverbs::QueuePair& qp, const gpuverbs::TransferPlan& plan) {
+    std::size_t n = co_await gpuverbs::async_transfer(qp, plan, use_awaitable);
+    log(std::to_string(n));
+}
 
 } // namespace compat_0_1

@@ -391,11 +391,11 @@ private:
         }
         const TransferPlan plan(write ? TransferDirection::write : TransferDirection::read, local, remote,
                                 TransferLimits{1});
-        TransferReport report;
-        std::string why;
+        TransferResult got;
+        const TransferReport& report = got.report;
+        const std::string& why = got.failed_blocks;
         TransferOptions options;
-        options.report = &report;
-        options.failed_blocks = &why;
+        options.report_blocks = true;
         options.notify = notification_of(id_, seq);
         const auto deadline = Clock::now() + 8s;
         options.deadline = deadline;
@@ -403,9 +403,10 @@ private:
         boost::system::error_code result;
         Clock::time_point ended{};
         async_transfer(std::span<const TransferRail>(rails), plan, options,
-                       [&](boost::system::error_code ec, std::size_t) {
+                       [&](boost::system::error_code ec, TransferResult r) {
                            ++calls;
                            result = ec;
+                           got = std::move(r);
                            ended = Clock::now();
                        });
         ++stats_.transfers;

@@ -187,11 +187,11 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             Wire rail1("rxe2", "rxe3", io.get_executor(), m0, m1, 256);
             std::vector<TransferRail> rails{TransferRail{&rail0.qp0, {}, {}}, test::second_rail(rail0, rail1)};
             const TransferPlan plan = scattered.plan(rail0.mr0, rail0.mr1.remote());
-            TransferReport report;
-            std::string failed;
+            TransferResult got;
+            const TransferReport& report = got.report;
+            const std::string& failed = got.failed_blocks;
             TransferOptions options;
-            options.report = &report;
-            options.failed_blocks = &failed;
+            options.report_blocks = true;
             options.notify = 33;
             std::optional<std::uint32_t> notified;
             int notifications = 0;
@@ -203,9 +203,10 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             int calls = 0;
             boost::system::error_code result;
             async_transfer(std::span<const TransferRail>(rails), plan, options,
-                           [&](boost::system::error_code ec, std::size_t) {
+                           [&](boost::system::error_code ec, TransferResult r) {
                                ++calls;
                                result = ec;
+                               got = std::move(r);
                            });
             io.run_for(300ms);
             test::Heal up("rail-up");

@@ -16,6 +16,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include <algorithm>
+#include <array>
 #include <thread>
 
 using namespace gpuverbs;
@@ -31,14 +32,15 @@ using test::write_lists;
 using test::wrong_bytes;
 
 /// One test's pair, a write from a's memory to b's planned for a's queue
-/// pair, and what the transfer's handler and report say.
+/// pair, and what the transfer's handler received: its result's report and
+/// failed blocks.
 struct Write {
     asio::io_context io;
     test::Pair p;
     TransferPlan plan;
     test::Outcome out;
-    TransferReport report;
-    std::string why;
+    TransferReport& report = out.transfer.report;
+    std::string& why = out.transfer.failed_blocks;
 
     /// Layout `l`'s blocks, with the pattern of `seed` on the source and
     /// `room` bytes to spare beyond twice the layout.
@@ -58,11 +60,10 @@ struct Write {
     Write& operator=(const Write&) = delete;
     ~Write() = default;
 
-    /// Options that fill `report` and `why`.
-    TransferOptions reporting() {
+    /// Options that ask for the blocks' report.
+    static TransferOptions reporting() {
         TransferOptions o;
-        o.report = &report;
-        o.failed_blocks = &why;
+        o.report_blocks = true;
         return o;
     }
 
@@ -95,10 +96,9 @@ std::size_t move_blocks(TransferDirection direction, std::size_t blocks, std::si
     TransferPlan plan = TransferPlan(direction, local, remote, p.a.qp.capabilities());
     CHECK(plan.bytes() == l.bytes);
     test::Outcome out;
-    TransferReport report;
-    report.landed = 12345; // overwritten
+    out.transfer.report.landed = 12345; // overwritten
     TransferOptions options;
-    options.report = &report;
+    options.report_blocks = true;
     async_transfer(p.a.qp, plan, options, out.handler());
     io.run_for(60s);
     CHECK(out.calls == 1);
@@ -106,6 +106,8 @@ std::size_t move_blocks(TransferDirection direction, std::size_t blocks, std::si
     CHECK(out.moved == l.bytes);
     CHECK(wrong_bytes(l, to, seed) == 0);
     // Success: the report says every block landed.
+    const TransferReport& report = out.transfer.report;
+    CHECK(out.transfer.failed_blocks.empty());
     CHECK(report.landed == blocks);
     CHECK(report.uncertain + report.not_posted == 0);
     CHECK(report.requests.size() == plan.requests().size());
@@ -343,14 +345,13 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         }
         for (std::size_t i = 0; i < 40 * 100; ++i) p.a.memory[i] = pattern(i, 5);
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
-        std::string failed;
         test::Outcome out;
-        TransferReport report;
         TransferOptions options;
-        options.failed_blocks = &failed;
-        options.report = &report;
+        options.report_blocks = true;
         async_transfer(p.a.qp, plan, options, out.handler());
         io.run_for(10s);
+        const std::string& failed = out.transfer.failed_blocks;
+        const TransferReport& report = out.transfer.report;
         CHECK(out.calls == 1);
         CHECK(out.result == detail::to_asio_error(make_wc_error(IBV_WC_REM_ACCESS_ERR)));
         CHECK_MESSAGE(failed.find("remote block 23 ") == 0, failed);
@@ -378,6 +379,68 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             CHECK(e.code() == errc::remote_range_outside_region);
             CHECK(std::string(e.what()).find("remote block 17 (100 bytes at offset 65486)") != std::string::npos);
         }
+    }
+
+    TEST_CASE("without report_blocks the result's report is empty, and its bytes are the plan's") {
+        const Layout l = layout(500, 300, 31);
+        Write w(l, 1000, 31);
+        async_transfer(w.p.a.qp, w.plan, TransferOptions{}, w.out.handler());
+        w.io.run_for(30s);
+        REQUIRE(w.out.calls == 1);
+        CHECK_MESSAGE(!w.out.result, w.out.result.message());
+        CHECK(w.out.transfer.bytes == w.plan.bytes());
+        CHECK(wrong_bytes(l, w.p.b.memory, 31) == 0);
+        CHECK(w.why.empty());
+        // Nothing built that was not asked for: one rail, no blocks' report.
+        CHECK(w.report.requests.empty());
+        CHECK(w.report.remote_blocks.empty());
+        CHECK(w.report.landed + w.report.not_posted + w.report.uncertain == 0);
+        CHECK(w.report.rails.empty());
+    }
+
+    TEST_CASE("0.1's output pointers still receive what the result says: the same bytes, words and report") {
+        asio::io_context io;
+        test::Pair p = test::transfer_pair(io.get_executor(), 1 << 16);
+        RemoteMemory wrong = p.b.mr.remote();
+        wrong.rkey ^= 0x5a5a00;
+        std::vector<LocalBuffer> local;
+        std::vector<RemoteBlock> remote;
+        for (std::size_t k = 0; k < 40; ++k) {
+            local.push_back(p.a.mr.slice(k * 100, 100));
+            remote.push_back({k == 23 ? wrong : p.b.mr.remote(), k * 200, 100});
+        }
+        const TransferPlan plan(TransferDirection::write, local, remote, p.a.qp.capabilities());
+        std::array<std::uint64_t, 1> rail_bytes{};
+        std::string failed;
+        TransferReport report;
+        TransferOptions options;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" // the deprecated outputs are what this checks
+        options.rail_bytes = rail_bytes;
+        options.failed_blocks = &failed;
+        options.report = &report; // asks for the blocks' report, as report_blocks does
+#pragma GCC diagnostic pop
+        test::Outcome out;
+        async_transfer(p.a.qp, plan, options, out.handler());
+        io.run_for(10s);
+        REQUIRE(out.calls == 1);
+        CHECK(out.result == detail::to_asio_error(make_wc_error(IBV_WC_REM_ACCESS_ERR)));
+        const TransferResult& result = out.transfer;
+        CHECK_MESSAGE(result.failed_blocks.find("remote block 23 ") == 0, result.failed_blocks);
+        CHECK(failed == result.failed_blocks);
+        CHECK(rail_bytes[0] == result.bytes);
+        CHECK(result.bytes == 23 * 100);
+        CHECK(result.report.landed == 23);
+        CHECK(report.requests == result.report.requests);
+        CHECK(report.remote_blocks == result.report.remote_blocks);
+        CHECK(report.landed == result.report.landed);
+        CHECK(report.uncertain == result.report.uncertain);
+        CHECK(report.not_posted == result.report.not_posted);
+        REQUIRE(report.rails.size() == 1);
+        REQUIRE(result.report.rails.size() == 1);
+        CHECK(report.rails[0].bytes == result.report.rails[0].bytes);
+        CHECK(result.report.rails[0].bytes == result.bytes);
+        CHECK(report.rails[0].error == result.report.rails[0].error);
     }
 
     TEST_CASE("destroying the queue pair mid-transfer completes the handler once with operation_aborted") {
@@ -631,7 +694,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         auto live = async_transfer(p.a.qp, w.plan); // asio::deferred: nothing is posted yet
         std::optional<boost::system::error_code> live_result;
         std::size_t moved = 0;
-        std::move(live)([&](boost::system::error_code ec, std::size_t bytes) {
+        std::move(live)([&](boost::system::error_code ec, std::size_t bytes) { // 0.1's handler: the result's bytes
             live_result = ec;
             moved = bytes;
         });

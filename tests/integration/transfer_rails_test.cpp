@@ -43,11 +43,9 @@ enum class Strike {
     both_links, ///< rail 1's link and rail 0's go down: no rail is left
 };
 
-/// What a transfer over the rails came back with.
+/// What a transfer over the rails came back with (its result: Outcome::transfer).
 struct RailRun : test::Outcome {
-    std::array<std::uint64_t, 2> per_rail{};
-    TransferReport report;
-    std::string failed;
+    std::array<std::uint64_t, 2> per_rail{}; ///< the result's report.rails[k].bytes
     std::optional<std::uint32_t> notified;
     std::chrono::milliseconds waited{}; ///< from the strike (or the start) to the handler
     std::size_t wrong = 0;              ///< run_scenario: bytes of landed blocks not as written
@@ -62,9 +60,7 @@ struct RailRun : test::Outcome {
 template <class Over>
 void transfer_over(RailRun& run, asio::io_context& io, Rails& r, Over& over, const TransferPlan& plan,
                    TransferOptions options, Strike strike = Strike::nothing) {
-    options.rail_bytes = run.per_rail;
-    options.report = &run.report;
-    options.failed_blocks = &run.failed;
+    options.report_blocks = true;
     if (options.notify) {
         r.rail0.qp1.async_receive(r.rail0.mr1.slice(0, 0), [&run](boost::system::error_code ec, Received got) {
             CHECK_FALSE(ec);
@@ -97,6 +93,8 @@ void transfer_over(RailRun& run, asio::io_context& io, Rails& r, Over& over, con
     const bool notifies = options.notify.has_value();
     run.waited = test::run_until(
         io, [&] { return run.calls > 0 && (!notifies || run.notified); }, 60s);
+    const auto& rails = run.transfer.report.rails;
+    for (std::size_t k = 0; k < run.per_rail.size(); ++k) run.per_rail[k] = k < rails.size() ? rails[k].bytes : 0;
     if (strike == Strike::nothing) return;
     io.run_for(100ms);
     for (test::Heal& heal : heals) CHECK(heal.now() == 0);
@@ -127,13 +125,14 @@ RailRun run_scenario(const RailScenario& s) {
     options.failover = s.failover;
     RailRun run;
     transfer_over(run, io, r, rails, plan, options, s.strike);
-    run.wrong = s.blocks.wrong(r.m1, s.seed, &run.report);
+    run.wrong = s.blocks.wrong(r.m1, s.seed, &run.transfer.report);
     return run;
 }
 
 std::string summary(const RailRun& run) {
-    return std::to_string(run.report.landed) + " blocks landed, " + std::to_string(run.report.uncertain) +
-           " uncertain, " + std::to_string(run.report.not_posted) + " never posted";
+    return std::to_string(run.transfer.report.landed) + " blocks landed, " +
+           std::to_string(run.transfer.report.uncertain) + " uncertain, " +
+           std::to_string(run.transfer.report.not_posted) + " never posted";
 }
 
 } // namespace
@@ -197,8 +196,9 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             transfer_over(refused, io, r, unmapped, plan, {});
             CHECK(refused.calls == 1);
             CHECK(refused.result == detail::to_asio_error(make_error_code(errc::invalid_argument)));
-            CHECK_MESSAGE(refused.failed.find("rail 1's queue pair is on another protection domain") == 0,
-                          refused.failed);
+            CHECK_MESSAGE(
+                refused.transfer.failed_blocks.find("rail 1's queue pair is on another protection domain") == 0,
+                refused.transfer.failed_blocks);
         }
         // A large transfer; the second wire goes down while it runs. No failover: it fails fast (the next
         // case moves the requests instead).
@@ -206,10 +206,10 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         CAPTURE(s.name);
         const RailRun run = run_scenario(s);
         const std::size_t bytes = s.blocks.bytes();
-        const TransferReport& report = run.report;
+        const TransferReport& report = run.transfer.report;
         CHECK(run.calls == 1);
         CHECK(run.result);
-        CHECK_MESSAGE(run.failed.find("on rail 1") != std::string::npos, run.failed);
+        CHECK_MESSAGE(run.transfer.failed_blocks.find("on rail 1") != std::string::npos, run.transfer.failed_blocks);
         CHECK(run.per_rail[0] + run.per_rail[1] < bytes);
         // Some blocks may or may not have landed: the report adds up to the
         // plan, its landed blocks are the bytes reported, and every block
@@ -221,7 +221,7 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         CHECK(run.wrong == 0);
         MESSAGE("report: " << summary(run));
         MESSAGE("rail 1 down: the transfer failed after " << run.waited.count() << " ms with '" << run.result.message()
-                                                          << "' (" << run.failed << "); rail 0 moved "
+                                                          << "' (" << run.transfer.failed_blocks << "); rail 0 moved "
                                                           << run.per_rail[0] << " bytes, rail 1 " << run.per_rail[1]);
     }
 
@@ -238,9 +238,9 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         for (const RailScenario& s : taken_over) {
             CAPTURE(s.name);
             const RailRun run = run_scenario(s);
-            const TransferReport& report = run.report;
+            const TransferReport& report = run.transfer.report;
             CHECK(run.calls == 1);
-            CHECK_MESSAGE(!run.result, run.result.message() << " (" << run.failed << ")");
+            CHECK_MESSAGE(!run.result, run.result.message() << " (" << run.transfer.failed_blocks << ")");
             CHECK(run.moved == s.blocks.bytes());
             CHECK(run.per_rail[0] + run.per_rail[1] == s.blocks.bytes());
             CHECK(run.notified == 77u);
@@ -263,14 +263,15 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         const RailRun run = run_scenario(s);
         CHECK(run.calls == 1);
         CHECK(run.result);
-        CHECK_MESSAGE(run.failed.find("every rail failed: rail 0: ") == 0, run.failed);
-        CHECK_MESSAGE(run.failed.find("; rail 1: ") != std::string::npos, run.failed);
-        REQUIRE(run.report.rails.size() == 2);
-        CHECK(run.report.rails[0].error);
-        CHECK(run.report.rails[1].error);
-        CHECK(run.report.landed + run.report.uncertain + run.report.not_posted == s.blocks.blocks);
+        CHECK_MESSAGE(run.transfer.failed_blocks.find("every rail failed: rail 0: ") == 0, run.transfer.failed_blocks);
+        CHECK_MESSAGE(run.transfer.failed_blocks.find("; rail 1: ") != std::string::npos, run.transfer.failed_blocks);
+        REQUIRE(run.transfer.report.rails.size() == 2);
+        CHECK(run.transfer.report.rails[0].error);
+        CHECK(run.transfer.report.rails[1].error);
+        CHECK(run.transfer.report.landed + run.transfer.report.uncertain + run.transfer.report.not_posted ==
+              s.blocks.blocks);
         CHECK(run.wrong == 0);
-        MESSAGE("both links down: " << run.failed << "; " << summary(run));
+        MESSAGE("both links down: " << run.transfer.failed_blocks << "; " << summary(run));
     }
 
     TEST_CASE(
@@ -297,10 +298,10 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
             CHECK(run.moved == s.bytes());
             CHECK(s.wrong(r.m1, seed, nullptr, 97) == 0);
             CHECK(run.per_rail[0] + run.per_rail[1] == s.bytes());
-            REQUIRE(run.report.rails.size() == 2); // in the group's numbering
+            REQUIRE(run.transfer.report.rails.size() == 2); // in the group's numbering
         };
         const auto& per_rail = run.per_rail;
-        const TransferReport& report = run.report;
+        const TransferReport& report = run.transfer.report;
 
         transfer(1); // both healthy: both carry bytes and are measured
         CHECK(per_rail[0] > 0);

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs::test {
@@ -152,15 +153,17 @@ struct Scatter {
 struct Outcome {
     int calls = 0;
     boost::system::error_code result;
-    std::size_t moved = 0;
+    std::size_t moved = 0;   ///< transfer.bytes
+    TransferResult transfer; ///< what the handler received: the bytes, the failed blocks, the report
 
     /// The handler that records it (and then runs `also`).
     template <class Also = void (*)()>
     auto handler(Also also = [] {}) {
-        return [this, also](boost::system::error_code ec, std::size_t n) mutable {
+        return [this, also](boost::system::error_code ec, TransferResult r) mutable {
             ++calls;
             result = ec;
-            moved = n;
+            moved = r.bytes;
+            transfer = std::move(r);
             also();
         };
     }

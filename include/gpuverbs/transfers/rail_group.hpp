@@ -106,33 +106,33 @@ namespace detail {
 struct GroupTransferState {
     RailGroup* group = nullptr;
     RailGroup::Selection selection;
-    TransferReport report;
-    TransferReport* user_report = nullptr;
-    std::span<std::uint64_t> user_rail_bytes;
+    // TransferOptions' deprecated outputs (0.1), in the group's numbering until 0.3.
+    TransferReport* old_report = nullptr;
+    std::span<std::uint64_t> old_rail_bytes;
 };
 
-/// Completes a transfer over a group: the group learns, the caller's report
-/// and rail_bytes are filled in the group's numbering, then the handler runs.
+/// Completes a transfer over a group: the group learns from the result's
+/// rails, which are then renumbered as the group's (and the deprecated
+/// outputs filled), then the handler runs with the result.
 template <class Handler>
 struct GroupTransferHandler {
     std::shared_ptr<GroupTransferState> state; ///< allocated with the handler's allocator
     Handler handler;
 
-    void operator()(async_error_code ec, std::size_t bytes) {
+    void operator()(async_error_code ec, TransferResult result) {
         GroupTransferState& s = *state;
-        s.group->record(s.selection, s.report);
+        std::vector<TransferReport::Rail>& selected = result.report.rails;
+        s.group->record(s.selection, result.report);
         // The report's rails are the selection's; the caller's are the group's.
         std::vector<TransferReport::Rail> rails(s.group->size());
-        for (std::size_t i = 0; i < s.selection.index.size() && i < s.report.rails.size(); ++i)
-            rails[s.selection.index[i]] = s.report.rails[i];
-        for (std::size_t k = 0; k < s.user_rail_bytes.size(); ++k)
-            s.user_rail_bytes[k] = k < rails.size() ? rails[k].bytes : 0;
-        if (s.user_report != nullptr) {
-            *s.user_report = std::move(s.report);
-            s.user_report->rails = std::move(rails);
-        }
+        for (std::size_t i = 0; i < s.selection.index.size() && i < selected.size(); ++i)
+            rails[s.selection.index[i]] = std::move(selected[i]);
+        selected = std::move(rails);
+        for (std::size_t k = 0; k < s.old_rail_bytes.size(); ++k)
+            s.old_rail_bytes[k] = k < selected.size() ? selected[k].bytes : 0;
+        if (s.old_report != nullptr) *s.old_report = result.report;
         state.reset();
-        std::move(handler)(ec, bytes);
+        std::move(handler)(ec, std::move(result));
     }
 };
 
@@ -155,16 +155,18 @@ struct InitiateGroupTransfer {
             std::allocate_shared<GroupTransferState>(Allocator(boost::asio::get_associated_allocator(handler)));
         state->group = group;
         state->selection = group->select();
-        state->user_report = options.report;
-        state->user_rail_bytes = options.rail_bytes;
+        // 0.1's outputs, through their values (reading them there is not the deprecated use).
+        state->old_report = options.report.value;
+        state->old_rail_bytes = options.rail_bytes.value;
         TransferOptions o = options;
-        o.report = &state->report;
-        o.rail_bytes = {};
+        o.report_blocks = options.report_blocks || state->old_report != nullptr;
+        o.report.value = nullptr;
+        o.rail_bytes.value = {};
         o.rail_weights = state->selection.weights;
         boost::asio::any_io_executor executor;
         const auto& rails = state->selection.rails;
         if (!rails.empty() && rails.front().qp != nullptr) executor = rails.front().qp->get_executor();
-        InitiateTransfer initiate{bind_rails(rails), plan, o, executor};
+        InitiateTransfer initiate{bind_rails(rails), plan, o, executor, true};
         // The selection lives in the state, which the handler owns until it runs.
         initiate(GroupTransferHandler<std::decay_t<Handler>>{std::move(state), std::forward<Handler>(handler)});
     }
@@ -174,14 +176,16 @@ struct InitiateGroupTransfer {
 
 /// async_transfer over a group's rails: those not cooling, striped by
 /// health (RailGroupOptions); afterwards the group learns each rail's
-/// throughput and failures. options.report and options.rail_bytes are in
-/// the group's numbering (a rail left out moved 0 bytes). The group must
-/// outlive the transfer. Otherwise as async_transfer over a span of rails.
-template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+/// throughput and failures. Completion signature:
+/// void(async_error_code, TransferResult); the result's report.rails is
+/// always there, one per rail of the group, in its numbering (a rail left
+/// out moved 0 bytes). The group must outlive the transfer. Otherwise as
+/// async_transfer over a span of rails.
+template <boost::asio::completion_token_for<void(async_error_code, TransferResult)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(RailGroup& group, const TransferPlan& plan, const TransferOptions& options,
                     Token&& token = Token()) {
-    return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+    return boost::asio::async_initiate<Token, void(async_error_code, TransferResult)>(
         detail::InitiateGroupTransfer{&group, &plan, options}, token);
 }
 

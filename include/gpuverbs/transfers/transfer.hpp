@@ -5,11 +5,12 @@
 //   std::vector<gpuverbs::LocalBuffer> mine = {pool.slice(7 * B, B), pool.slice(2 * B, B)};
 //   std::vector<gpuverbs::RemoteBlock> theirs = {{peer_pool, 40 * B, B}, {peer_pool, 41 * B, B}};
 //   auto plan = gpuverbs::TransferPlan(gpuverbs::TransferDirection::write, mine, theirs, qp.capabilities());
-//   gpuverbs::async_transfer(qp, plan, {.notify = request_id, .failed_blocks = &why}, [](auto ec, std::size_t bytes)
-//   {});
+//   gpuverbs::async_transfer(qp, plan, {.notify = request_id}, [](auto ec, gpuverbs::TransferResult r) {
+//       // r.bytes; on failure r.failed_blocks names the blocks
+//   });
 //   // the peer: a receive completes with immediate == request_id once every block has landed
 //
-// Planning is transfer_plan.hpp (no Asio); the rails, options and report
+// Planning is transfer_plan.hpp (no Asio); the rails, options and result
 // are transfer_options.hpp; the engine is detail/transfers/transfer_job.hpp.
 #pragma once
 
@@ -31,14 +32,16 @@ namespace gpuverbs {
 
 /// Moves `plan` over one or several rails (asynchronously: every rail's CQ
 /// must be bound to an executor) and completes once:
-/// void(async_error_code, std::size_t bytes). Requests are striped
+/// void(async_error_code, TransferResult) — the bytes moved, on failure
+/// which blocks in words, and the report (its blocks' part when
+/// options.report_blocks asks). Requests are striped
 /// over the rails by bytes (contiguous ranges), each rail posted in chains of
 /// options.doorbell_batch with the last signaled, refilled from its own
 /// completions. The error is the first that happened (a device status;
 /// operation_aborted when a queue pair or CQ was destroyed; errc::invalid_argument
 /// for an empty plan, no rail, or a key a rail cannot
-/// translate; errc::no_executor). `plan`, its memory and the options'
-/// outputs must live until completion; the rails' queue pairs are held
+/// translate; errc::no_executor). `plan` and its memory (and the options'
+/// deprecated outputs) must live until completion; the rails' queue pairs are held
 /// weakly from when the operation is made (a deferred transfer launched after
 /// one was destroyed completes with operation_aborted; one destroyed while it
 /// runs aborts it). The job is allocated with the handler's associated
@@ -46,22 +49,22 @@ namespace gpuverbs {
 /// (the handler's cancellation slot, any type): nothing more is posted,
 /// waiting rails are taken back, and the handler runs with
 /// operation_aborted once the device is done with every request it took —
-/// never while a posted request may still touch the memory; options.report
-/// then says which blocks landed. When the execution
+/// never while a posted request may still touch the memory; the result's
+/// report then says which blocks landed. When the execution
 /// context of one rail is destroyed with the transfer running, the handler
 /// is destroyed without being called (Asio's rule), whatever the other rails do.
-template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+template <boost::asio::completion_token_for<void(async_error_code, TransferResult)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(std::span<const TransferRail> rails, const TransferPlan& plan, const TransferOptions& options,
                     Token&& token = Token()) {
     boost::asio::any_io_executor executor;
     if (!rails.empty() && rails.front().qp != nullptr) executor = rails.front().qp->get_executor();
-    return boost::asio::async_initiate<Token, void(async_error_code, std::size_t)>(
+    return boost::asio::async_initiate<Token, void(async_error_code, TransferResult)>(
         detail::InitiateTransfer{detail::bind_rails(rails), &plan, options, executor}, token);
 }
 
 /// … on one queue pair.
-template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+template <boost::asio::completion_token_for<void(async_error_code, TransferResult)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options, Token&& token = Token()) {
     const TransferRail rail{&qp, {}, {}};
@@ -69,7 +72,7 @@ auto async_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptio
 }
 
 /// … on one queue pair, without options.
-template <boost::asio::completion_token_for<void(async_error_code, std::size_t)> Token =
+template <boost::asio::completion_token_for<void(async_error_code, TransferResult)> Token =
               default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token = Token()) {
     return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));

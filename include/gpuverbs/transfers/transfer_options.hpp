@@ -1,5 +1,6 @@
 // What a block-list transfer is given besides its plan (its rails and
-// options) and what it reports when it ends (TransferReport). No Asio here.
+// options) and what it hands its handler when it ends (TransferResult, with
+// its TransferReport). No Asio here.
 #pragma once
 
 #include "gpuverbs/verbs/memory_region.hpp"
@@ -7,11 +8,15 @@
 #include "gpuverbs/detail/transfers/key_map.hpp"
 
 #include <chrono>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
@@ -52,8 +57,9 @@ enum class BlockState : std::uint8_t {
 };
 
 /// What a transfer knows of its blocks when it ends — after a failure, an
-/// abort, or success (then every block landed). Filled before the handler
-/// runs, when TransferOptions::report points here.
+/// abort, or success (then every block landed): TransferResult::report.
+/// Its per-request and per-block parts are built only when
+/// TransferOptions::report_blocks asks for them.
 struct TransferReport {
     /// Per request of the plan (plan.requests()).
     std::vector<BlockState> requests;
@@ -78,11 +84,81 @@ struct TransferReport {
         /// From the transfer's start until its last request finished (zero: it had none).
         std::chrono::nanoseconds busy{};
     };
-    /// Per rail, in the order given.
+    /// Per rail, in the order given. With several rails, always (the
+    /// transfer keeps them anyway); with one, when report_blocks asked.
     std::vector<Rail> rails;
 };
 
-/// How async_transfer posts, finishes and reports. (Every member has a
+/// What a transfer learned, handed to its handler:
+/// void(async_error_code, TransferResult).
+///
+///   gpuverbs::async_transfer(qp, plan, {.notify = id}, [](auto ec, gpuverbs::TransferResult r) {
+///       if (ec) std::fprintf(stderr, "%s: %s\n", ec.message().c_str(), r.failed_blocks.c_str());
+///   });
+struct TransferResult {
+    /// Of the requests that completed without error: the plan's bytes on success.
+    std::size_t bytes = 0;
+    /// On failure, in words: plan.blocks_of() of the first request that
+    /// failed (and its rail, with several), or why the transfer stopped or
+    /// was refused. Empty on success.
+    std::string failed_blocks;
+    /// Which blocks landed, which never moved, which may or may not have
+    /// landed (requests, remote_blocks and their counts: only when
+    /// TransferOptions::report_blocks asked; otherwise empty), and what each
+    /// rail did (rails: always with several rails, see TransferReport::rails).
+    TransferReport report;
+
+    /// 0.1's handlers received the bytes alone (`[](auto ec, std::size_t
+    /// bytes)`, `std::size_t n = co_await async_transfer(…)`): they still
+    /// compile, through this. Not marked deprecated: with GCC 12 the warning
+    /// would land in gpuverbs' rail_group.hpp (a RailGroup's transfer calls
+    /// the handler), say nothing for a callback (Asio's headers call it),
+    /// and reach the caller's line only under co_await. It goes in 0.3:
+    /// read `.bytes`.
+    // NOLINTNEXTLINE(google-explicit-constructor,hicpp-explicit-conversions): 0.1's handlers convert implicitly
+    operator std::size_t() const noexcept { return bytes; }
+};
+
+namespace detail {
+
+/// A 0.1 output member of TransferOptions (rail_bytes, failed_blocks,
+/// report), kept for one release. Setting or reading it is deprecated; it
+/// is not itself marked [[deprecated]], because GCC 12 then warns wherever
+/// a TransferOptions is made (`{.notify = id}` included), not only where the
+/// member is used. The job reads `value`.
+template <class T>
+struct DeprecatedOutput;
+/// What a DeprecatedOutput<T> is set from: what converts to T, not another DeprecatedOutput (copied as usual).
+template <class U, class T>
+concept deprecated_output_source =
+    std::convertible_to<U, T> && !std::same_as<std::remove_cvref_t<U>, DeprecatedOutput<T>>;
+
+template <class T>
+struct DeprecatedOutput {
+    T value{};
+
+    DeprecatedOutput() = default;
+    // Implicit, as 0.1's members were: `{.report = &r}`, `options.report = &r`, `if (options.report)`.
+    // The forwarding constructor hides no copy: deprecated_output_source leaves DeprecatedOutput out.
+    // NOLINTBEGIN(google-explicit-constructor,hicpp-explicit-conversions,bugprone-forwarding-reference-overload)
+    template <deprecated_output_source<T> U>
+    [[deprecated("use the TransferResult the handler receives (0.3 drops this)")]] DeprecatedOutput(U&& v)
+        : value(std::forward<U>(v)) {}
+    template <deprecated_output_source<T> U>
+    [[deprecated("use the TransferResult the handler receives (0.3 drops this)")]] DeprecatedOutput& operator=(U&& v) {
+        value = std::forward<U>(v);
+        return *this;
+    }
+    [[deprecated("use the TransferResult the handler receives (0.3 drops this)")]] operator T() const noexcept {
+        return value;
+    }
+    // NOLINTEND(google-explicit-constructor,hicpp-explicit-conversions,bugprone-forwarding-reference-overload)
+};
+
+} // namespace detail
+
+/// How async_transfer posts, finishes and reports: inputs only (what the
+/// transfer learned is the handler's TransferResult). (Every member has a
 /// default initializer: GCC 12's -Wextra warns about designated initializers
 /// that leave out a member without one.)
 struct TransferOptions {
@@ -90,8 +166,9 @@ struct TransferOptions {
     /// only the last of each chain is signaled, so the CQ sees one completion
     /// per chain. Chains are posted while the send queue has room for one.
     std::uint32_t doorbell_batch = 32;
+    /// Deprecated (0.1; goes in 0.3): TransferResult::report.rails[k].bytes.
     /// Receives the bytes each rail moved (one entry per rail; may be empty).
-    std::span<std::uint64_t> rail_bytes{};
+    detail::DeprecatedOutput<std::span<std::uint64_t>> rail_bytes{};
     /// After the last block, a zero-byte write with this immediate (a
     /// transfer id) consumes one receive at the peer. It is posted (on the
     /// first rail that has not failed) only once every request has completed
@@ -100,11 +177,18 @@ struct TransferOptions {
     /// land; after a read, the peer learns the reader is done with its
     /// blocks (e.g. releases a lease: leases.hpp).
     std::optional<std::uint32_t> notify{};
+    /// Fill TransferResult::report's per-request and per-block states (and
+    /// its rails with one rail too). Off, they stay empty and the transfer
+    /// spends nothing on them (two vectors and a pass over the plan); the
+    /// bytes, the failure in words and, with several rails, each rail's
+    /// bytes and failure come all the same.
+    bool report_blocks = false;
+    /// Deprecated (0.1; goes in 0.3): TransferResult::failed_blocks.
     /// Receives plan.blocks_of() for the first request that failed (and the rail, with several).
-    std::string* failed_blocks = nullptr;
-    /// Receives, before the handler runs, which blocks landed, which never
-    /// moved and which may or may not have landed (TransferReport).
-    TransferReport* report = nullptr;
+    detail::DeprecatedOutput<std::string*> failed_blocks{};
+    /// Deprecated (0.1; goes in 0.3): TransferResult::report, with report_blocks.
+    /// Receives, before the handler runs, the same report (setting it asks for it).
+    detail::DeprecatedOutput<TransferReport*> report{};
     /// When the transfer must end. At the deadline it posts nothing more and
     /// completes with std::errc::timed_out as soon as the device has finished
     /// with every request it took (at once when nothing is in flight; a

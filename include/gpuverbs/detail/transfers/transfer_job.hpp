@@ -65,9 +65,11 @@ public:
     TransferJobBase(const TransferJobBase&) = delete;
     TransferJobBase& operator=(const TransferJobBase&) = delete;
 
-    /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot run.
+    /// Sets up one stream per rail; false (and `ec`, `why`) when a rail cannot
+    /// run. `every_rail`: the result's report has its rails even with one
+    /// rail and without report_blocks (a RailGroup learns from them).
     bool setup(std::span<const BoundRail> rails, const TransferPlan& plan, const TransferOptions& options,
-               std::error_code& ec, std::string& why);
+               bool every_rail, std::error_code& ec, std::string& why);
     /// Starts the deadline's timer when there is one, then submits every
     /// rail that has requests (after setup succeeded). Throws (std::bad_alloc)
     /// only before anything is submitted: then the job may be discarded.
@@ -90,7 +92,10 @@ protected:
     ~TransferJobBase() = default;
 
     std::error_code error_;
-    std::uint64_t bytes_ = 0;
+    TransferResult result_; ///< what the handler receives: bytes, the failure in words, the report
+
+    /// The words of a refusal (a rail that cannot run: setup's `why`), as a failure's.
+    void refused(std::string why);
 
 private:
     struct Deadline; // its timer and a link back here (transfer.cpp)
@@ -136,12 +141,17 @@ private:
     boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
     std::shared_ptr<Deadline> deadline_;
     std::optional<std::uint32_t> notify_;
-    std::string* failed_blocks_ = nullptr;
+    bool report_blocks_ = false; ///< TransferOptions::report_blocks (or its deprecated report)
+    // TransferOptions' deprecated outputs (0.1), filled as 0.1 filled them until 0.3.
+    std::string* old_failed_blocks_ = nullptr;
     std::span<std::uint64_t> rail_bytes_;
-    TransferReport* report_ = nullptr;
+    TransferReport* old_report_ = nullptr;
 
-    /// Fills report_ from the machine once every stream has finished.
-    void fill_report() const;
+    /// Fills the result's report from the machine once every stream has
+    /// finished: its rails when the job kept them, the blocks when asked.
+    void fill_report();
+    /// Copies the result into TransferOptions' deprecated outputs that were given.
+    void fill_old_outputs() const;
 };
 
 template <class Handler>
@@ -179,9 +189,10 @@ public:
           handler_(std::move(h)),
           work_(boost::asio::get_associated_executor(handler_, fallback)) {}
 
-    /// Completes the handler with `ec` without starting anything (posted, never inline).
-    void refuse(std::error_code ec) {
+    /// Completes the handler with `ec`, and `why` in words, without starting anything (posted, never inline).
+    void refuse(std::error_code ec, std::string why) {
         error_ = ec;
+        refused(std::move(why));
         finish(this, false);
     }
     /// Connects the handler's cancellation slot (any type but none stops the transfer).
@@ -208,14 +219,14 @@ private:
         Handler handler(std::move(self->handler_));
         boost::asio::executor_work_guard<Executor> work(std::move(self->work_));
         const async_error_code ec = to_asio_error(self->error_);
-        const auto bytes = static_cast<std::size_t>(self->bytes_);
+        TransferResult result = std::move(self->result_);
         Allocator allocator(boost::asio::get_associated_allocator(handler, boost::asio::recycling_allocator<void>()));
         Traits::destroy(allocator, self);
         Traits::deallocate(allocator, self, 1);
         if (destroy) return;
         auto executor = work.get_executor();
         work.reset();
-        boost::asio::post(executor, boost::asio::append(std::move(handler), ec, bytes));
+        boost::asio::post(executor, boost::asio::append(std::move(handler), ec, std::move(result)));
     }
 
     Handler handler_;
@@ -231,6 +242,7 @@ struct InitiateTransfer {
     const TransferPlan* plan;
     TransferOptions options;
     boost::asio::any_io_executor executor;
+    bool every_rail = false; ///< the report's rails even with one rail (a RailGroup's transfer)
 
     using executor_type = boost::asio::any_io_executor;
     [[nodiscard]] executor_type get_executor() const noexcept { return executor; }
@@ -246,15 +258,12 @@ struct InitiateTransfer {
         std::string why;
         bool ready = false;
         try {
-            ready = job->setup(rails, *plan, options, ec, why);
+            ready = job->setup(rails, *plan, options, every_rail, ec, why);
         } catch (...) {
             Job::discard(job);
             throw;
         }
-        if (!ready) {
-            if (options.failed_blocks != nullptr) *options.failed_blocks = why;
-            return job->refuse(ec);
-        }
+        if (!ready) return job->refuse(ec, std::move(why));
         try {
             job->bind_cancellation();
             job->start(); // throws only before anything is submitted
