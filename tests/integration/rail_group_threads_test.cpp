@@ -53,7 +53,7 @@ TEST_SUITE("rail groups across threads" * doctest::skip(!gpuverbs::test::rig_pre
         for (std::uint32_t round = 0; round < 40; ++round) {
             s.fill(m0, round);
             std::optional<boost::system::error_code> done;
-            async_transfer(group, plan, {}, [&](boost::system::error_code ec, std::size_t) { done = ec; });
+            async_transfer(group, plan, {}, [&](boost::system::error_code ec, const TransferResult&) { done = ec; });
             test::run_until(
                 io, [&] { return done.has_value(); }, 30s);
             REQUIRE(done.has_value());
