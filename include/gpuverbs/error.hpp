@@ -186,6 +186,25 @@ struct Status {
     }
 };
 
+/// Where a constructor's outcome goes, for the types that cannot be moved
+/// (a mutex, or a pointer others keep to them): their create() forms return
+/// a prvalue made by a private constructor that takes one of these. No code:
+/// throw, as the public constructor does; else the code, and the words when
+/// `diagnostics` is given.
+struct Outcome {
+    std::error_code* code = nullptr;
+    Diagnostics* diagnostics = nullptr;
+    /// Throws or reports `status`, as the form this Outcome stands for.
+    void settle(const Status& status) const {
+        if (code == nullptr) {
+            status.check();
+            return;
+        }
+        *code = status.code;
+        if (diagnostics != nullptr) status.report(*diagnostics);
+    }
+};
+
 /// Runs `impl(Status&)` as the throwing form of a call.
 template <class Impl>
 auto or_throw(Impl&& impl) {

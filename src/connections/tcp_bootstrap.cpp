@@ -40,22 +40,54 @@ void fail_timeout(detail::Status& status, const char* verb, const std::string& w
 
 } // namespace
 
+TcpListener TcpListener::create_impl(const asio::any_io_executor& executor, std::uint16_t port,
+                                     const std::string& address, detail::Status& status) {
+    TcpListener listener(executor, Closed{});
+    boost::system::error_code ec;
+    auto ip = asio::ip::make_address(address, ec);
+    if (ec) {
+        status.fail(ec, "TcpListener", "'" + address + "' is not an IP address");
+        return listener;
+    }
+    asio::ip::tcp::endpoint where(ip, port);
+    asio::ip::tcp::acceptor& acceptor = listener.acceptor_;
+    acceptor.open(where.protocol(), ec);
+    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor.bind(where, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+        boost::system::error_code ignored;
+        acceptor.close(ignored); // a failed listener holds no socket
+        status.fail(ec, "TcpListener",
+                    "cannot listen on " + address + ":" + std::to_string(port) + ": " + error_text(ec));
+    }
+    return listener;
+}
+
 TcpListener::TcpListener(asio::io_context& io, std::uint16_t port, const std::string& address)
     : TcpListener(io.get_executor(), port, address) {}
 
 TcpListener::TcpListener(const asio::any_io_executor& executor, std::uint16_t port, const std::string& address)
-    : executor_(executor), acceptor_(executor) {
-    boost::system::error_code ec;
-    auto ip = asio::ip::make_address(address, ec);
-    if (ec) throw Error(ec, "TcpListener", "'" + address + "' is not an IP address");
-    asio::ip::tcp::endpoint where(ip, port);
-    acceptor_.open(where.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(where, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec)
-        throw Error(ec, "TcpListener",
-                    "cannot listen on " + address + ":" + std::to_string(port) + ": " + error_text(ec));
+    : TcpListener(detail::or_throw([&](detail::Status& s) { return create_impl(executor, port, address, s); })) {}
+
+TcpListener TcpListener::create(asio::io_context& io, std::uint16_t port, const std::string& address,
+                                std::error_code& ec) {
+    return create(io.get_executor(), port, address, ec);
+}
+
+TcpListener TcpListener::create(asio::io_context& io, std::uint16_t port, const std::string& address,
+                                std::error_code& ec, Diagnostics& diagnostics) {
+    return create(io.get_executor(), port, address, ec, diagnostics);
+}
+
+TcpListener TcpListener::create(const asio::any_io_executor& executor, std::uint16_t port, const std::string& address,
+                                std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(executor, port, address, s); });
+}
+
+TcpListener TcpListener::create(const asio::any_io_executor& executor, std::uint16_t port, const std::string& address,
+                                std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return create_impl(executor, port, address, s); });
 }
 
 std::uint16_t TcpListener::port() const {
@@ -123,15 +155,17 @@ boost::system::error_code connect_once(asio::ip::tcp::socket& socket, const asio
     return ec;
 }
 
-} // namespace
-
-asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
-                                  std::chrono::milliseconds timeout) {
+/// tcp_connect, its failure in `status`; the socket is closed on failure.
+asio::ip::tcp::socket connect_impl(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                   std::chrono::milliseconds timeout, detail::Status& status) {
     auto deadline = Clock::now() + timeout;
     asio::ip::tcp::resolver resolver(io);
     boost::system::error_code ec;
     auto endpoints = resolver.resolve(host, std::to_string(port), ec);
-    if (ec) throw Error(ec, "resolve", "cannot resolve '" + host + "': " + error_text(ec));
+    if (ec) {
+        status.fail(ec, "resolve", "cannot resolve '" + host + "': " + error_text(ec));
+        return asio::ip::tcp::socket(io);
+    }
     bool refused = false; // a refusal seen: the last attempt's timeout is that refusal at the deadline
     for (;;) {
         for (const auto& entry : endpoints) {
@@ -145,19 +179,39 @@ asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host,
         if (ec == asio::error::timed_out && refused) ec = asio::error::connection_refused;
         refused = refused || ec == asio::error::connection_refused;
         if (ec == asio::error::timed_out) {
-            throw Error(std::make_error_code(std::errc::timed_out), "connect",
+            status.fail(std::make_error_code(std::errc::timed_out), "connect",
                         "cannot connect to " + host + ":" + std::to_string(port) + " within " +
                             std::to_string(timeout.count()) +
                             " ms: nothing answered (a firewall dropping packets, a wrong address, or no route)");
+            return asio::ip::tcp::socket(io);
         }
         // The peer's listener may not be up yet: retry refusals until the deadline.
         if (ec != asio::error::connection_refused || Clock::now() >= deadline) {
-            throw Error(ec, "connect",
+            status.fail(ec, "connect",
                         "cannot connect to " + host + ":" + std::to_string(port) + ": " + error_text(ec) +
                             (ec == asio::error::connection_refused ? " (is the server running?)" : ""));
+            return asio::ip::tcp::socket(io);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+}
+
+} // namespace
+
+asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                  std::chrono::milliseconds timeout) {
+    return detail::or_throw([&](detail::Status& s) { return connect_impl(io, host, port, timeout, s); });
+}
+
+asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                  std::chrono::milliseconds timeout, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return connect_impl(io, host, port, timeout, s); });
+}
+
+asio::ip::tcp::socket tcp_connect(asio::io_context& io, const std::string& host, std::uint16_t port,
+                                  std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return connect_impl(io, host, port, timeout, s); });
 }
 
 namespace detail {
@@ -292,24 +346,58 @@ Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, st
 
 } // namespace detail
 
-void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout) {
+namespace {
+
+bool send_record_impl(asio::ip::tcp::socket& socket, std::span<const std::byte> record,
+                      std::chrono::milliseconds timeout, detail::Status& status) {
     if (record.size() > UINT32_MAX) {
-        throw Error(errc::invalid_argument, "send_record",
+        status.fail(errc::invalid_argument, "send_record",
                     "a record of " + std::to_string(record.size()) + " bytes does not fit a frame (at most 2^32 - 1)");
+        return false;
     }
-    detail::Status status;
     detail::RestoreMode restore(socket);
     detail::write_frame(socket, record, Clock::now() + timeout, status, "record");
-    status.check();
+    return status.ok();
+}
+
+std::vector<std::byte> receive_record_impl(asio::ip::tcp::socket& socket, std::size_t max_size,
+                                           std::chrono::milliseconds timeout, detail::Status& status) {
+    detail::RestoreMode restore(socket);
+    return detail::read_frame(socket, max_size, Clock::now() + timeout, status);
+}
+
+} // namespace
+
+void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout) {
+    (void)detail::or_throw([&](detail::Status& s) { return send_record_impl(socket, record, timeout, s); });
+}
+
+void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout,
+                 std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return send_record_impl(socket, record, timeout, s); });
+}
+
+void send_record(asio::ip::tcp::socket& socket, std::span<const std::byte> record, std::chrono::milliseconds timeout,
+                 std::error_code& ec, Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics,
+                          [&](detail::Status& s) { return send_record_impl(socket, record, timeout, s); });
 }
 
 std::vector<std::byte> receive_record(asio::ip::tcp::socket& socket, std::size_t max_size,
                                       std::chrono::milliseconds timeout) {
-    detail::Status status;
-    detail::RestoreMode restore(socket);
-    std::vector<std::byte> record = detail::read_frame(socket, max_size, Clock::now() + timeout, status);
-    status.check();
-    return record;
+    return detail::or_throw([&](detail::Status& s) { return receive_record_impl(socket, max_size, timeout, s); });
+}
+
+std::vector<std::byte> receive_record(asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return receive_record_impl(socket, max_size, timeout, s); });
+}
+
+std::vector<std::byte> receive_record(asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout, std::error_code& ec,
+                                      Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return receive_record_impl(socket, max_size, timeout, s); });
 }
 
 Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout) {

@@ -28,55 +28,69 @@ std::string mesh_peer_problem(const MeshRecord& record, std::uint32_t expected, 
 
 } // namespace detail
 
-Mesh::Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
-           std::vector<RemoteMemory> regions, MeshOptions options, std::optional<Access> advertised)
-    : rendezvous_(std::move(rendezvous)),
-      pd_(&pd),
-      cq_(&cq),
-      regions_(std::move(regions)),
-      options_(std::move(options)) {
-    if (!options_.connect.remote_access) {
-        if (!advertised && !regions_.empty()) {
-            throw Error(errc::invalid_argument, "Mesh",
+Mesh Mesh::create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd,
+                       const CompletionQueue& cq, std::vector<RemoteMemory> regions, MeshOptions options,
+                       detail::Status& status, std::optional<Access> advertised) {
+    if (!options.connect.remote_access) {
+        if (!advertised && !regions.empty()) {
+            status.fail(errc::invalid_argument, "Mesh",
                         "regions given as RemoteMemory do not say what peers may do with them: pass the "
                         "MemoryRegions themselves (each queue pair then grants what they allow) or set "
                         "MeshOptions::connect.remote_access");
+            return Mesh();
         }
-        options_.connect.remote_access = advertised.value_or(Access::none); // least access
+        options.connect.remote_access = advertised.value_or(Access::none); // least access
     }
-    if (regions_.size() > wire::max_regions) {
-        throw Error(errc::invalid_argument, "Mesh",
-                    std::to_string(regions_.size()) + " regions offered; a mesh record carries at most " +
+    if (regions.size() > wire::max_regions) {
+        status.fail(errc::invalid_argument, "Mesh",
+                    std::to_string(regions.size()) + " regions offered; a mesh record carries at most " +
                         std::to_string(wire::max_regions));
+        return Mesh();
     }
-    if (rendezvous_->world_size() > wire::max_world_size || rendezvous_->rank() >= rendezvous_->world_size()) {
-        throw Error(errc::invalid_argument, "Mesh",
-                    rendezvous_->name() + " gives rank " + std::to_string(rendezvous_->rank()) + " of " +
-                        std::to_string(rendezvous_->world_size()) +
+    if (rendezvous->world_size() > wire::max_world_size || rendezvous->rank() >= rendezvous->world_size()) {
+        status.fail(errc::invalid_argument, "Mesh",
+                    rendezvous->name() + " gives rank " + std::to_string(rendezvous->rank()) + " of " +
+                        std::to_string(rendezvous->world_size()) +
                         "; a mesh needs rank < world size <= " + std::to_string(wire::max_world_size));
+        return Mesh();
     }
+    Mesh mesh;
+    mesh.rendezvous_ = std::move(rendezvous);
+    mesh.pd_ = &pd;
+    mesh.cq_ = &cq;
+    mesh.regions_ = std::move(regions);
+    mesh.options_ = std::move(options);
+    return mesh;
 }
 
-std::vector<RemoteMemory> Mesh::remote_of(const ProtectionDomain& pd,
-                                          const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) {
+Mesh Mesh::create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd,
+                       const CompletionQueue& cq,
+                       const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options,
+                       detail::Status& status) {
     std::vector<RemoteMemory> remote;
     remote.reserve(regions.size());
     for (const MemoryRegion& mr : regions) {
-        if (!mr) throw Error(errc::invalid_argument, "Mesh", "region " + std::to_string(remote.size()) + " is empty");
+        if (!mr) {
+            status.fail(errc::invalid_argument, "Mesh", "region " + std::to_string(remote.size()) + " is empty");
+            return Mesh();
+        }
         if (pd && mr.native_handle()->pd != pd.native_handle()) {
-            throw Error(errc::invalid_argument, "Mesh",
+            status.fail(errc::invalid_argument, "Mesh",
                         "region " + std::to_string(remote.size()) +
                             " belongs to another protection domain than the mesh's: peers could not use its key");
+            return Mesh();
         }
         remote.push_back(mr.remote());
     }
-    return remote;
-}
-
-Access Mesh::access_of(const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) noexcept {
     Access access = Access::none;
     for (const MemoryRegion& mr : regions) access = access | (mr.access() & detail::peer_facing_access);
-    return access;
+    return create_impl(std::move(rendezvous), pd, cq, std::move(remote), std::move(options), status, access);
+}
+
+void Mesh::check_usable(const char* verb) const {
+    if (!rendezvous_) {
+        throw Error(errc::invalid_argument, verb, "the Mesh is empty (create() refused it, or it was moved from)");
+    }
 }
 
 Mesh::Mesh(Mesh&&) noexcept = default;
@@ -84,10 +98,10 @@ Mesh& Mesh::operator=(Mesh&&) noexcept = default;
 Mesh::~Mesh() = default;
 
 std::uint32_t Mesh::rank() const noexcept {
-    return rendezvous_->rank();
+    return rendezvous_ ? rendezvous_->rank() : 0;
 }
 std::uint32_t Mesh::world_size() const noexcept {
-    return rendezvous_->world_size();
+    return rendezvous_ ? rendezvous_->world_size() : 0;
 }
 
 void Mesh::fail(std::error_code code, std::uint32_t peer, const std::string& what) const {
@@ -104,6 +118,7 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
 } // namespace
 
 void Mesh::connect_all() {
+    check_usable("Mesh::connect_all");
     auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     std::uint32_t me = rank();
     std::uint32_t n = world_size();
@@ -152,6 +167,7 @@ void Mesh::await_ready(std::uint32_t peer, const std::string& key, std::chrono::
 }
 
 void Mesh::offer(std::span<const std::uint32_t> peers) {
+    check_usable("Mesh::connect");
     std::uint32_t me = rank();
     for (std::uint32_t q : peers) {
         if (q == me || q >= world_size()) {

@@ -181,18 +181,34 @@ void PrometheusText::add(std::string_view name, RailGroup& group) {
     }
 }
 
-void PrometheusText::add_port(const Device& device, std::uint8_t port) {
-    add_port_from(device.name(), port,
-                  "/sys/class/infiniband/" + device.name() + "/ports/" + std::to_string(port) + "/hw_counters");
+bool PrometheusText::add_port_impl(const Device& device, std::uint8_t port, detail::Status& status) {
+    std::error_code ec;
+    Diagnostics why;
+    (void)device.query_port(port, ec, why); // an empty Device, a port it does not have
+    if (ec) {
+        status.fail(ec, why.verb(), why.detail());
+        return false;
+    }
+    return add_port_from_impl(
+        device.name(), port,
+        "/sys/class/infiniband/" + device.name() + "/ports/" + std::to_string(port) + "/hw_counters", status);
 }
 
-void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t port, const std::string& dir) {
+bool PrometheusText::add_port_from_impl(std::string_view device_name, std::uint8_t port, const std::string& dir,
+                                        detail::Status& status) {
     std::error_code ec;
     std::map<std::string, double> values; // in name order
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        std::ifstream in(entry.path());
+    std::filesystem::directory_iterator it(dir, ec);
+    if (ec == std::errc::no_such_file_or_directory) return true; // the driver exports none
+    for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+        std::ifstream in(it->path());
         double v = 0;
-        if (entry.is_regular_file(ec) && (in >> v)) values[entry.path().filename().string()] = v;
+        std::error_code type_ec;
+        if (it->is_regular_file(type_ec) && (in >> v)) values[it->path().filename().string()] = v;
+    }
+    if (ec) {
+        status.fail_errno(ec.value(), "PrometheusText::add_port", "cannot read the hardware counters in " + dir);
+        return false;
     }
     for (const auto& [counter, v] : values) {
         sample(
@@ -201,6 +217,34 @@ void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t po
             label("device", device_name) + "," + label("port", std::to_string(port)) + "," + label("counter", counter),
             v);
     }
+    return true;
+}
+
+void PrometheusText::add_port(const Device& device, std::uint8_t port) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_port_impl(device, port, s); });
+}
+
+void PrometheusText::add_port(const Device& device, std::uint8_t port, std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_port_impl(device, port, s); });
+}
+
+void PrometheusText::add_port(const Device& device, std::uint8_t port, std::error_code& ec, Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics, [&](detail::Status& s) { return add_port_impl(device, port, s); });
+}
+
+void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t port, const std::string& dir) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_port_from_impl(device_name, port, dir, s); });
+}
+
+void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t port, const std::string& dir,
+                                   std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_port_from_impl(device_name, port, dir, s); });
+}
+
+void PrometheusText::add_port_from(std::string_view device_name, std::uint8_t port, const std::string& dir,
+                                   std::error_code& ec, Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics,
+                          [&](detail::Status& s) { return add_port_from_impl(device_name, port, dir, s); });
 }
 
 std::string PrometheusText::text() const {

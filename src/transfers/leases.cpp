@@ -42,18 +42,49 @@ std::uint32_t BlockLeases::new_id_locked() {
 }
 
 LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader) {
-    if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
-        throw Error(make_error_code(errc::invalid_argument), "BlockLeases::grant", problem);
-    }
-    std::vector<RemoteBlock> named = blocks;
-    return grant_impl(std::move(blocks), std::move(named), reader, {}, LeaseScope::whole_regions);
+    return detail::or_throw(
+        [&](detail::Status& s) { return grant_impl(std::move(blocks), reader, nullptr, Access::none, s); });
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, std::error_code& ec) {
+    return detail::or_code(
+        ec, [&](detail::Status& s) { return grant_impl(std::move(blocks), reader, nullptr, Access::none, s); });
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, std::error_code& ec,
+                                   Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return grant_impl(std::move(blocks), reader, nullptr, Access::none, s);
+    });
 }
 
 LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd,
                                    Access access) {
+    return detail::or_throw([&](detail::Status& s) { return grant_impl(std::move(blocks), reader, &pd, access, s); });
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd,
+                                   Access access, std::error_code& ec) {
+    return detail::or_code(ec,
+                           [&](detail::Status& s) { return grant_impl(std::move(blocks), reader, &pd, access, s); });
+}
+
+LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd,
+                                   Access access, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return grant_impl(std::move(blocks), reader, &pd, access, s); });
+}
+
+LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain* pd,
+                                        Access access, detail::Status& status) {
     const char* verb = "BlockLeases::grant";
     if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
-        throw Error(make_error_code(errc::invalid_argument), verb, problem);
+        status.fail(make_error_code(errc::invalid_argument), verb, std::move(problem));
+        return {};
+    }
+    if (pd == nullptr) {
+        std::vector<RemoteBlock> named = blocks;
+        return record_lease(std::move(blocks), std::move(named), reader, {}, LeaseScope::whole_regions);
     }
     // The runs of contiguous (or overlapping) blocks, in address order.
     struct Run {
@@ -84,13 +115,14 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
         Diagnostics why;
         // NOLINTNEXTLINE(performance-no-int-to-ptr): a block's address is the owner's own pointer
         void* const first = reinterpret_cast<void*>(r.first);
-        regions.push_back(MemoryRegion::create(pd, first, r.end - r.first, access, ec, why));
+        regions.push_back(MemoryRegion::create(*pd, first, r.end - r.first, access, ec, why));
         if (ec) {
-            throw Error(ec, verb,
+            status.fail(ec, verb,
                         "cannot register a region of the lease over " + std::to_string(r.end - r.first) + " bytes at " +
                             detail::hex_address(r.first) + " (" + why.message() +
                             "); the blocks must be host memory, or GPU memory ibv_reg_mr takes (nvidia-peermem); "
                             "otherwise lease whole regions, one per tenant; nothing was leased");
+            return {};
         }
     }
     // The list names each block inside its run's region.
@@ -104,11 +136,11 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
         b.memory = region.remote();
         b.offset = first - run->first;
     }
-    return grant_impl(std::move(blocks), std::move(named), reader, std::move(regions), LeaseScope::lease_regions);
+    return record_lease(std::move(blocks), std::move(named), reader, std::move(regions), LeaseScope::lease_regions);
 }
 
-LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named, Reader reader,
-                                        std::vector<MemoryRegion> regions, LeaseScope scope) {
+LeasedBlockList BlockLeases::record_lease(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named,
+                                          Reader reader, std::vector<MemoryRegion> regions, LeaseScope scope) {
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     expire_locked(now, nullptr);
@@ -169,33 +201,33 @@ bool BlockLeases::held(const RemoteBlock& block) {
 }
 
 std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks) {
-    detail::Status status;
-    return claim_impl(blocks, status);
+    return claim_impl(blocks, nullptr);
 }
 
 std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, Diagnostics& diagnostics) {
     detail::Status status;
-    const std::error_code ec = claim_impl(blocks, status);
+    const std::error_code ec = claim_impl(blocks, &status);
     status.report(diagnostics);
     return ec;
 }
 
 std::error_code BlockLeases::claim(std::span<const RemoteBlock> blocks, std::string* why) {
     detail::Status status;
-    const std::error_code ec = claim_impl(blocks, status);
+    const std::error_code ec = claim_impl(blocks, why != nullptr ? &status : nullptr);
     if (why != nullptr && ec) *why = status.detail;
     return ec;
 }
 
-std::error_code BlockLeases::claim_impl(std::span<const RemoteBlock> blocks, detail::Status& status) {
+std::error_code BlockLeases::claim_impl(std::span<const RemoteBlock> blocks, detail::Status* words) {
     for (std::size_t k = 0; k < blocks.size(); ++k) {
-        if (!range_of(blocks[k])) {
-            status.fail(errc::invalid_argument, "BlockLeases::claim",
+        if (range_of(blocks[k])) continue;
+        if (words != nullptr) {
+            words->fail(errc::invalid_argument, "BlockLeases::claim",
                         "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
                             std::to_string(blocks[k].offset) + ") does not lie inside its region of " +
                             std::to_string(blocks[k].memory.length) + " bytes: it cannot be claimed");
-            return status.code;
         }
+        return errc::invalid_argument;
     }
     std::lock_guard lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
@@ -204,14 +236,16 @@ std::error_code BlockLeases::claim_impl(std::span<const RemoteBlock> blocks, det
         const auto r = range_of(blocks[k]);
         const auto* h = holder(r->first, r->second);
         if (h == nullptr) continue;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now);
-        status.fail(errc::blocks_leased, "BlockLeases::claim",
-                    "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
-                        std::to_string(blocks[k].offset) + ") is under lease " + std::to_string(h->first) +
-                        " (list version " + std::to_string(h->second.version) +
-                        "): wait for the reader's release, or at most " + std::to_string(left.count()) +
-                        " ms until it expires");
-        return status.code;
+        if (words != nullptr) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(h->second.until - now);
+            words->fail(errc::blocks_leased, "BlockLeases::claim",
+                        "block " + std::to_string(k) + " (" + std::to_string(blocks[k].length) + " bytes at offset " +
+                            std::to_string(blocks[k].offset) + ") is under lease " + std::to_string(h->first) +
+                            " (list version " + std::to_string(h->second.version) +
+                            "): wait for the reader's release, or at most " + std::to_string(left.count()) +
+                            " ms until it expires");
+        }
+        return errc::blocks_leased;
     }
     return {};
 }
@@ -248,34 +282,35 @@ void BlockLeases::expire_locked(std::chrono::steady_clock::time_point now, std::
 }
 
 std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list) {
-    detail::Status status;
-    return accept_impl(owner, list, status);
+    return accept_impl(owner, list, nullptr);
 }
 
 std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list, Diagnostics& diagnostics) {
     detail::Status status;
-    const std::error_code ec = accept_impl(owner, list, status);
+    const std::error_code ec = accept_impl(owner, list, &status);
     status.report(diagnostics);
     return ec;
 }
 
 std::error_code LeaseReader::accept(std::uint64_t owner, const LeasedBlockList& list, std::string* why) {
     detail::Status status;
-    const std::error_code ec = accept_impl(owner, list, status);
+    const std::error_code ec = accept_impl(owner, list, why != nullptr ? &status : nullptr);
     if (why != nullptr && ec) *why = status.detail;
     return ec;
 }
 
-std::error_code LeaseReader::accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status& status) {
+std::error_code LeaseReader::accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status* words) {
     std::lock_guard lock(mutex_);
     auto [it, fresh] = newest_.try_emplace(owner, list.version);
     if (!fresh) {
         if (list.version <= it->second) {
-            status.fail(errc::stale_block_list, "LeaseReader::accept",
-                        "block list version " + std::to_string(list.version) + " from owner " + std::to_string(owner) +
-                            " is not newer than version " + std::to_string(it->second) +
-                            " already accepted from it: its blocks may have been reused since");
-            return status.code;
+            if (words != nullptr) {
+                words->fail(errc::stale_block_list, "LeaseReader::accept",
+                            "block list version " + std::to_string(list.version) + " from owner " +
+                                std::to_string(owner) + " is not newer than version " + std::to_string(it->second) +
+                                " already accepted from it: its blocks may have been reused since");
+            }
+            return errc::stale_block_list;
         }
         it->second = list.version;
     }

@@ -9,11 +9,21 @@
 namespace gpuverbs {
 
 RailGroup::RailGroup(std::vector<TransferRail> rails, RailGroupOptions options)
-    : rails_(std::move(rails)), health_(rails_.size()), generation_(rails_.size(), 0), options_(options) {
-    if (!(options_.smoothing > 0 && options_.smoothing <= 1)) {
-        throw Error(make_error_code(errc::invalid_argument), "RailGroup",
+    : RailGroup(std::move(rails), options, detail::Outcome{}) {}
+
+RailGroup::RailGroup(std::vector<TransferRail> rails, RailGroupOptions options, detail::Outcome outcome)
+    : rails_(std::move(rails)), options_(options) {
+    detail::Status status;
+    if (rails_.empty()) {
+        status.fail(errc::invalid_argument, "RailGroup", "a group needs at least one rail");
+    } else if (!(options_.smoothing > 0 && options_.smoothing <= 1)) {
+        status.fail(errc::invalid_argument, "RailGroup",
                     "smoothing must be above 0 and at most 1 (it is " + std::to_string(options_.smoothing) + ")");
     }
+    if (!status.ok()) rails_.clear(); // a group that failed has no rails: transfers over it are refused
+    health_.resize(rails_.size());
+    generation_.resize(rails_.size(), 0);
+    outcome.settle(status);
 }
 
 RailHealth RailGroup::health(std::size_t k) const {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -25,12 +26,20 @@ std::string mib(std::size_t bytes) {
     return std::to_string(bytes) + " bytes";
 }
 
-void check_options(const StagingOptions& o) {
+bool check_options(const StagingOptions& o, Status& status) {
     if (o.chunk == 0 || o.depth == 0) {
-        throw Error(make_error_code(errc::invalid_argument), "StagingOptions",
+        status.fail(make_error_code(errc::invalid_argument), "StagingOptions",
                     "chunk and depth must be > 0 (chunk " + std::to_string(o.chunk) + ", depth " +
                         std::to_string(o.depth) + ")");
+        return false;
     }
+    if (o.chunk > SIZE_MAX / o.depth) {
+        status.fail(make_error_code(errc::invalid_argument), "StagingOptions",
+                    "chunk times depth is more bytes than the address space holds (chunk " + std::to_string(o.chunk) +
+                        ", depth " + std::to_string(o.depth) + "): make them smaller");
+        return false;
+    }
+    return true;
 }
 
 /// The pipeline's order, whatever copies: start copies into every buffer,
@@ -80,15 +89,17 @@ struct StagingBuffers::State {
     }
 };
 
-StagingBuffers::StagingBuffers(const StagingOptions& options) : state_(std::make_unique<State>()) {
-    check_options(options);
-    state_->chunk = options.chunk;
-    state_->count = options.depth;
+StagingBuffers StagingBuffers::create_impl(const StagingOptions& options, Status& status) {
+    StagingBuffers out;
+    if (!check_options(options, status)) return out;
+    auto state = std::make_unique<State>();
+    state->chunk = options.chunk;
+    state->count = options.depth;
     const std::size_t bytes = options.chunk * options.depth;
 #if GPUVERBS_HAVE_CUDA
-    Status status;
-    if (const auto* cu = detail::cuda::driver_api(status)) {
-        detail::cuda::PrimaryContext context(*cu, options.gpu, status);
+    Status no_cuda; // no CUDA or no such GPU: plain host memory instead (cuda_pinned() says which)
+    if (const auto* cu = detail::cuda::driver_api(no_cuda)) {
+        detail::cuda::PrimaryContext context(*cu, options.gpu, no_cuda);
         if (context) {
             void* p = nullptr;
             bool pinned = false;
@@ -98,21 +109,40 @@ StagingBuffers::StagingBuffers(const StagingOptions& options) : state_(std::make
                 pinned = scope.ok() && cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
             }
             if (pinned) {
-                state_->memory = static_cast<std::byte*>(p);
-                state_->cuda = true;
-                state_->cu = cu;
-                state_->context = std::move(context);
-                return;
+                state->memory = static_cast<std::byte*>(p);
+                state->cuda = true;
+                state->cu = cu;
+                state->context = std::move(context);
+                out.state_ = std::move(state);
+                return out;
             }
         }
     }
 #endif
     const std::size_t page = 4096;
-    state_->memory = static_cast<std::byte*>(std::aligned_alloc(page, (bytes + page - 1) / page * page));
-    if (state_->memory == nullptr) {
-        throw Error(make_error_code(errc::invalid_argument), "StagingBuffers",
-                    "cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
+    const std::size_t rounded = bytes > SIZE_MAX - (page - 1) ? 0 : (bytes + page - 1) / page * page;
+    state->memory = rounded == 0 ? nullptr : static_cast<std::byte*>(std::aligned_alloc(page, rounded));
+    if (state->memory == nullptr) {
+        status.fail(std::make_error_code(std::errc::not_enough_memory), "StagingBuffers",
+                    "cannot allocate " + std::to_string(bytes) +
+                        " bytes of staging memory: make StagingOptions::chunk or depth smaller");
+        return out;
     }
+    out.state_ = std::move(state);
+    return out;
+}
+
+StagingBuffers::StagingBuffers() noexcept = default;
+
+StagingBuffers::StagingBuffers(const StagingOptions& options)
+    : StagingBuffers(detail::or_throw([&](Status& s) { return create_impl(options, s); })) {}
+
+StagingBuffers StagingBuffers::create(const StagingOptions& options, std::error_code& ec) {
+    return detail::or_code(ec, [&](Status& s) { return create_impl(options, s); });
+}
+
+StagingBuffers StagingBuffers::create(const StagingOptions& options, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](Status& s) { return create_impl(options, s); });
 }
 
 StagingBuffers::StagingBuffers(StagingBuffers&&) noexcept = default;
@@ -120,25 +150,25 @@ StagingBuffers& StagingBuffers::operator=(StagingBuffers&&) noexcept = default;
 StagingBuffers::~StagingBuffers() = default;
 
 std::size_t StagingBuffers::count() const noexcept {
-    return state_->count;
+    return state_ ? state_->count : 0;
 }
 std::size_t StagingBuffers::chunk() const noexcept {
-    return state_->chunk;
+    return state_ ? state_->chunk : 0;
 }
 std::span<std::byte> StagingBuffers::slot(std::size_t i) const noexcept {
-    return {state_->memory + i * state_->chunk, state_->chunk};
+    return state_ ? std::span<std::byte>{state_->memory + i * state_->chunk, state_->chunk} : std::span<std::byte>{};
 }
 std::span<std::byte> StagingBuffers::all() const noexcept {
-    return {state_->memory, state_->chunk * state_->count};
+    return state_ ? std::span<std::byte>{state_->memory, state_->chunk * state_->count} : std::span<std::byte>{};
 }
 bool StagingBuffers::cuda_pinned() const noexcept {
-    return state_->cuda;
+    return state_ && state_->cuda;
 }
 
 // --- the copy pipeline ----------------------------------------------------------
 
 struct CopyPipeline::State {
-    explicit State(const StagingOptions& o) : options(o), buffers(o) {}
+    State(const StagingOptions& o, StagingBuffers b) : options(o), buffers(std::move(b)) {}
     StagingOptions options;
     StagingBuffers buffers;
 #if GPUVERBS_HAVE_CUDA
@@ -155,36 +185,53 @@ struct CopyPipeline::State {
 #endif
 };
 
-CopyPipeline::CopyPipeline(const StagingOptions& options) : state_(std::make_unique<State>(options)) {
-    detail::or_throw([&](Status& status) {
+CopyPipeline CopyPipeline::create_impl(const StagingOptions& options, Status& status) {
+    CopyPipeline out;
+    StagingBuffers buffers = StagingBuffers::create_impl(options, status);
+    if (!status.ok()) return out;
+    auto state = std::make_unique<State>(options, std::move(buffers));
 #if GPUVERBS_HAVE_CUDA
-        State& s = *state_;
-        s.cu = detail::cuda::driver_api(status);
-        if (s.cu == nullptr) return 0;
-        s.context = detail::cuda::PrimaryContext(*s.cu, options.gpu, status);
-        if (!s.context) return 0;
-        detail::cuda::PrimaryContext::Scope scope(*s.cu, s.context.get());
-        if (detail::cuda::failed(s.cu->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
-                                 "cannot create the staging stream", status)) {
-            return 0;
+    State& s = *state;
+    s.cu = detail::cuda::driver_api(status);
+    if (s.cu == nullptr) return out;
+    s.context = detail::cuda::PrimaryContext(*s.cu, options.gpu, status);
+    if (!s.context) return out;
+    detail::cuda::PrimaryContext::Scope scope(*s.cu, s.context.get());
+    if (detail::cuda::failed(s.cu->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+                             "cannot create the staging stream", status)) {
+        return out;
+    }
+    for (std::uint32_t i = 0; i < options.depth; ++i) {
+        CUevent e = nullptr;
+        if (detail::cuda::failed(s.cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate",
+                                 "cannot create the staging events", status)) {
+            return out;
         }
-        for (std::uint32_t i = 0; i < options.depth; ++i) {
-            CUevent e = nullptr;
-            if (detail::cuda::failed(s.cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate",
-                                     "cannot create the staging events", status)) {
-                return 0;
-            }
-            s.done.push_back(e);
-        }
-        if (!s.buffers.cuda_pinned()) {
-            status.fail(errc::cuda_error, "cuMemHostAlloc",
-                        "cannot pin " + std::to_string(options.chunk * options.depth) + " bytes of staging memory");
-        }
+        s.done.push_back(e);
+    }
+    if (!s.buffers.cuda_pinned()) {
+        status.fail(errc::cuda_error, "cuMemHostAlloc",
+                    "cannot pin " + std::to_string(options.chunk * options.depth) + " bytes of staging memory");
+        return out;
+    }
+    out.state_ = std::move(state);
 #else
-        (void)detail::cuda::driver_api(status); // says "built without CUDA"
+    (void)detail::cuda::driver_api(status); // says "built without CUDA"
 #endif
-        return 0;
-    });
+    return out;
+}
+
+CopyPipeline::CopyPipeline() noexcept = default;
+
+CopyPipeline::CopyPipeline(const StagingOptions& options)
+    : CopyPipeline(detail::or_throw([&](Status& s) { return create_impl(options, s); })) {}
+
+CopyPipeline CopyPipeline::create(const StagingOptions& options, std::error_code& ec) {
+    return detail::or_code(ec, [&](Status& s) { return create_impl(options, s); });
+}
+
+CopyPipeline CopyPipeline::create(const StagingOptions& options, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](Status& s) { return create_impl(options, s); });
 }
 
 CopyPipeline::CopyPipeline(CopyPipeline&&) noexcept = default;
@@ -197,6 +244,7 @@ StagingBuffers& CopyPipeline::buffers() noexcept {
 
 void CopyPipeline::from_gpu(const GpuMemory& src,
                             const std::function<void(std::span<const std::byte>, std::size_t)>& consume) {
+    if (!state_) throw Error(errc::invalid_argument, "CopyPipeline::from_gpu", "the CopyPipeline is empty");
 #if GPUVERBS_HAVE_CUDA
     State& s = *state_;
     const auto* cu = s.cu;
@@ -241,6 +289,7 @@ void CopyPipeline::from_gpu(const GpuMemory& src,
 }
 
 void CopyPipeline::to_gpu(const GpuMemory& dst, const std::function<void(std::span<std::byte>, std::size_t)>& produce) {
+    if (!state_) throw Error(errc::invalid_argument, "CopyPipeline::to_gpu", "the CopyPipeline is empty");
 #if GPUVERBS_HAVE_CUDA
     State& s = *state_;
     const auto* cu = s.cu;
@@ -300,20 +349,55 @@ std::optional<std::string> StagedWriter::why_needed(const ProtectionDomain& pd, 
     return why.empty() ? ec.message() : why;
 }
 
-StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, const std::string& why_not_direct)
-    : options_(options) {
-    check_options(options);
-    try {
-        pipeline_ = std::make_unique<CopyPipeline>(options);
-    } catch (const Error& e) {
-        no_gpu_ = e.what();
-        host_ = std::make_unique<StagingBuffers>(options); // no CUDA here: host sources only
+StagedWriter StagedWriter::create_impl(const ProtectionDomain& pd, const StagingOptions& options,
+                                       const std::string& why_not_direct, Status& status) {
+    if (!check_options(options, status)) return StagedWriter();
+    if (!pd) { // before anything is allocated or pinned for it
+        status.fail(errc::invalid_argument, "StagedWriter",
+                    "the ProtectionDomain is empty: the staging buffers cannot be registered");
+        return StagedWriter();
     }
-    const StagingBuffers& buffers = pipeline_ ? pipeline_->buffers() : *host_;
-    mr_ = MemoryRegion(pd, buffers.all(), Access::local_write);
-    path_ = std::string("staged: ") + (pipeline_ ? "GPU -> " : "host -> ") + std::to_string(options.depth) + " " +
-            (buffers.cuda_pinned() ? "pinned " : "") + "host buffers of " + mib(options.chunk) +
-            " -> RDMA write (GPUDirect RDMA is not used: " + why_not_direct + ")";
+    StagedWriter w;
+    w.options_ = options;
+    std::error_code ec;
+    Diagnostics no_pipeline;
+    CopyPipeline pipeline = CopyPipeline::create(options, ec, no_pipeline);
+    if (ec) { // no CUDA here: host sources only
+        w.no_gpu_ = no_pipeline.message();
+        StagingBuffers host = StagingBuffers::create_impl(options, status);
+        if (!status.ok()) return StagedWriter();
+        w.host_ = std::make_unique<StagingBuffers>(std::move(host));
+    } else {
+        w.pipeline_ = std::make_unique<CopyPipeline>(std::move(pipeline));
+    }
+    const StagingBuffers& buffers = w.pipeline_ ? w.pipeline_->buffers() : *w.host_;
+    Diagnostics why;
+    w.mr_ = MemoryRegion::create(pd, buffers.all().data(), buffers.all().size(), Access::local_write, ec, why);
+    if (ec) {
+        status.fail(ec, why.verb(), why.detail());
+        return StagedWriter();
+    }
+    w.path_ = std::string("staged: ") + (w.pipeline_ ? "GPU -> " : "host -> ") + std::to_string(options.depth) + " " +
+              (buffers.cuda_pinned() ? "pinned " : "") + "host buffers of " + mib(options.chunk) +
+              " -> RDMA write (GPUDirect RDMA is not used: " + why_not_direct + ")";
+    return w;
+}
+
+StagedWriter::StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, const std::string& why_not_direct)
+    : StagedWriter(detail::or_throw([&](Status& s) { return create_impl(pd, options, why_not_direct, s); })) {}
+
+StagedWriter StagedWriter::create(const ProtectionDomain& pd, const StagingOptions& options,
+                                  const std::string& why_not_direct, std::error_code& ec) {
+    return detail::or_code(ec, [&](Status& s) { return create_impl(pd, options, why_not_direct, s); });
+}
+
+StagedWriter StagedWriter::create(const ProtectionDomain& pd, const StagingOptions& options,
+                                  const std::string& why_not_direct, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](Status& s) { return create_impl(pd, options, why_not_direct, s); });
+}
+
+void StagedWriter::check_usable() const {
+    if (!mr_) throw Error(errc::invalid_argument, "StagedWriter::write", "the StagedWriter is empty");
 }
 
 void StagedWriter::write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<const std::byte> chunk,
@@ -358,6 +442,7 @@ void StagedWriter::write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<con
 
 std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, const GpuMemory& src, const RemoteMemory& dst,
                                 std::uint64_t offset) {
+    check_usable();
     if (!pipeline_) {
         throw Error(make_error_code(errc::invalid_argument), "StagedWriter::write",
                     "this writer stages host memory only: its copy pipeline could not be made (" + no_gpu_ + ")");
@@ -375,6 +460,7 @@ std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, const GpuMem
 
 std::size_t StagedWriter::write(QueuePair& qp, CompletionQueue& cq, std::span<const std::byte> src,
                                 const RemoteMemory& dst, std::uint64_t offset) {
+    check_usable();
     if (!dst.contains(offset, src.size())) {
         throw Error(make_error_code(errc::remote_range_outside_region), "StagedWriter::write",
                     std::to_string(src.size()) + " bytes at offset " + std::to_string(offset) +

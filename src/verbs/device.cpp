@@ -344,6 +344,10 @@ PortAttributes Device::query_port(std::uint8_t port, std::error_code& ec) const 
     return detail::or_code(ec, [&](detail::Status& status) { return query_port_impl(port, status); });
 }
 
+PortAttributes Device::query_port(std::uint8_t port, std::error_code& ec, Diagnostics& diagnostics) const {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& status) { return query_port_impl(port, status); });
+}
+
 std::vector<GidEntry> detail::read_gid_table(ibv_context* context, const std::string& device_name, std::uint8_t port,
                                              int gid_table_length, int port_count, Status& status) {
     std::vector<GidEntry> out;

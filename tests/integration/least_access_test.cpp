@@ -7,6 +7,7 @@
 #include "cm_end.hpp"
 #include "gpuverbs/connections/rdma_cm.hpp"
 #include "rig_pair.hpp"
+#include "three_forms.hpp"
 
 #include <doctest/doctest.h>
 
@@ -206,6 +207,35 @@ TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
                              Error);
         CHECK(leases.active() == 0);
         CHECK(leases.statistics().granted == 0);
+    }
+
+    TEST_CASE(
+        "a grant through lease regions fails alike in the three forms where the memory cannot be registered, and "
+        "clears the error_code and the Diagnostics where it can") {
+        const auto rig = *test::rig_devices();
+        test::Side owner(rig.dev1, 1 << 16, {});
+        BlockLeases leases;
+        const std::vector<RemoteBlock> nowhere{{{4096, 1 << 20, 1}, 0, 4096}}; // an address nothing is mapped at
+        const auto [code, what] = test::check_forms_agree(
+            [&] { return leases.grant(nowhere, 1, owner.pd, Access::remote_read); },
+            [&](std::error_code& ec) { return leases.grant(nowhere, 1, owner.pd, Access::remote_read, ec); },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return leases.grant(nowhere, 1, owner.pd, Access::remote_read, ec, d);
+            });
+        CHECK_MESSAGE(what.find("cannot register a region of the lease over 4096 bytes at 0x1000") != std::string::npos,
+                      what);
+        MESSAGE("the registration's code: " << code.message());
+        CHECK(leases.active() == 0);
+        const RemoteMemory pool = owner.prepared.advertise(owner.mr);
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                CHECK(leases.grant({{pool, 0, 4096}}, 1, owner.pd, Access::remote_read, ec).scope ==
+                      LeaseScope::lease_regions);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                CHECK(leases.grant({{pool, 4096, 4096}}, 2, owner.pd, Access::remote_read, ec, d).blocks.size() == 1);
+            });
+        CHECK(leases.active() == 2);
     }
 
     TEST_CASE("advertise refuses what a peer could not use, with words") {

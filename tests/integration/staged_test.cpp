@@ -2,6 +2,7 @@
 // peer, every byte checked; the words it gives for the path, bad options, a
 // foreign completion and a wrong key.
 #include "rig.hpp"
+#include "three_forms.hpp"
 #include "transfer_rig.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
@@ -83,5 +84,20 @@ TEST_SUITE("the staged path" * doctest::skip(!test::rig_present())) {
         } catch (const Error& e) {
             CHECK(std::string(e.what()).find("chunk 0 (1048576 bytes at offset 0)") != std::string::npos);
         }
+    }
+
+    TEST_CASE("a staged writer made in a real domain clears the error_code and the Diagnostics, and says its path") {
+        Device d0 = Device::open(test::rig_devices()->dev0);
+        ProtectionDomain pd0(d0);
+        StagingOptions o;
+        o.chunk = 1 << 16;
+        o.depth = 2;
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                const StagedWriter w = StagedWriter::create(pd0, o, "asked", ec);
+                CHECK(w);
+                CHECK(w.path().find("(GPUDirect RDMA is not used: asked)") != std::string::npos);
+            },
+            [&](std::error_code& ec, Diagnostics& d) { CHECK(StagedWriter::create(pd0, o, "asked", ec, d)); });
     }
 }

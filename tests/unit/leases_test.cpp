@@ -3,6 +3,9 @@
 // the notification run on Soft-RoCE (integration/transfer_blocks_test.cpp).
 #include "gpuverbs/transfers/leases.hpp"
 
+#include "allocation_counter.hpp"
+#include "three_forms.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -193,5 +196,99 @@ TEST_SUITE("leases") {
         l.ttl = 250ms;
         const auto now = std::chrono::steady_clock::now();
         CHECK(LeaseReader::deadline(l, now) == now + 250ms);
+    }
+
+    TEST_CASE(
+        "a grant of a list the wire would refuse fails alike in the three forms of both grants; nothing is leased") {
+        struct Case {
+            const char* name;
+            std::vector<RemoteBlock> blocks;
+            std::string what;
+        };
+        const std::vector<Case> cases{
+            {"an empty list", {}, "BlockLeases::grant: a block list has 1 to 1048576 blocks, not 0"},
+            {"a block of length 0", {{pool, 0, 4096}, {pool, 4096, 0}}, "BlockLeases::grant: block 1 has length 0"},
+            {"a block outside its region",
+             {{pool, (1 << 20) - 1, 2}},
+             "BlockLeases::grant: block 0 (2 bytes at offset 1048575) lies outside its region of 1048576 bytes"},
+        };
+        const ProtectionDomain no_pd; // never reached: the list is refused first
+        for (const Case& c : cases) {
+            CAPTURE(c.name);
+            BlockLeases leases;
+            CHECK(test::check_fails_alike(
+                      errc::invalid_argument, [&] { return leases.grant(c.blocks, reader_a); },
+                      [&](std::error_code& ec) { return leases.grant(c.blocks, reader_a, ec); },
+                      [&](std::error_code& ec, Diagnostics& d) { return leases.grant(c.blocks, reader_a, ec, d); }) ==
+                  c.what);
+            CHECK(test::check_fails_alike(
+                      errc::invalid_argument,
+                      [&] { return leases.grant(c.blocks, reader_a, no_pd, Access::remote_read); },
+                      [&](std::error_code& ec) {
+                          return leases.grant(c.blocks, reader_a, no_pd, Access::remote_read, ec);
+                      },
+                      [&](std::error_code& ec, Diagnostics& d) {
+                          return leases.grant(c.blocks, reader_a, no_pd, Access::remote_read, ec, d);
+                      }) == c.what);
+            CHECK(leases.active() == 0);
+            CHECK(leases.statistics().granted == 0);
+        }
+    }
+
+    TEST_CASE(
+        "a grant through lease regions whose registration fails fails alike in the three forms; nothing is leased") {
+        BlockLeases leases;
+        std::vector<std::byte> memory(8192);
+        const RemoteMemory host{reinterpret_cast<std::uint64_t>(memory.data()), memory.size(), 9};
+        const std::vector<RemoteBlock> blocks{{host, 0, 4096}};
+        const ProtectionDomain no_pd; // an empty domain: the registration is refused
+        const std::string what = test::check_fails_alike(
+            errc::invalid_argument, [&] { return leases.grant(blocks, reader_a, no_pd, Access::remote_read); },
+            [&](std::error_code& ec) { return leases.grant(blocks, reader_a, no_pd, Access::remote_read, ec); },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return leases.grant(blocks, reader_a, no_pd, Access::remote_read, ec, d);
+            });
+        CHECK_MESSAGE(what.starts_with("BlockLeases::grant: cannot register a region of the lease over 4096 bytes"),
+                      what);
+        CHECK(what.ends_with("nothing was leased"));
+        CHECK(leases.active() == 0);
+    }
+
+    TEST_CASE("a grant that leases clears the error_code and the Diagnostics and returns the list") {
+        BlockLeases leases;
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                CHECK(leases.grant({{pool, 0, 4096}}, reader_a, ec).lease != 0);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                CHECK(leases.grant({{pool, 4096, 4096}}, reader_b, ec, d).lease != 0);
+            });
+        CHECK(leases.active() == 2);
+    }
+
+    TEST_CASE("the plain claim and accept refuse without building words: no allocation, the same codes") {
+        BlockLeases leases;
+        (void)leases.grant({{pool, 0, 4096}}, reader_a);
+        const std::vector<RemoteBlock> held{{pool, 0, 4096}};
+        const std::vector<RemoteBlock> outside{{pool, 1 << 20, 1}};
+        LeaseReader reader;
+        LeasedBlockList list;
+        list.version = 3;
+        REQUIRE_FALSE(reader.accept(7, list));
+        std::size_t before = test::allocations();
+        const std::error_code claimed = leases.claim(held);
+        const std::error_code refused = leases.claim(outside);
+        const std::error_code stale = reader.accept(7, list);
+        const std::size_t allocated = test::allocations() - before;
+        CHECK(claimed == errc::blocks_leased);
+        CHECK(refused == errc::invalid_argument);
+        CHECK(stale == errc::stale_block_list);
+        CHECK(allocated == 0);
+        // The Diagnostics forms still carry the words.
+        Diagnostics why;
+        CHECK(leases.claim(held, why) == errc::blocks_leased);
+        CHECK(why.detail().find("is under lease") != std::string::npos);
+        CHECK(reader.accept(7, list, why) == errc::stale_block_list);
+        CHECK(why.detail().find("is not newer than version 3") != std::string::npos);
     }
 }

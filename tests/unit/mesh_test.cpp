@@ -5,6 +5,8 @@
 #include "gpuverbs/many_peers/rendezvous/pmix.hpp"
 #include "gpuverbs/many_peers/rendezvous/redis.hpp"
 
+#include "three_forms.hpp"
+
 #include <doctest/doctest.h>
 
 using namespace gpuverbs;
@@ -16,6 +18,19 @@ MeshRecord record_of(std::uint32_t rank, std::uint32_t world, const std::vector<
     for (std::uint32_t p : peers) r.endpoints.emplace_back(p, Endpoint{});
     return r;
 }
+
+/// A rendezvous that only says who we are (nothing is published or looked up here).
+struct FixedRendezvous {
+    std::uint32_t my_rank = 0;
+    std::uint32_t size = 1;
+    [[nodiscard]] std::uint32_t rank() const { return my_rank; }
+    [[nodiscard]] std::uint32_t world_size() const { return size; }
+    [[nodiscard]] std::string name() const { return "a fixed rendezvous"; }
+    void publish(const std::string&, std::span<const std::byte>) {}
+    void fence(std::chrono::milliseconds) {}
+    std::vector<std::byte> lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) { return {}; }
+    void withdraw() {}
+};
 
 /// The Rendezvous concept holds for every backend (and refuses what is not one).
 static_assert(Rendezvous<PmixRendezvous>);
@@ -42,6 +57,85 @@ TEST_SUITE("mesh decisions") {
     TEST_CASE("a record without an endpoint for us: that peer did not prepare a queue pair for us") {
         std::string p = detail::mesh_peer_problem(record_of(3, 6, {0, 2}), 3, 1, 6);
         CHECK(p.find("no endpoint for rank 1 (2 endpoints, for other peers)") != std::string::npos);
+    }
+}
+
+TEST_SUITE("mesh construction") {
+    TEST_CASE("a mesh the constructors refuse fails alike in the three forms, and comes back empty") {
+        const ProtectionDomain pd;
+        const CompletionQueue cq;
+        MeshOptions granting;
+        granting.connect.remote_access = Access::remote_write;
+        struct Case {
+            const char* name;
+            FixedRendezvous rendezvous;
+            std::vector<RemoteMemory> regions;
+            MeshOptions options;
+            std::string what;
+        };
+        const std::vector<Case> cases{
+            {"a rank outside the world",
+             {4, 4},
+             {},
+             {},
+             "Mesh: a fixed rendezvous gives rank 4 of 4; a mesh needs rank < world size <= 65536"},
+            {"regions as RemoteMemory, no grant",
+             {0, 2},
+             {RemoteMemory{0x1000, 64, 1}},
+             {},
+             "Mesh: regions given as RemoteMemory do not say what peers may do with them: pass the MemoryRegions "
+             "themselves (each queue pair then grants what they allow) or set MeshOptions::connect.remote_access"},
+            {"more regions than a record carries",
+             {0, 2},
+             std::vector<RemoteMemory>(wire::max_regions + 1, RemoteMemory{0x1000, 64, 1}),
+             granting,
+             "Mesh: " + std::to_string(wire::max_regions + 1) + " regions offered; a mesh record carries at most " +
+                 std::to_string(wire::max_regions)},
+        };
+        for (const Case& c : cases) {
+            CAPTURE(c.name);
+            FixedRendezvous r = c.rendezvous;
+            const std::string what = test::check_fails_alike(
+                errc::invalid_argument, [&] { return Mesh(r, pd, cq, c.regions, c.options); },
+                [&](std::error_code& ec) {
+                    Mesh mesh = Mesh::create(r, pd, cq, c.regions, c.options, ec);
+                    CHECK_FALSE(mesh);
+                    CHECK_THROWS_WITH_AS(mesh.connect_all(),
+                                         "Mesh::connect_all: the Mesh is empty (create() refused it, or it was "
+                                         "moved from)",
+                                         Error);
+                    return 0;
+                },
+                [&](std::error_code& ec, Diagnostics& d) {
+                    return Mesh::create(r, pd, cq, c.regions, c.options, ec, d);
+                });
+            CHECK(what == c.what);
+        }
+        // The MemoryRegion form: an empty region.
+        FixedRendezvous r{0, 2};
+        const MemoryRegion none;
+        const std::vector<std::reference_wrapper<const MemoryRegion>> regions{none};
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument, [&] { return Mesh(r, pd, cq, regions); },
+                  [&](std::error_code& ec) { return Mesh::create(r, pd, cq, regions, {}, ec); },
+                  [&](std::error_code& ec, Diagnostics& d) { return Mesh::create(r, pd, cq, regions, {}, ec, d); }) ==
+              "Mesh: region 0 is empty");
+    }
+
+    TEST_CASE("a mesh member of a good rendezvous is made, clearing the error_code and the Diagnostics") {
+        const ProtectionDomain pd;
+        const CompletionQueue cq;
+        FixedRendezvous r{1, 4};
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                const Mesh mesh = Mesh::create(r, pd, cq, std::vector<RemoteMemory>{}, {}, ec);
+                CHECK(mesh);
+                CHECK(mesh.rank() == 1);
+                CHECK(mesh.world_size() == 4);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return Mesh::create(r, pd, cq, std::vector<std::reference_wrapper<const MemoryRegion>>{}, {}, ec, d);
+            });
     }
 }
 
@@ -85,6 +179,23 @@ TEST_SUITE("rendezvous backends without a store") {
             CHECK(e.code() == errc::rendezvous_unavailable);
             CHECK(what.find("cannot reach Redis at 127.0.0.1:1") != std::string::npos);
             CHECK(what.find("s3cret") == std::string::npos);
+        }
+    }
+    TEST_CASE("PMIx outside a PMIx launcher fails alike in the three forms, and has not joined") {
+        // The unit tests are not started by mpirun or srun (no PMIX_NAMESPACE).
+        const std::string what = test::check_fails_alike(
+            PmixRendezvous::available() ? errc::rendezvous_unavailable : errc::unsupported,
+            [] { return PmixRendezvous(); },
+            [](std::error_code& ec) {
+                PmixRendezvous job = PmixRendezvous::create(ec);
+                CHECK_FALSE(job);
+                CHECK(job.world_size() == 0);
+                CHECK_THROWS_AS(job.fence(std::chrono::milliseconds(10)), Error);
+                return 0;
+            },
+            [](std::error_code& ec, Diagnostics& d) { return PmixRendezvous::create(ec, d); });
+        if (PmixRendezvous::available()) {
+            CHECK_MESSAGE(what.starts_with("PMIx_Init: this process was not started by a PMIx launcher"), what);
         }
     }
     TEST_CASE("the backends built here say so") {

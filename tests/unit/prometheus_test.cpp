@@ -4,9 +4,12 @@
 // on Soft-RoCE (integration/observability_test.cpp).
 #include "gpuverbs/observability/prometheus.hpp"
 #include "gpuverbs/transfers/rail_group.hpp"
+#include "gpuverbs/verbs/device.hpp"
 #include "gpuverbs/verbs/queue_pair.hpp"
 
 #include "prometheus_parse.hpp"
+#include "scratch_dir.hpp"
+#include "three_forms.hpp"
 
 #include <doctest/doctest.h>
 
@@ -74,5 +77,44 @@ TEST_SUITE("prometheus text") {
         CHECK(wc_status_name(IBV_WC_REM_ACCESS_ERR) == "REM_ACCESS_ERR");
         CHECK(wc_status_name(IBV_WC_GENERAL_ERR) == "GENERAL_ERR");
         CHECK(wc_status_name(99) == "OTHER");
+    }
+
+    TEST_CASE(
+        "a port whose counters cannot be read fails alike in the three forms of add_port_from; nothing is added") {
+        const test::ScratchDir scratch("hw");
+        const std::string file = (scratch.path / "not-a-directory").string();
+        std::ofstream(file) << "3\n";
+        PrometheusText metrics;
+        const std::string what = test::check_fails_alike(
+            std::errc::not_a_directory, [&] { return (metrics.add_port_from("rxe0", 1, file), 0); },
+            [&](std::error_code& ec) { return (metrics.add_port_from("rxe0", 1, file, ec), 0); },
+            [&](std::error_code& ec, Diagnostics& d) { return (metrics.add_port_from("rxe0", 1, file, ec, d), 0); });
+        CHECK(what == "PrometheusText::add_port: cannot read the hardware counters in " + file +
+                          ": Not a directory (errno 20)");
+        CHECK(metrics.text().empty());
+    }
+
+    TEST_CASE("add_port of an empty Device fails alike in the three forms; nothing is added") {
+        PrometheusText metrics;
+        const Device none;
+        const std::string what = test::check_fails_alike(
+            errc::invalid_argument, [&] { return (metrics.add_port(none), 0); },
+            [&](std::error_code& ec) { return (metrics.add_port(none, 1, ec), 0); },
+            [&](std::error_code& ec, Diagnostics& d) { return (metrics.add_port(none, 1, ec, d), 0); });
+        CHECK(what == "ibv_query_port: the Device is empty (default-constructed or moved from)");
+        CHECK(metrics.text().empty());
+    }
+
+    TEST_CASE("counters that are read, or a driver that exports none, clear the error_code and the Diagnostics") {
+        const test::ScratchDir scratch("hw");
+        std::ofstream(scratch.path / "rnr_nak_retry_err") << "4\n";
+        PrometheusText metrics;
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) { metrics.add_port_from("rxe0", 1, scratch.path.string(), ec); },
+            [&](std::error_code& ec, Diagnostics& d) {
+                metrics.add_port_from("rxe0", 2, (scratch.path / "missing").string(), ec, d); // exports none
+            });
+        CHECK(metrics.text().find(R"({device="rxe0",port="1",counter="rnr_nak_retry_err"} 4)") != std::string::npos);
+        CHECK(metrics.text().find("port=\"2\"") == std::string::npos);
     }
 }

@@ -13,6 +13,8 @@
 #include "gpuverbs/many_peers/rendezvous/signed.hpp"
 #include "gpuverbs/observability/warnings.hpp"
 
+#include "three_forms.hpp"
+
 #include <doctest/doctest.h>
 
 #include <boost/asio/io_context.hpp>
@@ -255,3 +257,58 @@ TEST_SUITE("Redis replies from a hostile store") {
 }
 
 #endif
+
+TEST_SUITE("Redis rendezvous construction" * doctest::skip(!RedisRendezvous::available())) {
+    TEST_CASE("a member the store or the options refuse fails alike in the three forms, and has not joined") {
+        // A rank held by a live member: SET NX answers nil.
+        FakeRedis taken([](const std::vector<std::string>& w) { return w[0] == "SET" ? "$-1\r\n" : ""; });
+        RedisOptions held = at(taken);
+        held.rank = 3;
+        RedisOptions nowhere; // nothing listens on port 1
+        nowhere.port = 1;
+        nowhere.password = "s3cret-never-shown";
+        RedisOptions bad_service = at(taken);
+        bad_service.service = "kv cache*";
+        struct Case {
+            const char* name;
+            RedisOptions options;
+            std::error_code expected;
+            std::string words;
+        };
+        const std::vector<Case> cases{
+            {"a rank held by a live member", held, errc::rank_taken,
+             "RedisRendezvous: rank 3 of Redis service 'fake' at 127.0.0.1:" + std::to_string(held.port) +
+                 " is held by a live member"},
+            {"a store that is not there", nowhere, errc::rendezvous_unavailable, "cannot reach Redis at 127.0.0.1:1"},
+            {"a service name that cannot prefix keys", bad_service, errc::invalid_argument,
+             "RedisRendezvous: service name 'kv cache*' must have 1 to 100 letters"},
+        };
+        for (const Case& c : cases) {
+            CAPTURE(c.name);
+            const std::string what = test::check_fails_alike(
+                c.expected, [&] { return RedisRendezvous(c.options); },
+                [&](std::error_code& ec) {
+                    RedisRendezvous r = RedisRendezvous::create(c.options, ec);
+                    CHECK_FALSE(r);
+                    CHECK_THROWS_WITH_AS(r.publish("k", {}), doctest::Contains("did not join its service"), Error);
+                    asio::io_context io;
+                    CHECK_THROWS_AS(PeerWatch(r, io.get_executor()), Error);
+                    return 0;
+                },
+                [&](std::error_code& ec, Diagnostics& d) { return RedisRendezvous::create(c.options, ec, d); });
+            CHECK_MESSAGE(what.find(c.words) != std::string::npos, what);
+            CHECK(what.find("s3cret") == std::string::npos);
+        }
+    }
+
+    TEST_CASE("a member the store lets join clears the error_code and the Diagnostics") {
+        FakeRedis fake([](const std::vector<std::string>&) { return std::string(); });
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                RedisRendezvous r = RedisRendezvous::create(at(fake), ec);
+                CHECK(r);
+                CHECK(r.rank() == 0); // INCR answered 1
+            },
+            [&](std::error_code& ec, Diagnostics& d) { return RedisRendezvous::create(at(fake), ec, d); });
+    }
+}

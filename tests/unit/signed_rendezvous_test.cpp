@@ -4,6 +4,8 @@
 // password. The Redis form runs in the rig (integration/mesh_test.cpp).
 #include "gpuverbs/many_peers/rendezvous/signed.hpp"
 
+#include "three_forms.hpp"
+
 #include <doctest/doctest.h>
 
 #include <map>
@@ -127,6 +129,53 @@ TEST_SUITE("signed rendezvous records" * doctest::skip(!GPUVERBS_HAVE_OPENSSL)) 
                              "rand -hex 32)",
                              Error);
     }
+}
+
+TEST_CASE("a secret the constructor refuses fails alike in the three forms; the refused object signs nothing") {
+    Table table;
+    TableRendezvous a0(table, 0);
+    struct Case {
+        const char* name;
+        std::string secret;
+    };
+    for (const Case& c : {Case{"empty", ""}, Case{"15 bytes", std::string(15, 'k')}}) {
+        CAPTURE(c.name);
+        const auto [code, what] = test::check_forms_agree(
+            [&] { return SignedRendezvous(a0, c.secret, "kv"); },
+            [&](std::error_code& ec) {
+                SignedRendezvous s = SignedRendezvous<TableRendezvous>::create(a0, c.secret, "kv", ec);
+                CHECK_THROWS_WITH_AS(s.publish("endpoint", bytes_of("x")), doctest::Contains("SignedRendezvous: "),
+                                     Error);
+                CHECK_THROWS_AS((void)s.lookup(0, "endpoint", 1s), Error);
+                return 0;
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return SignedRendezvous<TableRendezvous>::create(a0, c.secret, "kv", ec, d);
+            });
+        if (GPUVERBS_HAVE_OPENSSL) {
+            CHECK(code == errc::invalid_argument);
+            CHECK(what == "SignedRendezvous: the shared secret has " + std::to_string(c.secret.size()) +
+                              " bytes; at least 16 are needed (e.g. openssl rand -hex 32)");
+        } else {
+            CHECK(code == errc::unsupported);
+        }
+        CHECK(table.empty()); // nothing was published, signed or not
+    }
+}
+
+TEST_CASE("a secret that is long enough clears the error_code and the Diagnostics" *
+          doctest::skip(!GPUVERBS_HAVE_OPENSSL)) {
+    Table table;
+    TableRendezvous a0(table, 0);
+    test::check_succeeds_clean(
+        [&](std::error_code& ec) {
+            SignedRendezvous s = SignedRendezvous<TableRendezvous>::create(a0, secret, "kv", ec);
+            s.publish("endpoint", bytes_of("signed"));
+            CHECK(s.lookup(0, "endpoint", 1s) == bytes_of("signed"));
+        },
+        [&](std::error_code& ec, Diagnostics& d) {
+            return SignedRendezvous<TableRendezvous>::create(a0, secret, "kv", ec, d);
+        });
 }
 
 TEST_CASE("without OpenSSL, SignedRendezvous says so" * doctest::skip(GPUVERBS_HAVE_OPENSSL)) {

@@ -3,6 +3,7 @@
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include "allocation_counter.hpp"
+#include "three_forms.hpp"
 
 #include <doctest/doctest.h>
 
@@ -344,5 +345,183 @@ TEST_SUITE("tcp bootstrap") {
         asio::io_context io;
         TcpListener l(io, 0, "127.0.0.1");
         CHECK_THROWS_AS((void)l.accept(100ms), Error);
+    }
+}
+
+namespace {
+
+/// One end of a connected stream socket pair, as a tcp::socket; the other
+/// end is a plain descriptor the test writes to or closes.
+struct SocketPair {
+    asio::io_context io;
+    asio::ip::tcp::socket ours{io};
+    int theirs = -1;
+    SocketPair() {
+        int fds[2];
+        REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+        ours.assign(asio::ip::tcp::v4(), fds[0]);
+        theirs = fds[1];
+    }
+    SocketPair(const SocketPair&) = delete;
+    SocketPair& operator=(const SocketPair&) = delete;
+    ~SocketPair() {
+        if (theirs >= 0) ::close(theirs);
+    }
+    /// The peer sends `bytes`, then closes its end.
+    SocketPair& then_close(const std::vector<std::byte>& bytes = {}) {
+        REQUIRE(::write(theirs, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+        ::close(theirs);
+        theirs = -1;
+        return *this;
+    }
+};
+
+/// A port on 127.0.0.1 that nothing listens on (it was free a moment ago).
+std::uint16_t closed_port() {
+    asio::io_context io;
+    TcpListener l(io, 0, "127.0.0.1");
+    return l.port();
+}
+
+} // namespace
+
+TEST_SUITE("tcp bootstrap: throwing, error_code and Diagnostics forms") {
+    TEST_CASE("a listener on a port already taken fails alike in the three forms") {
+        asio::io_context io;
+        TcpListener taken(io, 0, "127.0.0.1");
+        const std::uint16_t port = taken.port();
+        const std::string what = test::check_fails_alike(
+            std::errc::address_in_use, [&] { return TcpListener(io, port, "127.0.0.1"); },
+            [&](std::error_code& ec) { return TcpListener::create(io, port, "127.0.0.1", ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return TcpListener::create(io, port, "127.0.0.1", ec, d); });
+        CHECK(what.starts_with("TcpListener: cannot listen on 127.0.0.1:" + std::to_string(port) + ": "));
+    }
+
+    TEST_CASE("a listener address that is not an IP address fails alike, through the executor forms too") {
+        asio::io_context io;
+        const asio::any_io_executor ex = io.get_executor();
+        const std::string what = test::check_fails_alike(
+            std::errc::invalid_argument, [&] { return TcpListener(ex, 0, "not-an-address"); },
+            [&](std::error_code& ec) { return TcpListener::create(ex, 0, "not-an-address", ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return TcpListener::create(ex, 0, "not-an-address", ec, d); });
+        CHECK(what == "TcpListener: 'not-an-address' is not an IP address");
+    }
+
+    TEST_CASE("a listener that can listen clears the error_code and the Diagnostics") {
+        asio::io_context io;
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                TcpListener l = TcpListener::create(io, 0, "127.0.0.1", ec);
+                CHECK(l.port() != 0);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                TcpListener l = TcpListener::create(io.get_executor(), 0, "127.0.0.1", ec, d);
+                CHECK(l.port() != 0);
+            });
+    }
+
+    TEST_CASE("tcp_connect to a closed port fails alike in the three forms, within its timeout") {
+        asio::io_context io;
+        const std::uint16_t port = closed_port();
+        const auto start = std::chrono::steady_clock::now();
+        const std::string what = test::check_fails_alike(
+            std::errc::connection_refused, [&] { return tcp_connect(io, "127.0.0.1", port, 100ms); },
+            [&](std::error_code& ec) { return tcp_connect(io, "127.0.0.1", port, 100ms, ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return tcp_connect(io, "127.0.0.1", port, 100ms, ec, d); });
+        CHECK(what.ends_with("(is the server running?)"));
+        CHECK(std::chrono::steady_clock::now() - start < 3s);
+    }
+
+    TEST_CASE("tcp_connect that reaches a listener clears the error_code and the Diagnostics") {
+        asio::io_context io;
+        TcpListener listener(io, 0, "127.0.0.1");
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) { CHECK(tcp_connect(io, "127.0.0.1", listener.port(), 5s, ec).is_open()); },
+            [&](std::error_code& ec, Diagnostics& d) {
+                CHECK(tcp_connect(io, "127.0.0.1", listener.port(), 5s, ec, d).is_open());
+            });
+    }
+
+    TEST_CASE("receive_record fails alike in the three forms for each way a peer can fail it") {
+        struct Case {
+            const char* name;
+            std::vector<std::byte> sent; // then the peer closes
+            std::size_t max_size;
+            std::error_code expected;
+            std::string what;
+        };
+        const std::vector<Case> cases{
+            {"closed before the length",
+             {},
+             64,
+             errc::peer_closed,
+             "receive: the peer closed the connection after 0 of 4 bytes of its record length"},
+            {"closed inside the record", frame(10, {std::byte{1}, std::byte{2}}), 64, errc::peer_closed,
+             "receive: the peer closed the connection after 2 of 10 bytes of its record"},
+            {"a record over max_size", frame(100, {}), 10, errc::malformed_record,
+             "receive: the peer announced a 100-byte record; at most 10 are allowed (not a gpuverbs peer?)"},
+        };
+        for (const Case& c : cases) {
+            CAPTURE(c.name);
+            const std::string what = test::check_fails_alike(
+                c.expected, [&] { return receive_record(SocketPair().then_close(c.sent).ours, c.max_size, 1s); },
+                [&](std::error_code& ec) {
+                    return receive_record(SocketPair().then_close(c.sent).ours, c.max_size, 1s, ec);
+                },
+                [&](std::error_code& ec, Diagnostics& d) {
+                    return receive_record(SocketPair().then_close(c.sent).ours, c.max_size, 1s, ec, d);
+                });
+            CHECK(what == c.what);
+        }
+    }
+
+    TEST_CASE("receive_record of a whole record clears the error_code and the Diagnostics and returns it") {
+        const std::vector<std::byte> payload{std::byte{7}, std::byte{8}, std::byte{9}};
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                CHECK(receive_record(SocketPair().then_close(frame(3, payload)).ours, 64, 1s, ec) == payload);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                CHECK(receive_record(SocketPair().then_close(frame(3, payload)).ours, 64, 1s, ec, d) == payload);
+            });
+    }
+
+    TEST_CASE("send_record on a socket shut down for sending fails alike in the three forms") {
+        const std::vector<std::byte> record(16, std::byte{1});
+        auto shut = [](SocketPair& p) -> asio::ip::tcp::socket& {
+            p.ours.shutdown(asio::socket_base::shutdown_send);
+            return p.ours;
+        };
+        const std::string what = test::check_fails_alike(
+            std::errc::broken_pipe,
+            [&] {
+                SocketPair p;
+                send_record(shut(p), record, 1s);
+                return 0;
+            },
+            [&](std::error_code& ec) {
+                SocketPair p;
+                send_record(shut(p), record, 1s, ec);
+                return 0;
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                SocketPair p;
+                send_record(shut(p), record, 1s, ec, d);
+                return 0;
+            });
+        CHECK(what == "send: cannot send our record: Broken pipe (errno 32)");
+    }
+
+    TEST_CASE("send_record that is sent clears the error_code and the Diagnostics") {
+        const std::vector<std::byte> record(16, std::byte{1});
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                SocketPair p;
+                send_record(p.ours, record, 1s, ec);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                SocketPair p;
+                send_record(p.ours, record, 1s, ec, d);
+            });
     }
 }

@@ -47,9 +47,22 @@ inline constexpr std::chrono::milliseconds default_bootstrap_timeout{30000};
 class TcpListener {
 public:
     /// Listens on `address`:`port` (port 0: any free port; see port()).
+    /// Throws gpuverbs::Error: an address that is not an IP address, or a
+    /// port that cannot be listened on (taken, privileged).
     explicit TcpListener(boost::asio::io_context& io, std::uint16_t port = 0, const std::string& address = "0.0.0.0");
     explicit TcpListener(const boost::asio::any_io_executor& executor, std::uint16_t port = 0,
                          const std::string& address = "0.0.0.0");
+    /// The same without throwing: on failure `ec` is set and the listener
+    /// returned is closed (only destroy it or assign to it).
+    static TcpListener create(boost::asio::io_context& io, std::uint16_t port, const std::string& address,
+                              std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static TcpListener create(boost::asio::io_context& io, std::uint16_t port, const std::string& address,
+                              std::error_code& ec, Diagnostics& diagnostics);
+    static TcpListener create(const boost::asio::any_io_executor& executor, std::uint16_t port,
+                              const std::string& address, std::error_code& ec);
+    static TcpListener create(const boost::asio::any_io_executor& executor, std::uint16_t port,
+                              const std::string& address, std::error_code& ec, Diagnostics& diagnostics);
 
     [[nodiscard]] std::uint16_t port() const;
     /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
@@ -66,14 +79,26 @@ public:
     [[nodiscard]] boost::asio::ip::tcp::acceptor& native_handle() noexcept { return acceptor_; }
 
 private:
+    struct Closed {};
+    TcpListener(const boost::asio::any_io_executor& executor, Closed) : executor_(executor), acceptor_(executor) {}
+    static TcpListener create_impl(const boost::asio::any_io_executor& executor, std::uint16_t port,
+                                   const std::string& address, detail::Status& status);
     boost::asio::any_io_executor executor_;
     boost::asio::ip::tcp::acceptor acceptor_;
 };
 
 /// Connects to host:port, retrying while the listener is not up yet, for at
-/// most `timeout`.
+/// most `timeout`. Throws gpuverbs::Error: a host that does not resolve, a
+/// refusal until the deadline, nothing answering (std::errc::timed_out).
 boost::asio::ip::tcp::socket tcp_connect(boost::asio::io_context& io, const std::string& host, std::uint16_t port,
                                          std::chrono::milliseconds timeout = default_bootstrap_timeout);
+/// The same without throwing: on failure `ec` is set and the socket is closed.
+boost::asio::ip::tcp::socket tcp_connect(boost::asio::io_context& io, const std::string& host, std::uint16_t port,
+                                         std::chrono::milliseconds timeout, std::error_code& ec);
+/// … with the words of the failure in `diagnostics` (cleared on success).
+boost::asio::ip::tcp::socket tcp_connect(boost::asio::io_context& io, const std::string& host, std::uint16_t port,
+                                         std::chrono::milliseconds timeout, std::error_code& ec,
+                                         Diagnostics& diagnostics);
 
 /// Sends `ours` and receives the peer's handshake on a connected socket.
 Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
@@ -86,8 +111,20 @@ Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsha
 /// checks and words as the handshake's. Throw gpuverbs::Error.
 void send_record(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> record,
                  std::chrono::milliseconds timeout = default_bootstrap_timeout);
+/// send_record without throwing: the failure in `ec`.
+void send_record(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> record,
+                 std::chrono::milliseconds timeout, std::error_code& ec);
+/// … with its words in `diagnostics` (cleared on success).
+void send_record(boost::asio::ip::tcp::socket& socket, std::span<const std::byte> record,
+                 std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics);
 std::vector<std::byte> receive_record(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
                                       std::chrono::milliseconds timeout = default_bootstrap_timeout);
+/// receive_record without throwing: the failure in `ec` (and no bytes).
+std::vector<std::byte> receive_record(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout, std::error_code& ec);
+/// … with its words in `diagnostics` (cleared on success).
+std::vector<std::byte> receive_record(boost::asio::ip::tcp::socket& socket, std::size_t max_size,
+                                      std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics);
 
 namespace detail {
 

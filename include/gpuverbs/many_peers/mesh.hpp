@@ -30,6 +30,7 @@
 #pragma once
 
 #include "gpuverbs/connections/wire.hpp"
+#include "gpuverbs/error.hpp"
 #include "gpuverbs/many_peers/rendezvous.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
@@ -45,6 +46,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -76,11 +78,16 @@ public:
     /// outlive it too), and the regions every peer may access: each peer's
     /// queue pair grants the remote access those regions allow (their union),
     /// unless options.connect.remote_access says otherwise.
+    ///
+    /// Throws gpuverbs::Error (errc::invalid_argument): an empty region, one
+    /// of another protection domain, more regions than a record carries, or a
+    /// rendezvous whose rank is not below its world size.
     template <Rendezvous R>
     Mesh(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
          const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options = {})
-        : Mesh(detail::erase_rendezvous(rendezvous), pd, cq, remote_of(pd, regions), std::move(options),
-               access_of(regions)) {}
+        : Mesh(detail::or_throw([&](detail::Status& s) {
+              return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, regions, std::move(options), s);
+          })) {}
     /// … with the regions as their peers see them. A RemoteMemory does not
     /// say what its region allows, so with regions given,
     /// options.connect.remote_access must say what the queue pairs grant
@@ -88,13 +95,53 @@ public:
     template <Rendezvous R>
     Mesh(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq, std::vector<RemoteMemory> regions,
          MeshOptions options = {})
-        : Mesh(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options), std::nullopt) {}
+        : Mesh(detail::or_throw([&](detail::Status& s) {
+              return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options),
+                                 s);
+          })) {}
+    /// The constructors without throwing: on failure `ec` is set and the mesh
+    /// returned is empty (explicit operator bool is false; connecting throws).
+    template <Rendezvous R>
+    static Mesh create(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+                       const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options,
+                       std::error_code& ec) {
+        return detail::or_code(ec, [&](detail::Status& s) {
+            return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, regions, std::move(options), s);
+        });
+    }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    template <Rendezvous R>
+    static Mesh create(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+                       const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options,
+                       std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+            return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, regions, std::move(options), s);
+        });
+    }
+    template <Rendezvous R>
+    static Mesh create(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+                       std::vector<RemoteMemory> regions, MeshOptions options, std::error_code& ec) {
+        return detail::or_code(ec, [&](detail::Status& s) {
+            return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options), s);
+        });
+    }
+    template <Rendezvous R>
+    static Mesh create(R& rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
+                       std::vector<RemoteMemory> regions, MeshOptions options, std::error_code& ec,
+                       Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+            return create_impl(detail::erase_rendezvous(rendezvous), pd, cq, std::move(regions), std::move(options), s);
+        });
+    }
     Mesh(Mesh&&) noexcept;
     Mesh& operator=(Mesh&&) noexcept;
     Mesh(const Mesh&) = delete;
     Mesh& operator=(const Mesh&) = delete;
     ~Mesh();
 
+    /// False for a mesh create() refused (or one moved from).
+    explicit operator bool() const noexcept { return rendezvous_ != nullptr; }
+    /// 0 for an empty mesh.
     [[nodiscard]] std::uint32_t rank() const noexcept;
     [[nodiscard]] std::uint32_t world_size() const noexcept;
 
@@ -157,11 +204,16 @@ public:
     [[nodiscard]] std::vector<std::uint32_t> peers() const;
 
 private:
-    Mesh(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd, const CompletionQueue& cq,
-         std::vector<RemoteMemory> regions, MeshOptions options, std::optional<Access> advertised);
-    static std::vector<RemoteMemory> remote_of(const ProtectionDomain& pd,
-                                               const std::vector<std::reference_wrapper<const MemoryRegion>>& regions);
-    static Access access_of(const std::vector<std::reference_wrapper<const MemoryRegion>>& regions) noexcept;
+    Mesh() = default;
+    static Mesh create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd,
+                            const CompletionQueue& cq,
+                            const std::vector<std::reference_wrapper<const MemoryRegion>>& regions, MeshOptions options,
+                            detail::Status& status);
+    static Mesh create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd,
+                            const CompletionQueue& cq, std::vector<RemoteMemory> regions, MeshOptions options,
+                            detail::Status& status, std::optional<Access> advertised = std::nullopt);
+    /// Throws errc::invalid_argument naming `verb` for an empty mesh.
+    void check_usable(const char* verb) const;
 
     /// Reads `peer`'s record under `key` and connects `prepared` to it.
     void connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
@@ -172,8 +224,8 @@ private:
     [[noreturn]] void fail(std::error_code code, std::uint32_t peer, const std::string& what) const;
 
     std::unique_ptr<detail::AnyRendezvous> rendezvous_;
-    const ProtectionDomain* pd_;
-    const CompletionQueue* cq_;
+    const ProtectionDomain* pd_ = nullptr;
+    const CompletionQueue* cq_ = nullptr;
     std::vector<RemoteMemory> regions_;
     MeshOptions options_;
     std::map<std::uint32_t, MeshPeer> peers_;

@@ -12,10 +12,13 @@
 // error counts), a group's are updated once per transfer.
 #pragma once
 
+#include "gpuverbs/error.hpp"
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace gpuverbs {
@@ -39,15 +42,30 @@ public:
     /// The hardware counters the driver exports for `port` of `device`
     /// (/sys/class/infiniband/DEV/ports/N/hw_counters: on rxe and mlx5 the
     /// transport's retries, sequence errors, RNR NAKs…), labelled device,
-    /// port, counter. None when the driver exports none.
+    /// port, counter. None when the driver exports none (no such directory).
+    /// Throws gpuverbs::Error for an empty Device, a port the device does not
+    /// have (errc::port_not_found), or a directory that cannot be read (the
+    /// errno); then nothing is added.
     void add_port(const Device& device, std::uint8_t port = 1);
-    /// … from a sysfs-like directory (tests).
+    /// add_port without throwing: the failure in `ec`, nothing added.
+    void add_port(const Device& device, std::uint8_t port, std::error_code& ec);
+    /// … with its words in `diagnostics` (cleared on success).
+    void add_port(const Device& device, std::uint8_t port, std::error_code& ec, Diagnostics& diagnostics);
+    /// … from a sysfs-like directory (tests): none when it does not exist,
+    /// the errno when it cannot be read (not a directory, not allowed).
     void add_port_from(std::string_view device_name, std::uint8_t port, const std::string& hw_counters_dir);
+    void add_port_from(std::string_view device_name, std::uint8_t port, const std::string& hw_counters_dir,
+                       std::error_code& ec);
+    void add_port_from(std::string_view device_name, std::uint8_t port, const std::string& hw_counters_dir,
+                       std::error_code& ec, Diagnostics& diagnostics);
 
     /// The exposition text (format 0.0.4): each family once, with HELP and TYPE.
     [[nodiscard]] std::string text() const;
 
 private:
+    bool add_port_impl(const Device& device, std::uint8_t port, detail::Status& status);
+    bool add_port_from_impl(std::string_view device_name, std::uint8_t port, const std::string& dir,
+                            detail::Status& status);
     struct Family {
         std::string help;
         std::string type;

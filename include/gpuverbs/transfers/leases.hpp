@@ -80,8 +80,14 @@ public:
     /// Leases `blocks` to `reader`: the list to send (a new version, and a
     /// lease id from the system's random source: never 0, never one live).
     /// Throws gpuverbs::Error (invalid_argument) for a list wire::serialize
-    /// would refuse.
+    /// would refuse (empty, too long, a block outside its region).
     LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader);
+    /// The same without throwing: on failure `ec` is set, nothing is leased
+    /// and the list returned is empty.
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, std::error_code& ec,
+                          Diagnostics& diagnostics);
     /// … through regions of this lease alone (LeaseScope::lease_regions):
     /// each run of contiguous blocks is registered anew in `pd` with
     /// `access` (Access::remote_read for a reader that reads them;
@@ -96,6 +102,13 @@ public:
     /// (a DMA-BUF-only GPU: one region per tenant instead, docs/security.md)
     /// and nothing is leased.
     LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd, Access access);
+    /// The same without throwing: on failure `ec` is set, nothing is leased
+    /// (no region stays registered) and the list returned is empty.
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd, Access access,
+                          std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    LeasedBlockList grant(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain& pd, Access access,
+                          std::error_code& ec, Diagnostics& diagnostics);
     /// `reader` is done (its notification carried `lease`): no error, and the
     /// blocks are free of it; errc::lease_not_yours when the lease is another
     /// reader's (refused, counted, the lease stays); errc::lease_unknown when
@@ -142,7 +155,11 @@ public:
     }
 
 private:
-    std::error_code claim_impl(std::span<const RemoteBlock> blocks, detail::Status& status);
+    /// The answer; the words only where `words` is given (the plain form builds none).
+    std::error_code claim_impl(std::span<const RemoteBlock> blocks, detail::Status* words);
+    /// Either grant: `pd` null leases the blocks' own regions.
+    LeasedBlockList grant_impl(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain* pd,
+                               Access access, detail::Status& status);
     struct Lease {
         std::vector<RemoteBlock> blocks; ///< as the owner named them (held() compares these)
         std::chrono::steady_clock::time_point until;
@@ -150,8 +167,8 @@ private:
         Reader reader = 0;
         std::vector<MemoryRegion> regions; ///< LeaseScope::lease_regions: deregistered when the lease ends
     };
-    LeasedBlockList grant_impl(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named, Reader reader,
-                               std::vector<MemoryRegion> regions, LeaseScope scope);
+    LeasedBlockList record_lease(std::vector<RemoteBlock> blocks, std::vector<RemoteBlock> named, Reader reader,
+                                 std::vector<MemoryRegion> regions, LeaseScope scope);
     /// The live lease holding a byte of [first, end), or nullptr (under the lock).
     const std::pair<const std::uint32_t, Lease>* holder(std::uint64_t first, std::uint64_t end) const;
     void expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids);
@@ -186,7 +203,8 @@ public:
     }
 
 private:
-    std::error_code accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status& status);
+    /// The answer; the words only where `words` is given (the plain form builds none).
+    std::error_code accept_impl(std::uint64_t owner, const LeasedBlockList& list, detail::Status* words);
     std::mutex mutex_;
     std::unordered_map<std::uint64_t, std::uint64_t> newest_;
 };

@@ -12,6 +12,7 @@
 // transfers that follow.
 #pragma once
 
+#include "gpuverbs/error.hpp"
 #include "gpuverbs/transfers/transfer.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -62,7 +63,21 @@ struct RailGroupOptions {
 
 class RailGroup {
 public:
+    /// A group of `rails` (a rail's queue pair may be missing for now:
+    /// replace() it later). Throws gpuverbs::Error (errc::invalid_argument)
+    /// for no rails at all, or options.smoothing outside (0, 1].
     explicit RailGroup(std::vector<TransferRail> rails, RailGroupOptions options = {});
+    /// The same without throwing: on failure `ec` is set and the group has no
+    /// rails (a transfer over it is refused). Not movable, the group is
+    /// returned in place: `RailGroup group = RailGroup::create(rails, {}, ec);`.
+    static RailGroup create(std::vector<TransferRail> rails, RailGroupOptions options, std::error_code& ec) {
+        return RailGroup(std::move(rails), options, detail::Outcome{&ec, nullptr});
+    }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static RailGroup create(std::vector<TransferRail> rails, RailGroupOptions options, std::error_code& ec,
+                            Diagnostics& diagnostics) {
+        return RailGroup(std::move(rails), options, detail::Outcome{&ec, &diagnostics});
+    }
     RailGroup(const RailGroup&) = delete;
     RailGroup& operator=(const RailGroup&) = delete;
     ~RailGroup() = default;
@@ -93,6 +108,8 @@ public:
     void record(const Selection& selection, const TransferReport& report);
 
 private:
+    RailGroup(std::vector<TransferRail> rails, RailGroupOptions options, detail::Outcome outcome);
+
     mutable std::mutex mutex_;
     std::vector<TransferRail> rails_;
     std::vector<RailHealth> health_;

@@ -17,6 +17,7 @@
 // docs/transfers.md for measured numbers.
 #pragma once
 
+#include "gpuverbs/error.hpp"
 #include "gpuverbs/gpu/gpu_buffer.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
@@ -31,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace gpuverbs {
@@ -48,8 +50,14 @@ struct StagingOptions {
 /// otherwise (host-to-host staging, as in the Soft-RoCE rig). Move-only.
 class StagingBuffers {
 public:
-    /// Throws gpuverbs::Error (errc::invalid_argument) for a zero chunk or depth.
+    /// Throws gpuverbs::Error (errc::invalid_argument) for a zero chunk or
+    /// depth, or buffers larger than memory can hold.
     explicit StagingBuffers(const StagingOptions& options);
+    /// The same without throwing: on failure `ec` is set and the buffers
+    /// returned are empty (count() 0).
+    static StagingBuffers create(const StagingOptions& options, std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static StagingBuffers create(const StagingOptions& options, std::error_code& ec, Diagnostics& diagnostics);
     StagingBuffers(StagingBuffers&&) noexcept;
     StagingBuffers& operator=(StagingBuffers&&) noexcept;
     StagingBuffers(const StagingBuffers&) = delete;
@@ -63,9 +71,15 @@ public:
     [[nodiscard]] std::span<std::byte> all() const noexcept;
     /// Whether CUDA pinned them (DMA at full speed) or they are plain host memory.
     [[nodiscard]] bool cuda_pinned() const noexcept;
+    /// False when empty (create() failed, or moved from).
+    explicit operator bool() const noexcept { return state_ != nullptr; }
 
 private:
+    friend class CopyPipeline;
+    friend class StagedWriter;
     struct State;
+    StagingBuffers() noexcept;
+    static StagingBuffers create_impl(const StagingOptions& options, detail::Status& status);
     std::unique_ptr<State> state_;
 };
 
@@ -76,7 +90,13 @@ private:
 /// errc::cuda_error when the staging buffers cannot be pinned).
 class CopyPipeline {
 public:
+    /// Throws gpuverbs::Error, as the class says.
     explicit CopyPipeline(const StagingOptions& options);
+    /// The same without throwing: on failure `ec` is set and the pipeline
+    /// returned is empty (from_gpu and to_gpu throw errc::invalid_argument).
+    static CopyPipeline create(const StagingOptions& options, std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static CopyPipeline create(const StagingOptions& options, std::error_code& ec, Diagnostics& diagnostics);
     CopyPipeline(CopyPipeline&&) noexcept;
     CopyPipeline& operator=(CopyPipeline&&) noexcept;
     CopyPipeline(const CopyPipeline&) = delete;
@@ -92,10 +112,15 @@ public:
     /// to `dst` while the next one is produced; returns when every copy is done.
     void to_gpu(const GpuMemory& dst, const std::function<void(std::span<std::byte>, std::size_t)>& produce);
 
+    /// Its buffers (not on an empty pipeline).
     [[nodiscard]] StagingBuffers& buffers() noexcept;
+    /// False when empty (create() failed, or moved from).
+    explicit operator bool() const noexcept { return state_ != nullptr; }
 
 private:
     struct State;
+    CopyPipeline() noexcept;
+    static CopyPipeline create_impl(const StagingOptions& options, detail::Status& status);
     std::unique_ptr<State> state_;
 };
 
@@ -112,8 +137,18 @@ public:
     static std::optional<std::string> why_needed(const ProtectionDomain& pd, const GpuMemory& memory);
 
     /// `why_not_direct`: the reason the caller is staging (why_needed()'s words,
-    /// or the caller's own); it is part of path().
+    /// or the caller's own); it is part of path(). Throws gpuverbs::Error:
+    /// options StagingBuffers refuses, or buffers `pd` cannot register.
     StagedWriter(const ProtectionDomain& pd, const StagingOptions& options, const std::string& why_not_direct);
+    /// The same without throwing: on failure `ec` is set and the writer
+    /// returned is empty (write() throws errc::invalid_argument).
+    static StagedWriter create(const ProtectionDomain& pd, const StagingOptions& options,
+                               const std::string& why_not_direct, std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static StagedWriter create(const ProtectionDomain& pd, const StagingOptions& options,
+                               const std::string& why_not_direct, std::error_code& ec, Diagnostics& diagnostics);
+    /// False when empty (create() failed, or moved from).
+    explicit operator bool() const noexcept { return static_cast<bool>(mr_); }
 
     /// "staged: GPU -> 4 pinned host buffers of 4 MiB -> RDMA write (GPUDirect RDMA is not used: <why>)".
     [[nodiscard]] const std::string& path() const noexcept { return path_; }
@@ -129,6 +164,11 @@ public:
     [[nodiscard]] const StagingOptions& options() const noexcept { return options_; }
 
 private:
+    StagedWriter() = default;
+    static StagedWriter create_impl(const ProtectionDomain& pd, const StagingOptions& options,
+                                    const std::string& why_not_direct, detail::Status& status);
+    /// Throws when the writer is empty.
+    void check_usable() const;
     void write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<const std::byte> chunk, const RemoteMemory& dst,
                      std::uint64_t offset, std::size_t index);
 

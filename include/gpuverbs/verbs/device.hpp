@@ -142,6 +142,8 @@ public:
     /// Port numbers start at 1.
     [[nodiscard]] PortAttributes query_port(std::uint8_t port) const;
     [[nodiscard]] PortAttributes query_port(std::uint8_t port, std::error_code& ec) const;
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    [[nodiscard]] PortAttributes query_port(std::uint8_t port, std::error_code& ec, Diagnostics& diagnostics) const;
 
     /// The valid entries of the port's GID table, in index order.
     [[nodiscard]] std::vector<GidEntry> gid_table(std::uint8_t port) const;

@@ -52,6 +52,10 @@ std::optional<PeerEvent> next_peer_event(PeerWatchState&, Status& status) {
 
 PeerWatch::PeerWatch(RedisRendezvous& rendezvous, const boost::asio::any_io_executor& executor)
     : state_(std::make_shared<detail::PeerWatchState>(executor)) {
+    if (!rendezvous) {
+        throw Error(errc::invalid_argument, "PeerWatch",
+                    "the RedisRendezvous did not join its service (create() failed): there is nothing to watch");
+    }
     state_->member = rendezvous.member_;
 }
 

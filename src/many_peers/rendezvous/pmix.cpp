@@ -43,26 +43,44 @@ struct PmixRendezvous::Impl {
     std::uint32_t size = 0;
 };
 
-PmixRendezvous::PmixRendezvous() : impl_(std::make_unique<Impl>()) {
-    pmix_status_t rc = PMIx_Init(&impl_->me, nullptr, 0);
+PmixRendezvous::PmixRendezvous() : PmixRendezvous(detail::Outcome{}) {}
+
+PmixRendezvous::PmixRendezvous(detail::Outcome outcome) {
+    detail::Status status;
+    auto impl = std::make_unique<Impl>();
+    pmix_status_t rc = PMIx_Init(&impl->me, nullptr, 0);
     if (rc != PMIX_SUCCESS) {
-        throw Error(errc::rendezvous_unavailable, "PMIx_Init",
+        status.fail(errc::rendezvous_unavailable, "PMIx_Init",
                     "this process was not started by a PMIx launcher (mpirun, srun --mpi=pmix, prterun), or the "
                     "launcher is gone: " +
                         pmix_text(rc));
+        outcome.settle(status);
+        return;
     }
     pmix_proc_t job;
-    PMIX_LOAD_PROCID(&job, impl_->me.nspace, PMIX_RANK_WILDCARD);
+    PMIX_LOAD_PROCID(&job, impl->me.nspace, PMIX_RANK_WILDCARD);
     pmix_value_t* value = nullptr;
     rc = PMIx_Get(&job, PMIX_JOB_SIZE, nullptr, 0, &value);
     if (rc != PMIX_SUCCESS || value == nullptr || value->type != PMIX_UINT32) {
         if (value != nullptr) PMIX_VALUE_RELEASE(value);
         PMIx_Finalize(nullptr, 0);
-        throw Error(errc::rendezvous_unavailable, "PMIx_Get",
+        status.fail(errc::rendezvous_unavailable, "PMIx_Get",
                     "the launcher did not give the job's size (PMIX_JOB_SIZE): " + pmix_text(rc));
+        outcome.settle(status);
+        return;
     }
-    impl_->size = value->data.uint32;
+    impl->size = value->data.uint32;
     PMIX_VALUE_RELEASE(value);
+    impl_ = std::move(impl);
+    outcome.settle(status);
+}
+
+const PmixRendezvous::Impl& PmixRendezvous::joined(const char* verb) const {
+    if (!impl_) {
+        throw Error(errc::rendezvous_unavailable, verb,
+                    "this PmixRendezvous did not join a job (create() failed): create it again");
+    }
+    return *impl_;
 }
 
 PmixRendezvous::~PmixRendezvous() {
@@ -70,16 +88,17 @@ PmixRendezvous::~PmixRendezvous() {
 }
 
 std::uint32_t PmixRendezvous::rank() const noexcept {
-    return impl_->me.rank;
+    return impl_ ? impl_->me.rank : 0;
 }
 std::uint32_t PmixRendezvous::world_size() const noexcept {
-    return impl_->size;
+    return impl_ ? impl_->size : 0;
 }
 std::string PmixRendezvous::name() const {
-    return std::string("PMIx namespace '") + impl_->me.nspace + "'";
+    return impl_ ? std::string("PMIx namespace '") + impl_->me.nspace + "'" : std::string("PMIx (not joined)");
 }
 
 void PmixRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
+    (void)joined("PMIx_Put");
     check_key(key, "PMIx_Put");
     pmix_value_t v;
     PMIX_VALUE_CONSTRUCT(&v);
@@ -97,7 +116,7 @@ void PmixRendezvous::publish(const std::string& key, std::span<const std::byte> 
 
 void PmixRendezvous::fence(std::chrono::milliseconds timeout) {
     pmix_proc_t job;
-    PMIX_LOAD_PROCID(&job, impl_->me.nspace, PMIX_RANK_WILDCARD);
+    PMIX_LOAD_PROCID(&job, joined("PMIx_Fence").me.nspace, PMIX_RANK_WILDCARD);
     pmix_info_t info[2];
     bool collect = true;
     int seconds = timeout_seconds(timeout);
@@ -117,7 +136,7 @@ void PmixRendezvous::fence(std::chrono::milliseconds timeout) {
 std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::string& key,
                                               std::chrono::milliseconds timeout) {
     check_key(key, "PMIx_Get");
-    if (peer >= impl_->size) {
+    if (peer >= joined("PMIx_Get").size) {
         throw Error(
             errc::invalid_argument, "PMIx_Get",
             name() + " has " + std::to_string(impl_->size) + " ranks; there is no rank " + std::to_string(peer));
@@ -170,9 +189,15 @@ bool PmixRendezvous::available() noexcept {
 
 struct PmixRendezvous::Impl {};
 
-PmixRendezvous::PmixRendezvous() {
-    throw Error(errc::unsupported, "PmixRendezvous",
+PmixRendezvous::PmixRendezvous() : PmixRendezvous(detail::Outcome{}) {}
+PmixRendezvous::PmixRendezvous(detail::Outcome outcome) {
+    detail::Status status;
+    status.fail(errc::unsupported, "PmixRendezvous",
                 "gpuverbs was built without PMIx: install libpmix-dev (scripts/install-deps) and configure again");
+    outcome.settle(status);
+}
+const PmixRendezvous::Impl& PmixRendezvous::joined(const char* verb) const {
+    throw Error(errc::unsupported, verb, "gpuverbs was built without PMIx");
 }
 PmixRendezvous::~PmixRendezvous() = default;
 std::uint32_t PmixRendezvous::rank() const noexcept {

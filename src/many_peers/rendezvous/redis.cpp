@@ -7,6 +7,7 @@
 #include "redis_member.hpp"
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 
 #if GPUVERBS_HAVE_HIREDIS
@@ -28,45 +29,72 @@ std::string PeerEvent::describe() const {
 }
 
 #if GPUVERBS_HAVE_HIREDIS
-RedisRendezvous::RedisRendezvous(RedisOptions options) {
+namespace {
+/// An Error from the client's depths, as a Status: the same code, verb and words.
+void keep(const Error& e, detail::Status& status) {
+    const std::string what = e.what(); // "VERB: DETAIL"
+    status.fail(e.code(), e.verb(), what.substr(std::min(what.size(), e.verb().size() + 2)));
+}
+} // namespace
+
+RedisRendezvous::RedisRendezvous(RedisOptions options) : RedisRendezvous(std::move(options), detail::Outcome{}) {}
+
+RedisRendezvous::RedisRendezvous(RedisOptions options, detail::Outcome outcome) {
+    detail::Status status;
+    try {
+        join(std::move(options), status);
+    } catch (const Error& e) { // the store refused us, or went away: in words, as the throwing form's
+        keep(e, status);
+    }
+    if (!status.ok()) member_.reset(); // joined nothing: its keys (if any) expire with their TTL
+    outcome.settle(status);
+}
+
+void RedisRendezvous::join(RedisOptions options, detail::Status& status) {
     if (!detail::valid_service(options.service)) {
-        throw Error(errc::invalid_argument, "RedisRendezvous",
+        status.fail(errc::invalid_argument, "RedisRendezvous",
                     "service name '" + options.service +
                         "' must have 1 to 100 letters, digits, '.', '_', '-' or ':' (it prefixes every key)");
+        return;
     }
     if (options.ttl < std::chrono::milliseconds(300) || options.poll_interval <= std::chrono::milliseconds(0)) {
-        throw Error(errc::invalid_argument, "RedisRendezvous",
+        status.fail(errc::invalid_argument, "RedisRendezvous",
                     "ttl must be at least 300 ms (it is refreshed every ttl/3) and poll_interval positive");
+        return;
     }
     if (options.world_size && (*options.world_size == 0 || *options.world_size > wire::max_world_size)) {
-        throw Error(errc::invalid_argument, "RedisRendezvous",
+        status.fail(errc::invalid_argument, "RedisRendezvous",
                     "world_size " + std::to_string(*options.world_size) + " is not between 1 and " +
                         std::to_string(wire::max_world_size));
+        return;
     }
     std::uint32_t limit = options.world_size.value_or(wire::max_world_size);
     if (options.rank && *options.rank >= limit) {
-        throw Error(errc::invalid_argument, "RedisRendezvous",
+        status.fail(errc::invalid_argument, "RedisRendezvous",
                     "rank " + std::to_string(*options.rank) + " is outside the world (ranks are below " +
                         std::to_string(limit) + ")");
+        return;
     }
     member_ = std::make_shared<detail::RedisMember>(std::move(options));
     detail::RedisMember& m = *member_;
     m.token = detail::random_token();
     if (m.options_.rank) {
         if (!m.claim(*m.options_.rank)) {
-            throw Error(errc::rank_taken, "RedisRendezvous",
+            status.fail(errc::rank_taken, "RedisRendezvous",
                         "rank " + std::to_string(*m.options_.rank) + " of " + m.name() +
                             " is held by a live member (if that process died, its entry expires within the TTL); "
                             "choose another rank or let the store assign one");
+            return;
         }
     } else if (m.options_.world_size) {
         // A fixed world: the lowest free rank, so that ranks are 0 .. N-1 whatever ran before.
         bool claimed = false;
         for (std::uint32_t r = 0; r < limit && !claimed; ++r) claimed = m.claim(r);
         if (!claimed) {
-            throw Error(errc::rank_taken, "RedisRendezvous",
+            status.fail(errc::rank_taken, "RedisRendezvous",
                         "all " + std::to_string(limit) + " ranks of " + m.name() +
                             " are held by live members (the world is full)");
+            return;
         }
     } else {
         bool claimed = false;
@@ -74,19 +102,22 @@ RedisRendezvous::RedisRendezvous(RedisOptions options) {
             detail::Reply next = m.checked({"INCR", m.options_.service + "/next-rank"}, "Redis INCR");
             auto r = static_cast<std::uint64_t>(m.integer(next, "Redis INCR") - 1);
             if (r >= limit) {
-                throw Error(errc::invalid_argument, "RedisRendezvous",
+                status.fail(errc::invalid_argument, "RedisRendezvous",
                             m.name() + " has handed out all " + std::to_string(limit) + " ranks");
+                return;
             }
             claimed = m.claim(static_cast<std::uint32_t>(r));
         }
         if (!claimed) {
-            throw Error(errc::rank_taken, "RedisRendezvous", m.name() + ": 16 ranks in a row were held by others");
+            status.fail(errc::rank_taken, "RedisRendezvous", m.name() + ": 16 ranks in a row were held by others");
+            return;
         }
     }
     m.start_refresher();
 }
 
 RedisRendezvous::~RedisRendezvous() {
+    if (!member_) return; // never joined
     try {
         withdraw();
     } catch (const std::exception&) {
@@ -94,24 +125,32 @@ RedisRendezvous::~RedisRendezvous() {
     }
 }
 
+detail::RedisMember& RedisRendezvous::joined(const char* verb) const {
+    if (!member_) {
+        throw Error(errc::rendezvous_unavailable, verb,
+                    "this RedisRendezvous did not join its service (create() failed): create it again");
+    }
+    return *member_;
+}
+
 std::uint32_t RedisRendezvous::rank() const noexcept {
-    return member_->rank;
+    return member_ ? member_->rank : 0;
 }
 std::uint32_t RedisRendezvous::world_size() const noexcept {
-    return member_->options_.world_size.value_or(wire::max_world_size);
+    return member_ ? member_->options_.world_size.value_or(wire::max_world_size) : 0;
 }
 std::string RedisRendezvous::name() const {
-    return member_->name();
+    return member_ ? member_->name() : "Redis (not joined)";
 }
 std::chrono::milliseconds RedisRendezvous::leave_bound() const noexcept {
-    return member_->options_.ttl + member_->options_.poll_interval;
+    return member_ ? member_->options_.ttl + member_->options_.poll_interval : std::chrono::milliseconds(0);
 }
 bool RedisRendezvous::available() noexcept {
     return true;
 }
 
 void RedisRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
-    detail::RedisMember& m = *member_;
+    detail::RedisMember& m = joined("RedisRendezvous::publish");
     m.check_alive("Redis HSET");
     if (value.size() > detail::max_value_size) {
         throw Error(errc::invalid_argument, "RedisRendezvous::publish",
@@ -131,7 +170,7 @@ void RedisRendezvous::publish(const std::string& key, std::span<const std::byte>
 }
 
 void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
-    detail::RedisMember& m = *member_;
+    detail::RedisMember& m = joined("RedisRendezvous::fence");
     m.check_alive("RedisRendezvous::fence");
     if (!m.options_.world_size) {
         throw Error(errc::unsupported, "RedisRendezvous::fence",
@@ -168,7 +207,7 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
 
 std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::string& key,
                                                std::chrono::milliseconds timeout) {
-    detail::RedisMember& m = *member_;
+    detail::RedisMember& m = joined("RedisRendezvous::lookup");
     m.check_alive("RedisRendezvous::lookup");
     if (peer >= world_size()) {
         throw Error(errc::invalid_argument, "RedisRendezvous::lookup",
@@ -207,7 +246,7 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
 }
 
 void RedisRendezvous::withdraw() {
-    detail::RedisMember& m = *member_;
+    detail::RedisMember& m = joined("RedisRendezvous::withdraw");
     if (m.withdrawn) return;
     m.withdrawn = true;
     m.stop_refresher();
@@ -216,16 +255,19 @@ void RedisRendezvous::withdraw() {
 }
 
 std::vector<std::uint32_t> RedisRendezvous::members() {
-    std::set<std::uint32_t> present = detail::scan_members(*member_);
+    std::set<std::uint32_t> present = detail::scan_members(joined("RedisRendezvous::members"));
     return {present.begin(), present.end()};
 }
 
 #else // without hiredis: the class exists and says why it cannot work
 
-RedisRendezvous::RedisRendezvous(RedisOptions) {
-    throw Error(errc::unsupported, "RedisRendezvous",
+RedisRendezvous::RedisRendezvous(RedisOptions options) : RedisRendezvous(std::move(options), detail::Outcome{}) {}
+RedisRendezvous::RedisRendezvous(RedisOptions, detail::Outcome outcome) {
+    detail::Status status;
+    status.fail(errc::unsupported, "RedisRendezvous",
                 "gpuverbs was built without hiredis: install libhiredis-dev (scripts/install-deps) and configure "
                 "again");
+    outcome.settle(status);
 }
 RedisRendezvous::~RedisRendezvous() = default;
 std::uint32_t RedisRendezvous::rank() const noexcept {

@@ -47,19 +47,26 @@ std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, con
 
 } // namespace
 
-void check_secret(const std::string& secret) {
+bool check_secret(const std::string& secret, Status& status) {
 #if GPUVERBS_HAVE_OPENSSL
     if (secret.size() < min_secret_size) {
-        throw Error(errc::invalid_argument, "SignedRendezvous",
+        status.fail(errc::invalid_argument, "SignedRendezvous",
                     "the shared secret has " + std::to_string(secret.size()) + " bytes; at least " +
                         std::to_string(min_secret_size) + " are needed (e.g. openssl rand -hex 32)");
+        return false;
     }
+    return true;
 #else
     (void)secret;
-    throw Error(errc::unsupported, "SignedRendezvous",
+    status.fail(errc::unsupported, "SignedRendezvous",
                 "this gpuverbs was built without OpenSSL's libcrypto (GPUVERBS_WITH_OPENSSL, Debian libssl-dev): "
                 "records cannot be signed");
+    return false;
 #endif
+}
+
+void check_secret(const std::string& secret) {
+    (void)or_throw([&](Status& status) { return check_secret(secret, status); });
 }
 
 std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,

@@ -26,26 +26,27 @@
 #include <map>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace gpuverbs {
 
 class MpiRendezvous {
 public:
-    /// A member of `comm` (MPI must be initialised; the communicator must outlive this object).
-    explicit MpiRendezvous(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
-        int initialized = 0;
-        MPI_Initialized(&initialized);
-        if (initialized == 0) {
-            throw Error(errc::rendezvous_unavailable, "MpiRendezvous", "MPI is not initialised: call MPI_Init first");
-        }
-        int rank = 0;
-        int size = 0;
-        check(MPI_Comm_rank(comm_, &rank), "MPI_Comm_rank");
-        check(MPI_Comm_size(comm_, &size), "MPI_Comm_size");
-        rank_ = static_cast<std::uint32_t>(rank);
-        size_ = static_cast<std::uint32_t>(size);
-        table_.resize(size_);
+    /// A member of `comm` (MPI must be initialised; the communicator must
+    /// outlive this object). Throws gpuverbs::Error
+    /// (errc::rendezvous_unavailable): MPI not initialised, or the
+    /// communicator refused to give its rank or size.
+    explicit MpiRendezvous(MPI_Comm comm = MPI_COMM_WORLD)
+        : MpiRendezvous(detail::or_throw([&](detail::Status& s) { return create_impl(comm, s); })) {}
+    /// The same without throwing: on failure `ec` is set and the member
+    /// returned has no world (world_size() 0; fence() throws).
+    static MpiRendezvous create(MPI_Comm comm, std::error_code& ec) {
+        return detail::or_code(ec, [&](detail::Status& s) { return create_impl(comm, s); });
+    }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static MpiRendezvous create(MPI_Comm comm, std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return create_impl(comm, s); });
     }
 
     [[nodiscard]] std::uint32_t rank() const noexcept { return rank_; }
@@ -62,6 +63,10 @@ public:
     /// malformed table from any rank fails it (errc::malformed_record, naming
     /// the rank) with nothing merged: lookups answer as before the fence.
     void fence(std::chrono::milliseconds /*timeout: MPI collectives cannot time out*/) {
+        if (size_ == 0) {
+            throw Error(errc::rendezvous_unavailable, "MpiRendezvous::fence",
+                        "this MpiRendezvous has no world (create() failed): create it again");
+        }
         std::vector<std::byte> mine = encode(pending_);
         if (mine.size() > static_cast<std::size_t>(INT_MAX)) {
             throw Error(errc::invalid_argument, "MPI_Allgatherv",
@@ -121,12 +126,41 @@ public:
 private:
     using Entries = std::map<std::string, std::vector<std::byte>>;
 
-    static void check(int rc, const char* verb) {
-        if (rc == MPI_SUCCESS) return;
+    struct NoWorld {};
+    MpiRendezvous(MPI_Comm comm, NoWorld) : comm_(comm) {}
+
+    static MpiRendezvous create_impl(MPI_Comm comm, detail::Status& status) {
+        MpiRendezvous r(comm, NoWorld{});
+        int initialized = 0;
+        MPI_Initialized(&initialized);
+        if (initialized == 0) {
+            status.fail(errc::rendezvous_unavailable, "MpiRendezvous", "MPI is not initialised: call MPI_Init first");
+            return r;
+        }
+        int rank = 0;
+        int size = 0;
+        if (!checked(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", status) ||
+            !checked(MPI_Comm_size(comm, &size), "MPI_Comm_size", status)) {
+            return r;
+        }
+        r.rank_ = static_cast<std::uint32_t>(rank);
+        r.size_ = static_cast<std::uint32_t>(size);
+        r.table_.resize(r.size_);
+        return r;
+    }
+
+    /// False, with MPI's words in `status`, when `rc` is an error.
+    static bool checked(int rc, const char* verb, detail::Status& status) {
+        if (rc == MPI_SUCCESS) return true;
         char text[MPI_MAX_ERROR_STRING] = {};
         int length = 0;
         MPI_Error_string(rc, text, &length);
-        throw Error(errc::rendezvous_unavailable, verb, std::string(text, static_cast<std::size_t>(length)));
+        status.fail(errc::rendezvous_unavailable, verb, std::string(text, static_cast<std::size_t>(length)));
+        return false;
+    }
+
+    static void check(int rc, const char* verb) {
+        (void)detail::or_throw([&](detail::Status& s) { return checked(rc, verb, s); });
     }
 
     // Entries as u32 key length, key, u32 value length, value (host order: one program on one kind of machine).

@@ -11,12 +11,15 @@
 // constructor then fails with errc::unsupported saying so.
 #pragma once
 
+#include "gpuverbs/error.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace gpuverbs {
@@ -27,6 +30,15 @@ public:
     /// gpuverbs::Error: errc::rendezvous_unavailable when no PMIx launcher
     /// started the process, errc::unsupported when gpuverbs has no PMIx.
     PmixRendezvous();
+    /// The same without throwing: on failure `ec` is set and the member
+    /// returned has not joined (explicit operator bool is false; its
+    /// operations throw errc::rendezvous_unavailable). Not movable, it is
+    /// returned in place: `PmixRendezvous job = PmixRendezvous::create(ec);`.
+    static PmixRendezvous create(std::error_code& ec) { return PmixRendezvous(detail::Outcome{&ec, nullptr}); }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static PmixRendezvous create(std::error_code& ec, Diagnostics& diagnostics) {
+        return PmixRendezvous(detail::Outcome{&ec, &diagnostics});
+    }
     PmixRendezvous(const PmixRendezvous&) = delete;
     PmixRendezvous& operator=(const PmixRendezvous&) = delete;
     /// PMIx_Finalize.
@@ -46,9 +58,14 @@ public:
 
     /// Whether this gpuverbs was built with PMIx.
     static bool available() noexcept;
+    /// False for a member create() could not join.
+    explicit operator bool() const noexcept { return impl_ != nullptr; }
 
 private:
+    explicit PmixRendezvous(detail::Outcome outcome);
     struct Impl;
+    /// The job's state, or errc::rendezvous_unavailable naming `verb` when create() could not join.
+    [[nodiscard]] const Impl& joined(const char* verb) const;
     std::unique_ptr<Impl> impl_;
 };
 

@@ -43,6 +43,8 @@
 #include <set>
 #include <span>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace gpuverbs {
@@ -96,6 +98,17 @@ public:
     /// by a live member), errc::invalid_argument, errc::unsupported (built
     /// without hiredis).
     explicit RedisRendezvous(RedisOptions options);
+    /// The same without throwing: on failure `ec` is set and the member
+    /// returned has not joined (explicit operator bool is false; its
+    /// operations throw errc::rendezvous_unavailable). Not movable, it is
+    /// returned in place: `RedisRendezvous store = RedisRendezvous::create(options, ec);`.
+    static RedisRendezvous create(RedisOptions options, std::error_code& ec) {
+        return RedisRendezvous(std::move(options), detail::Outcome{&ec, nullptr});
+    }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static RedisRendezvous create(RedisOptions options, std::error_code& ec, Diagnostics& diagnostics) {
+        return RedisRendezvous(std::move(options), detail::Outcome{&ec, &diagnostics});
+    }
     RedisRendezvous(const RedisRendezvous&) = delete;
     RedisRendezvous& operator=(const RedisRendezvous&) = delete;
     /// Withdraws (errors ignored) and stops refreshing.
@@ -121,9 +134,15 @@ public:
     [[nodiscard]] std::chrono::milliseconds leave_bound() const noexcept;
     /// Whether this gpuverbs was built with hiredis.
     static bool available() noexcept;
+    /// False for a member create() could not join.
+    explicit operator bool() const noexcept { return member_ != nullptr; }
 
 private:
     friend class PeerWatch;
+    RedisRendezvous(RedisOptions options, detail::Outcome outcome);
+    void join(RedisOptions options, detail::Status& status);
+    /// The member, or errc::rendezvous_unavailable naming `verb` when create() could not join.
+    [[nodiscard]] detail::RedisMember& joined(const char* verb) const;
     std::shared_ptr<detail::RedisMember> member_;
 };
 
@@ -146,7 +165,7 @@ struct PeerWatchState {
 /// executor's thread (fast on a local network; bounded by command_timeout).
 class PeerWatch {
 public:
-    /// `rendezvous` must outlive the watch.
+    /// `rendezvous` must outlive the watch (and have joined: errc::invalid_argument otherwise).
     PeerWatch(RedisRendezvous& rendezvous, const boost::asio::any_io_executor& executor);
     PeerWatch(const PeerWatch&) = delete;
     PeerWatch& operator=(const PeerWatch&) = delete;

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,8 @@ inline constexpr std::size_t min_secret_size = 16;
 /// Throws errc::unsupported without libcrypto, errc::invalid_argument for a
 /// secret shorter than min_secret_size.
 void check_secret(const std::string& secret);
+/// check_secret with the failure in `status`; false when it failed.
+bool check_secret(const std::string& secret, Status& status);
 /// `value` followed by its tag over (domain, rank, key, value).
 std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,
                                    const std::string& key, std::span<const std::byte> value);
@@ -69,11 +72,25 @@ public:
         : inner_(&inner), secret_(std::move(secret)), domain_(std::move(domain)) {
         detail::check_secret(secret_);
     }
+    /// The same without throwing: on failure `ec` is set and the object
+    /// returned holds no secret: its publish and lookup throw the same error.
+    static SignedRendezvous create(R& inner, std::string secret, std::string domain, std::error_code& ec) {
+        return detail::or_code(
+            ec, [&](detail::Status& s) { return create_impl(inner, std::move(secret), std::move(domain), s); });
+    }
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    static SignedRendezvous create(R& inner, std::string secret, std::string domain, std::error_code& ec,
+                                   Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+            return create_impl(inner, std::move(secret), std::move(domain), s);
+        });
+    }
 
     [[nodiscard]] std::uint32_t rank() const { return inner_->rank(); }
     [[nodiscard]] std::uint32_t world_size() const { return inner_->world_size(); }
     [[nodiscard]] std::string name() const { return inner_->name() + " (signed records)"; }
     void publish(const std::string& key, std::span<const std::byte> value) {
+        detail::check_secret(secret_); // one that create() refused signs nothing
         inner_->publish(key, detail::sign_record(secret_, domain_, inner_->rank(), key, value));
     }
     void fence(std::chrono::milliseconds timeout) { inner_->fence(timeout); }
@@ -81,6 +98,7 @@ public:
     /// when it is unsigned, signed with another secret, or signed for another
     /// rank or key (a forged or replayed record).
     std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout) {
+        detail::check_secret(secret_);
         const std::vector<std::byte> bytes = inner_->lookup(peer, key, timeout);
         std::vector<std::byte> value;
         std::string why;
@@ -93,6 +111,14 @@ public:
     void withdraw() { inner_->withdraw(); }
 
 private:
+    struct Unchecked {};
+    SignedRendezvous(R& inner, std::string secret, std::string domain, Unchecked)
+        : inner_(&inner), secret_(std::move(secret)), domain_(std::move(domain)) {}
+    static SignedRendezvous create_impl(R& inner, std::string secret, std::string domain, detail::Status& status) {
+        if (!detail::check_secret(secret, status)) return SignedRendezvous(inner, {}, {}, Unchecked{});
+        return SignedRendezvous(inner, std::move(secret), std::move(domain), Unchecked{});
+    }
+
     R* inner_;
     std::string secret_;
     std::string domain_;
