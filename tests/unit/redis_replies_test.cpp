@@ -256,7 +256,6 @@ TEST_SUITE("Redis replies from a hostile store") {
     }
 }
 
-#endif
 
 TEST_SUITE("Redis rendezvous construction" * doctest::skip(!RedisRendezvous::available())) {
     TEST_CASE("a member the store or the options refuse fails alike in the three forms, and has not joined") {
@@ -312,3 +311,5 @@ TEST_SUITE("Redis rendezvous construction" * doctest::skip(!RedisRendezvous::ava
             [&](std::error_code& ec, Diagnostics& d) { return RedisRendezvous::create(at(fake), ec, d); });
     }
 }
+
+#endif // GPUVERBS_HAVE_HIREDIS
