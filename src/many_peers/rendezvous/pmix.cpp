@@ -209,9 +209,15 @@ std::uint32_t PmixRendezvous::world_size() const noexcept {
 std::string PmixRendezvous::name() const {
     return "PMIx (not built)";
 }
-void PmixRendezvous::publish(const std::string&, std::span<const std::byte>) {}
-void PmixRendezvous::fence(std::chrono::milliseconds) {}
+// Without PMIx nothing joined: each operation refuses, saying why (never a silent no-op).
+void PmixRendezvous::publish(const std::string&, std::span<const std::byte>) {
+    (void)joined("PmixRendezvous::publish");
+}
+void PmixRendezvous::fence(std::chrono::milliseconds) {
+    (void)joined("PmixRendezvous::fence");
+}
 std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) {
+    (void)joined("PmixRendezvous::lookup");
     return {};
 }
 bool PmixRendezvous::available() noexcept {
