@@ -256,7 +256,6 @@ TEST_SUITE("Redis replies from a hostile store") {
     }
 }
 
-
 TEST_SUITE("Redis rendezvous construction" * doctest::skip(!RedisRendezvous::available())) {
     TEST_CASE("a member the store or the options refuse fails alike in the three forms, and has not joined") {
         // A rank held by a live member: SET NX answers nil.

@@ -285,14 +285,25 @@ std::chrono::milliseconds RedisRendezvous::leave_bound() const noexcept {
 bool RedisRendezvous::available() noexcept {
     return false;
 }
-void RedisRendezvous::publish(const std::string&, std::span<const std::byte>) {}
-void RedisRendezvous::fence(std::chrono::milliseconds) {}
+// Without hiredis nothing joined: each operation refuses, saying why (never a
+// silent no-op); leaving what was never joined is nothing to do.
+namespace {
+[[noreturn]] void not_built(const char* verb) {
+    throw Error(errc::unsupported, verb, "gpuverbs was built without hiredis");
+}
+} // namespace
+void RedisRendezvous::publish(const std::string&, std::span<const std::byte>) {
+    not_built("RedisRendezvous::publish");
+}
+void RedisRendezvous::fence(std::chrono::milliseconds) {
+    not_built("RedisRendezvous::fence");
+}
 std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) {
-    return {};
+    not_built("RedisRendezvous::lookup");
 }
 void RedisRendezvous::withdraw() {}
 std::vector<std::uint32_t> RedisRendezvous::members() {
-    return {};
+    not_built("RedisRendezvous::members");
 }
 
 #endif
