@@ -173,7 +173,7 @@ py::dict rail_dict(const TransferReport::Rail& rail) {
     return d;
 }
 
-struct Finish {
+struct FinishTransfer {
     std::shared_ptr<Operation> op;
     void operator()(const boost::system::error_code& ec, TransferResult r) const noexcept {
         // What Python reads from the operation: the bytes, .report, and the failed blocks as the error's detail.
@@ -218,7 +218,7 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     options.failover = failover;
     options.report_blocks = true; // Operation.report
     async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
-                   boost::asio::bind_cancellation_slot(op->slot(), Finish{op}));
+                   boost::asio::bind_cancellation_slot(op->slot(), FinishTransfer{op}));
     return op;
 }
 
