@@ -169,7 +169,7 @@ const std::error_category& condition_category() noexcept {
 }
 
 Error::Error(std::error_code code, std::string_view verb, std::string_view detail)
-    : std::system_error(code), verb_(verb), text_(what_text(verb, detail, code)) {}
+    : std::system_error(code), verb_(verb), detail_(detail), text_(what_text(verb, detail, code)) {}
 
 namespace detail {
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 namespace gpuverbs {
@@ -112,11 +113,15 @@ public:
     /// The library or system call that failed, e.g. "ibv_query_port".
     [[nodiscard]] const std::string& verb() const noexcept { return verb_; }
 
+    /// What happened and what to do, without the verb (Diagnostics::detail()).
+    [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
+
     /// "VERB: DETAIL" (std::system_error would append the code's message again).
     [[nodiscard]] const char* what() const noexcept override { return text_.c_str(); }
 
 private:
     std::string verb_;
+    std::string detail_;
     std::string text_;
 };
 
@@ -204,6 +209,21 @@ struct Outcome {
         if (diagnostics != nullptr) status.report(*diagnostics);
     }
 };
+
+/// Runs `f()`, a call built on parts that throw Error (Mesh's methods over a
+/// rendezvous), and keeps what it threw in `status` instead: how such a call
+/// gets its error_code and Diagnostics forms from its one implementation.
+/// Only gpuverbs::Error is kept; std::bad_alloc passes through, as from any
+/// call that allocates. On failure the result is value-initialised.
+template <class F>
+auto capture(Status& status, F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Error& e) {
+        status.fail(e.code(), e.verb(), e.detail());
+        if constexpr (!std::is_void_v<decltype(f())>) return {};
+    }
+}
 
 /// Runs `impl(Status&)` as the throwing form of a call.
 template <class Impl>

@@ -94,7 +94,12 @@ std::uint16_t TcpListener::port() const {
     return acceptor_.local_endpoint().port();
 }
 
-asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
+asio::ip::tcp::socket TcpListener::accept_impl(std::chrono::milliseconds timeout, detail::Status& status) {
+    if (!acceptor_.is_open()) {
+        status.fail(errc::invalid_argument, "accept",
+                    "the listener is closed (create() refused it, or it was moved from)");
+        return asio::ip::tcp::socket(executor_);
+    }
     auto deadline = Clock::now() + timeout;
     boost::system::error_code ec;
     // Non-blocking, so that a connection reset between poll and accept sends
@@ -111,9 +116,10 @@ asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
     } restore{acceptor_, was_non_blocking};
     for (;;) {
         if (!wait_ready(acceptor_.native_handle(), POLLIN, deadline)) {
-            throw Error(std::make_error_code(std::errc::timed_out), "accept",
+            status.fail(std::make_error_code(std::errc::timed_out), "accept",
                         "no bootstrap connection on port " + std::to_string(port()) + " within " +
                             std::to_string(timeout.count()) + " ms");
+            return asio::ip::tcp::socket(executor_);
         }
         asio::ip::tcp::socket socket(executor_);
         acceptor_.accept(socket, ec);
@@ -122,9 +128,23 @@ asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
             return socket;
         }
         if (ec != asio::error::would_block && ec != asio::error::try_again && ec != asio::error::connection_aborted) {
-            throw Error(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
+            status.fail(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
+            return asio::ip::tcp::socket(executor_);
         }
     }
+}
+
+asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout) {
+    return detail::or_throw([&](detail::Status& s) { return accept_impl(timeout, s); });
+}
+
+asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return accept_impl(timeout, s); });
+}
+
+asio::ip::tcp::socket TcpListener::accept(std::chrono::milliseconds timeout, std::error_code& ec,
+                                          Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return accept_impl(timeout, s); });
 }
 
 namespace {
@@ -407,6 +427,12 @@ Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& our
 Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
                              std::error_code& ec) {
     return detail::or_code(ec, [&](detail::Status& s) { return detail::exchange_impl(socket, ours, timeout, s); });
+}
+
+Handshake exchange_handshake(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
+                             std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return detail::exchange_impl(socket, ours, timeout, s); });
 }
 
 } // namespace gpuverbs

@@ -244,8 +244,9 @@ void copy_from_gpu(const GpuMemory& gpu, std::size_t offset, std::span<std::byte
     ec = status.code;
 }
 
-void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value) {
-    Status status;
+namespace {
+
+bool fill_impl(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value, Status& status) {
     if (check_inside(gpu, offset, size, "cuMemsetD8", status) && size != 0) {
 #if GPUVERBS_HAVE_CUDA
         with_context(gpu.gpu, "cuMemsetD8", status, [&](const DriverApi& cu) {
@@ -258,30 +259,55 @@ void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::b
         (void)detail::cuda::driver_api(status);
 #endif
     }
-    status.check();
+    return status.ok();
+}
+
+std::string pci_bus_id_impl(int gpu, Status& status) {
+    std::string out;
+#if GPUVERBS_HAVE_CUDA
+    const DriverApi* cu = detail::cuda::driver_api(status);
+    if (cu == nullptr || !check_ordinal(*cu, gpu, "cuDeviceGetPCIBusId", status)) return out;
+    CUdevice device = 0;
+    char bus[32] = {};
+    if (failed(cu->cuDeviceGet(&device, gpu), "cuDeviceGet", "GPU " + std::to_string(gpu), status) ||
+        failed(cu->cuDeviceGetPCIBusId(bus, sizeof bus, device), "cuDeviceGetPCIBusId", "GPU " + std::to_string(gpu),
+               status)) {
+        return out;
+    }
+    for (char* c = bus; *c != '\0'; ++c) *c = static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+    out = bus;
+#else
+    (void)gpu;
+    (void)detail::cuda::driver_api(status);
+#endif
+    return out;
+}
+
+} // namespace
+
+void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value) {
+    detail::or_throw([&](Status& s) { return fill_impl(gpu, offset, size, value, s); });
+}
+
+void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value, std::error_code& ec) {
+    detail::or_code(ec, [&](Status& s) { return fill_impl(gpu, offset, size, value, s); });
+}
+
+void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value, std::error_code& ec,
+              Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](Status& s) { return fill_impl(gpu, offset, size, value, s); });
 }
 
 std::string gpu_pci_bus_id(int gpu) {
-    return detail::or_throw([&](Status& status) {
-        std::string out;
-#if GPUVERBS_HAVE_CUDA
-        const DriverApi* cu = detail::cuda::driver_api(status);
-        if (cu == nullptr || !check_ordinal(*cu, gpu, "cuDeviceGetPCIBusId", status)) return out;
-        CUdevice device = 0;
-        char bus[32] = {};
-        if (failed(cu->cuDeviceGet(&device, gpu), "cuDeviceGet", "GPU " + std::to_string(gpu), status) ||
-            failed(cu->cuDeviceGetPCIBusId(bus, sizeof bus, device), "cuDeviceGetPCIBusId",
-                   "GPU " + std::to_string(gpu), status)) {
-            return out;
-        }
-        for (char* c = bus; *c != '\0'; ++c) *c = static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
-        out = bus;
-#else
-        (void)gpu;
-        (void)detail::cuda::driver_api(status);
-#endif
-        return out;
-    });
+    return detail::or_throw([&](Status& s) { return pci_bus_id_impl(gpu, s); });
+}
+
+std::string gpu_pci_bus_id(int gpu, std::error_code& ec) {
+    return detail::or_code(ec, [&](Status& s) { return pci_bus_id_impl(gpu, s); });
+}
+
+std::string gpu_pci_bus_id(int gpu, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](Status& s) { return pci_bus_id_impl(gpu, s); });
 }
 
 // --- GpuBuffer ---------------------------------------------------------------

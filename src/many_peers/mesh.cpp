@@ -220,8 +220,7 @@ Mesh::OfferProgress Mesh::complete_offers() {
             }
             // The refusal as values: the code and the same words (no exception kept).
             detail::Status status;
-            const std::string_view text = e.what();
-            status.fail(e.code(), e.verb(), std::string(text.substr(std::min(text.size(), e.verb().size() + 2))));
+            status.fail(e.code(), e.verb(), e.detail());
             Refusal& r = progress.refused.emplace_back();
             r.peer = q;
             r.code = e.code();
@@ -273,6 +272,42 @@ MeshPeer& Mesh::peer(std::uint32_t rank) {
     if (auto it = peers_.find(rank); it != peers_.end()) return it->second;
     connect(rank);
     return peers_.at(rank);
+}
+
+// The error_code and Diagnostics forms: the throwing form's one
+// implementation, with what it throws kept (detail::capture).
+namespace {
+template <class F>
+bool caught(detail::Status& status, F&& f) {
+    detail::capture(status, [&] { f(); });
+    return status.ok();
+}
+} // namespace
+
+void Mesh::connect_all(std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { connect_all(); }); });
+}
+void Mesh::connect_all(std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { connect_all(); }); });
+}
+void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { connect(peers); }); });
+}
+void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { connect(peers); }); });
+}
+void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { offer(peers); }); });
+}
+void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { offer(peers); }); });
+}
+MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return detail::capture(s, [&] { return &peer(rank); }); });
+}
+MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return detail::capture(s, [&] { return &peer(rank); }); });
 }
 
 MeshPeer* Mesh::find(std::uint32_t rank) noexcept {

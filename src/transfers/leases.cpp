@@ -12,12 +12,16 @@
 
 namespace gpuverbs {
 
-BlockLeases::BlockLeases(BlockLeasesOptions options) : options_(options) {
+BlockLeases::BlockLeases(BlockLeasesOptions options) : BlockLeases(options, detail::Outcome{}) {}
+
+BlockLeases::BlockLeases(BlockLeasesOptions options, detail::Outcome outcome) : options_(options) {
+    detail::Status status;
     if (options_.ttl.count() <= 0 || options_.grace.count() < 0) {
-        throw Error(make_error_code(errc::invalid_argument), "BlockLeases",
-                    "ttl must be positive and grace not negative (ttl " + std::to_string(options_.ttl.count()) +
-                        " ms, grace " + std::to_string(options_.grace.count()) + " ms)");
+        refused_ = "ttl must be positive and grace not negative (ttl " + std::to_string(options_.ttl.count()) +
+                   " ms, grace " + std::to_string(options_.grace.count()) + " ms)";
+        status.fail(make_error_code(errc::invalid_argument), "BlockLeases", refused_);
     }
+    outcome.settle(status);
 }
 
 namespace {
@@ -78,6 +82,11 @@ LeasedBlockList BlockLeases::grant(std::vector<RemoteBlock> blocks, Reader reade
 LeasedBlockList BlockLeases::grant_impl(std::vector<RemoteBlock> blocks, Reader reader, const ProtectionDomain* pd,
                                         Access access, detail::Status& status) {
     const char* verb = "BlockLeases::grant";
+    if (!refused_.empty()) {
+        status.fail(make_error_code(errc::invalid_argument), verb,
+                    "this lease table was refused when created: " + refused_);
+        return {};
+    }
     if (std::string problem = wire::detail::block_list_problem(blocks); !problem.empty()) {
         status.fail(make_error_code(errc::invalid_argument), verb, std::move(problem));
         return {};

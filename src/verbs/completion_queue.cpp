@@ -8,6 +8,7 @@
 
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/query.hpp>
+#include <boost/system/system_error.hpp>
 
 #include <cerrno>
 
@@ -84,14 +85,46 @@ CompletionQueue CompletionQueue::create(const Device& device, int capacity, cons
     return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, capacity, channel, s); });
 }
 
+CompletionQueue CompletionQueue::create_impl(const Device& device, int capacity,
+                                             const boost::asio::any_io_executor& executor, const AsyncOptions& options,
+                                             detail::Status& status) {
+    if (!executor) {
+        status.fail(errc::invalid_argument, "CompletionQueue", "the executor is empty");
+        return {};
+    }
+    CompletionChannel channel = CompletionChannel::create_impl(device, status);
+    if (!status.ok()) return {};
+    CompletionQueue cq = create_impl(device, capacity, &channel, status);
+    if (!status.ok()) return {};
+    try { // Asio's reactor refuses the channel's descriptor only when the process is out of descriptors or memory
+        auto driver = std::make_shared<detail::AsyncDriver>(executor, *cq.core_, options);
+        cq.core_->set_driver(driver);
+        auto& context = boost::asio::query(executor, boost::asio::execution::context);
+        boost::asio::use_service<detail::AsyncDriverService>(context).add(driver);
+    } catch (const boost::system::system_error& e) {
+        status.fail(e.code(), "CompletionQueue",
+                    "cannot watch the completion channel's descriptor on the executor: " + e.code().message());
+        return {};
+    }
+    return cq;
+}
+
 CompletionQueue::CompletionQueue(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
                                  const AsyncOptions& options)
-    : CompletionQueue(device, capacity, CompletionChannel(device)) {
-    if (!executor) throw Error(errc::invalid_argument, "CompletionQueue", "the executor is empty");
-    auto driver = std::make_shared<detail::AsyncDriver>(executor, *core_, options);
-    core_->set_driver(driver);
-    auto& context = boost::asio::query(executor, boost::asio::execution::context);
-    boost::asio::use_service<detail::AsyncDriverService>(context).add(driver);
+    : CompletionQueue(
+          detail::or_throw([&](detail::Status& s) { return create_impl(device, capacity, executor, options, s); })) {}
+
+CompletionQueue CompletionQueue::create(const Device& device, int capacity,
+                                        const boost::asio::any_io_executor& executor, const AsyncOptions& options,
+                                        std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(device, capacity, executor, options, s); });
+}
+
+CompletionQueue CompletionQueue::create(const Device& device, int capacity,
+                                        const boost::asio::any_io_executor& executor, const AsyncOptions& options,
+                                        std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return create_impl(device, capacity, executor, options, s); });
 }
 
 CompletionQueue::executor_type CompletionQueue::get_executor() const noexcept {

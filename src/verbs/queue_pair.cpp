@@ -85,6 +85,27 @@ PreparedQueuePair PreparedQueuePair::create(const ProtectionDomain& pd, const Co
                            [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, nullptr, options, s); });
 }
 
+PreparedQueuePair PreparedQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                            const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                            std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, nullptr, options, s); });
+}
+
+PreparedQueuePair PreparedQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                            const CompletionQueue& recv_cq, const SharedReceiveQueue& srq,
+                                            const QueuePairOptions& options, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, &srq, options, s); });
+}
+
+PreparedQueuePair PreparedQueuePair::create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                            const CompletionQueue& recv_cq, const SharedReceiveQueue& srq,
+                                            const QueuePairOptions& options, std::error_code& ec,
+                                            Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return create_impl(pd, send_cq, recv_cq, &srq, options, s); });
+}
+
 QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectOptions& options,
                                           detail::Status& status) {
     if (!core_) {
@@ -140,14 +161,13 @@ QueuePair PreparedQueuePair::connect(const Endpoint& remote, const ConnectOption
     return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return connect_impl(remote, options, s); });
 }
 
-QpState QueuePair::state() const {
+QpState QueuePair::state_impl(detail::Status& status) const {
     if (!core_) return QpState::unknown;
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
     if (int rc = ibv_query_qp(core_->qp(), &attr, IBV_QP_STATE, &init); rc != 0) {
-        detail::Status status;
         status.fail_errno(rc, "ibv_query_qp", "cannot query the state of " + detail::qp_name(qp_num()));
-        status.raise();
+        return QpState::unknown;
     }
     switch (attr.qp_state) {
         case IBV_QPS_RESET: return QpState::reset;
@@ -159,6 +179,18 @@ QpState QueuePair::state() const {
         case IBV_QPS_ERR: return QpState::error;
         default: return QpState::unknown;
     }
+}
+
+QpState QueuePair::state() const {
+    return detail::or_throw([&](detail::Status& s) { return state_impl(s); });
+}
+
+QpState QueuePair::state(std::error_code& ec) const {
+    return detail::or_code(ec, [&](detail::Status& s) { return state_impl(s); });
+}
+
+QpState QueuePair::state(std::error_code& ec, Diagnostics& diagnostics) const {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return state_impl(s); });
 }
 
 std::error_code QueuePair::force_error() noexcept {
@@ -213,11 +245,10 @@ std::string QueuePairFailure::describe() const {
            "; connect a new queue pair (or reset this one and connect it again)";
 }
 
-PreparedQueuePair QueuePair::reset() && {
-    detail::Status status;
+PreparedQueuePair QueuePair::reset_impl(detail::Status& status) {
     if (!core_) {
         status.fail(errc::invalid_argument, "ibv_modify_qp", "the QueuePair is empty");
-        status.raise();
+        return {};
     }
     // Asynchronous operations point at this QP's queues and slots; RESET would
     // discard their requests and leave them waiting forever.
@@ -226,9 +257,9 @@ PreparedQueuePair QueuePair::reset() && {
                     detail::qp_name(local_.qp_num) +
                         " has asynchronous operations outstanding: wait for their handlers first, or destroy the "
                         "QueuePair (which completes them with operation_aborted)");
-        status.raise();
+        return {};
     }
-    if (!to_reset_and_init(core_->qp(), port_, status)) status.raise();
+    if (!to_reset_and_init(core_->qp(), port_, status)) return {};
     core_->send.reset();
     core_->receive.reset();
     core_->health.clear();
@@ -240,6 +271,18 @@ PreparedQueuePair QueuePair::reset() && {
     p.local_.psn = detail::random_psn();
     p.advertised_ = granted_; // connected again, it grants what it granted
     return p;
+}
+
+PreparedQueuePair QueuePair::reset() && {
+    return detail::or_throw([&](detail::Status& s) { return reset_impl(s); });
+}
+
+PreparedQueuePair QueuePair::reset(std::error_code& ec) && {
+    return detail::or_code(ec, [&](detail::Status& s) { return reset_impl(s); });
+}
+
+PreparedQueuePair QueuePair::reset(std::error_code& ec, Diagnostics& diagnostics) && {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return reset_impl(s); });
 }
 
 SharedReceiveQueue SharedReceiveQueue::create_impl(const ProtectionDomain& pd, std::uint32_t max_wr,

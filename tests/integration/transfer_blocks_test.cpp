@@ -335,14 +335,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     TEST_CASE("a wrong remote key fails the transfer once, naming the block; the plan refuses a range outside") {
         asio::io_context io;
         test::Pair p = test::transfer_pair(io.get_executor(), 1 << 16);
-        RemoteMemory wrong = p.b.mr.remote();
-        wrong.rkey ^= 0x5a5a00;
-        std::vector<LocalBuffer> local;
-        std::vector<RemoteBlock> remote;
-        for (std::size_t k = 0; k < 40; ++k) {
-            local.push_back(p.a.mr.slice(k * 100, 100));
-            remote.push_back({k == 23 ? wrong : p.b.mr.remote(), k * 200, 100});
-        }
+        auto [local, remote] = test::lists_with_wrong_key(p.a.mr, p.b.mr.remote());
         for (std::size_t i = 0; i < 40 * 100; ++i) p.a.memory[i] = pattern(i, 5);
         TransferPlan plan = TransferPlan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         test::Outcome out;
@@ -401,14 +394,7 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
     TEST_CASE("0.1's output pointers still receive what the result says: the same bytes, words and report") {
         asio::io_context io;
         test::Pair p = test::transfer_pair(io.get_executor(), 1 << 16);
-        RemoteMemory wrong = p.b.mr.remote();
-        wrong.rkey ^= 0x5a5a00;
-        std::vector<LocalBuffer> local;
-        std::vector<RemoteBlock> remote;
-        for (std::size_t k = 0; k < 40; ++k) {
-            local.push_back(p.a.mr.slice(k * 100, 100));
-            remote.push_back({k == 23 ? wrong : p.b.mr.remote(), k * 200, 100});
-        }
+        auto [local, remote] = test::lists_with_wrong_key(p.a.mr, p.b.mr.remote());
         const TransferPlan plan(TransferDirection::write, local, remote, p.a.qp.capabilities());
         std::array<std::uint64_t, 1> rail_bytes{};
         std::string failed;

@@ -74,6 +74,20 @@ struct Lists {
     std::vector<RemoteBlock> remote;
 };
 
+/// 40 blocks of 100 bytes, packed in `from` and every other 100 bytes in
+/// `to`, with the peer's key of block `wrong_at` spoiled: the device refuses
+/// that block (a remote access error) after the ones before it completed.
+inline Lists lists_with_wrong_key(const MemoryRegion& from, const RemoteMemory& to, std::size_t wrong_at = 23) {
+    RemoteMemory wrong = to;
+    wrong.rkey ^= 0x5a5a00;
+    Lists out;
+    for (std::size_t k = 0; k < 40; ++k) {
+        out.local.push_back(from.slice(k * 100, 100));
+        out.remote.push_back({k == wrong_at ? wrong : to, k * 200, 100});
+    }
+    return out;
+}
+
 /// The lists of a write of layout `l`: its source blocks in `from`, its
 /// destination blocks in `to`.
 inline Lists write_lists(const Layout& l, const MemoryRegion& from, const RemoteMemory& to) {

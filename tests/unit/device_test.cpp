@@ -2,8 +2,15 @@
 // handle, and what opening a device says on a machine without the one asked for.
 #include "gpuverbs/verbs/device.hpp"
 #include "gpuverbs/detail/verbs/rdma_presence.hpp"
+#include "gpuverbs/verbs/completion_queue.hpp"
+#include "gpuverbs/verbs/queue_pair.hpp"
+#include "gpuverbs/verbs/shared_receive_queue.hpp"
+
+#include "three_forms.hpp"
 
 #include <doctest/doctest.h>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <string>
 
@@ -60,6 +67,67 @@ TEST_SUITE("device") {
         } catch (const gpuverbs::Error& e) {
             CHECK(std::string(e.what()).find("empty") != std::string::npos);
         }
+    }
+
+    TEST_CASE("a CQ bound to an executor, a queue pair on an SRQ and a reset fail alike in the three forms") {
+        using gpuverbs::Diagnostics;
+        boost::asio::io_context io;
+        const Device none;
+        CHECK(gpuverbs::test::check_fails_alike(
+                  errc::invalid_argument, [&] { return gpuverbs::CompletionQueue(none, 16, io.get_executor()); },
+                  [&](std::error_code& ec) {
+                      gpuverbs::CompletionQueue cq =
+                          gpuverbs::CompletionQueue::create(none, 16, io.get_executor(), {}, ec);
+                      CHECK_FALSE(cq);
+                      return cq;
+                  },
+                  [&](std::error_code& ec, Diagnostics& d) {
+                      return gpuverbs::CompletionQueue::create(none, 16, io.get_executor(), {}, ec, d);
+                  }) == "ibv_create_comp_channel: the Device is empty");
+        const boost::asio::any_io_executor no_executor;
+        CHECK(gpuverbs::test::check_fails_alike(
+                  errc::invalid_argument, [&] { return gpuverbs::CompletionQueue(none, 16, no_executor); },
+                  [&](std::error_code& ec) { return gpuverbs::CompletionQueue::create(none, 16, no_executor, {}, ec); },
+                  [&](std::error_code& ec, Diagnostics& d) {
+                      return gpuverbs::CompletionQueue::create(none, 16, no_executor, {}, ec, d);
+                  }) == "CompletionQueue: the executor is empty");
+
+        const gpuverbs::ProtectionDomain pd;
+        const gpuverbs::CompletionQueue cq;
+        const gpuverbs::SharedReceiveQueue srq;
+        const auto [code, what] = gpuverbs::test::check_forms_agree(
+            [&] { return gpuverbs::PreparedQueuePair(pd, cq, cq, srq); },
+            [&](std::error_code& ec) {
+                gpuverbs::PreparedQueuePair qp = gpuverbs::PreparedQueuePair::create(pd, cq, cq, srq, {}, ec);
+                CHECK_FALSE(qp);
+                return qp;
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return gpuverbs::PreparedQueuePair::create(pd, cq, cq, srq, {}, ec, d);
+            });
+        CHECK(code == errc::invalid_argument);
+        CHECK_MESSAGE(what.find("empty") != std::string::npos, what);
+        (void)gpuverbs::test::check_forms_agree(
+            [&] { return gpuverbs::PreparedQueuePair(pd, cq, cq); },
+            [&](std::error_code& ec) { return gpuverbs::PreparedQueuePair::create(pd, cq, cq, {}, ec); },
+            [&](std::error_code& ec, Diagnostics& d) {
+                return gpuverbs::PreparedQueuePair::create(pd, cq, cq, {}, ec, d);
+            });
+
+        gpuverbs::QueuePair empty;
+        CHECK(empty.state() == gpuverbs::QpState::unknown); // nothing to ask: not a failure
+        std::error_code ec = errc::invalid_argument;
+        CHECK(empty.state(ec) == gpuverbs::QpState::unknown);
+        CHECK_FALSE(ec);
+        CHECK(gpuverbs::test::check_fails_alike(
+                  errc::invalid_argument, [&] { return std::move(empty).reset(); },
+                  [&](std::error_code& e) {
+                      gpuverbs::PreparedQueuePair p = std::move(empty).reset(e);
+                      CHECK_FALSE(p);
+                      return p;
+                  },
+                  [&](std::error_code& e, Diagnostics& d) { return std::move(empty).reset(e, d); }) ==
+              "ibv_modify_qp: the QueuePair is empty");
     }
 
     TEST_CASE("the error_code form of open keeps the exception's words in Diagnostics") {

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include "build_has.hpp"
 #include "text_checks.hpp"
+#include "three_forms.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -375,14 +376,23 @@ TEST_SUITE("choosing the NIC nearest a GPU") {
         const gpuverbs::NicChoice c = gpuverbs::choose_nic("0000:3b:00.0", o);
         CHECK(c.nearest() == "mlx5_0");
         CHECK(c.why == "mlx5_0 is nearest to GPU 0000:3b:00.0: SYS, across the CPU interconnect, on another NUMA node");
-        // A GPU that is not there is named.
-        try {
-            (void)gpuverbs::choose_nic("0000:99:00.0", o);
-            FAIL("no error for a missing GPU");
-        } catch (const gpuverbs::Error& e) {
-            CHECK(e.code() == gpuverbs::errc::invalid_argument);
-            CHECK(contains(e.what(), "no PCI device 0000:99:00.0 under"));
-        }
+        // A GPU that is not there is named, alike in the three forms.
+        const std::string what = gpuverbs::test::check_fails_alike(
+            gpuverbs::errc::invalid_argument, [&] { return gpuverbs::choose_nic("0000:99:00.0", o); },
+            [&](std::error_code& ec) {
+                const gpuverbs::NicChoice none = gpuverbs::choose_nic("0000:99:00.0", o, ec);
+                CHECK(none.ranked.empty());
+                return none;
+            },
+            [&](std::error_code& ec, gpuverbs::Diagnostics& d) {
+                return gpuverbs::choose_nic("0000:99:00.0", o, ec, d);
+            });
+        CHECK_MESSAGE(what.starts_with("choose_nic: no PCI device 0000:99:00.0 under " + o.sys_root), what);
+        gpuverbs::test::check_succeeds_clean(
+            [&](std::error_code& ec) { CHECK(gpuverbs::choose_nic("0000:3b:00.0", o, ec).nearest() == "mlx5_0"); },
+            [&](std::error_code& ec, gpuverbs::Diagnostics& d) {
+                CHECK(gpuverbs::choose_nic("0000:3b:00.0", o, ec, d).nearest() == "mlx5_0");
+            });
     }
 
     TEST_CASE("pure ranking: never across the CPU interconnect when a nearer device exists; software devices last") {

@@ -6,6 +6,7 @@
 
 #include "scratch_dir.hpp"
 #include "text_checks.hpp"
+#include "three_forms.hpp"
 
 #include <doctest/doctest.h>
 
@@ -266,6 +267,51 @@ TEST_SUITE("gpu memory without a GPU") {
         CHECK(m.slice(8, 100).size == 8);
         CHECK(m.slice(8, 100).address == 0x1008);
         CHECK(m.slice(100, 1).size == 0);
+    }
+
+    TEST_CASE("fill_gpu, gpu_pci_bus_id and the flush fail alike in the three forms, with or without a GPU") {
+        gpuverbs::GpuMemory m;
+        m.address = 0x1000;
+        m.size = 16;
+        // A range outside the memory: refused before the driver is asked.
+        CHECK(gpuverbs::test::check_fails_alike(
+                  gpuverbs::errc::invalid_argument,
+                  [&] {
+                      gpuverbs::fill_gpu(m, 8, 16, std::byte{1});
+                      return 0;
+                  },
+                  [&](std::error_code& ec) {
+                      gpuverbs::fill_gpu(m, 8, 16, std::byte{1}, ec);
+                      return 0;
+                  },
+                  [&](std::error_code& ec, gpuverbs::Diagnostics& d) {
+                      gpuverbs::fill_gpu(m, 8, 16, std::byte{1}, ec, d);
+                      return 0;
+                  })
+                  .starts_with("cuMemsetD8: "));
+        // GPU 64 is on no machine we run on: without a driver the driver is
+        // named, with one the missing GPU; each form says the same.
+        (void)gpuverbs::test::check_forms_agree(
+            [] { return gpuverbs::gpu_pci_bus_id(64); },
+            [](std::error_code& ec) {
+                std::string id = gpuverbs::gpu_pci_bus_id(64, ec);
+                CHECK(id.empty());
+                return id;
+            },
+            [](std::error_code& ec, gpuverbs::Diagnostics& d) { return gpuverbs::gpu_pci_bus_id(64, ec, d); });
+        (void)gpuverbs::test::check_forms_agree(
+            [] {
+                gpuverbs::flush_gpu_direct_rdma_writes(64);
+                return 0;
+            },
+            [](std::error_code& ec) {
+                gpuverbs::flush_gpu_direct_rdma_writes(64, ec);
+                return 0;
+            },
+            [](std::error_code& ec, gpuverbs::Diagnostics& d) {
+                gpuverbs::flush_gpu_direct_rdma_writes(64, ec, d);
+                return 0;
+            });
     }
 
     TEST_CASE("registering on an empty protection domain or with inconsistent access names the problem") {

@@ -182,6 +182,38 @@ TEST_SUITE("leases") {
                              Error);
     }
 
+    TEST_CASE(
+        "a lease table with a lease time that is not positive fails alike in the three forms, and grants nothing") {
+        BlockLeasesOptions negative;
+        negative.grace = -1ms;
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument, [&] { return BlockLeases{negative}; },
+                  [&](std::error_code& ec) { return BlockLeases::create(negative, ec); },
+                  [&](std::error_code& ec, Diagnostics& d) { return BlockLeases::create(negative, ec, d); }) ==
+              "BlockLeases: ttl must be positive and grace not negative (ttl 10000 ms, grace -1 ms)");
+        std::error_code ec;
+        BlockLeases refused = BlockLeases::create(negative, ec);
+        CHECK(ec == errc::invalid_argument);
+        CHECK_FALSE(refused);
+        CHECK_THROWS_WITH_AS(refused.grant({{pool, 0, 4096}}, reader_a),
+                             "BlockLeases::grant: this lease table was refused when created: ttl must be positive and "
+                             "grace not negative (ttl 10000 ms, grace -1 ms)",
+                             Error);
+        CHECK(refused.active() == 0);
+        const std::vector<RemoteBlock> one{{pool, 0, 4096}};
+        CHECK(refused.claim(one) == std::error_code()); // it holds nothing
+
+        test::check_succeeds_clean(
+            [&](std::error_code& e) {
+                const BlockLeases made = BlockLeases::create({}, e);
+                CHECK(static_cast<bool>(made));
+            },
+            [&](std::error_code& e, Diagnostics& d) {
+                const BlockLeases made = BlockLeases::create({}, e, d);
+                CHECK(static_cast<bool>(made));
+            });
+    }
+
     TEST_CASE("the reader refuses a list not newer than one it accepted from the same owner") {
         LeaseReader reader;
         LeasedBlockList l;

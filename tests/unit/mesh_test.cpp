@@ -202,6 +202,69 @@ TEST_SUITE("rendezvous backends without a store") {
         CHECK(PmixRendezvous::available() == (GPUVERBS_TEST_HAVE_PMIX != 0));
         CHECK(RedisRendezvous::available() == (GPUVERBS_TEST_HAVE_HIREDIS != 0));
     }
+    TEST_CASE("Mesh's methods have three forms that fail alike: a peer out of the world, ourselves, an empty mesh") {
+        const ProtectionDomain pd;
+        const CompletionQueue cq;
+        FixedRendezvous r{1, 4};
+        Mesh mesh(r, pd, cq, std::vector<RemoteMemory>{});
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument,
+                  [&] {
+                      mesh.connect(7);
+                      return 0;
+                  },
+                  [&](std::error_code& ec) {
+                      mesh.connect(7, ec);
+                      return 0;
+                  },
+                  [&](std::error_code& ec, Diagnostics& d) {
+                      mesh.connect(7, ec, d);
+                      return 0;
+                  }) == "Mesh::connect: rank 1 cannot connect to rank 7 (the world has 4 ranks)");
+        const std::uint32_t ourselves[] = {1};
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument,
+                  [&] {
+                      mesh.offer(ourselves);
+                      return 0;
+                  },
+                  [&](std::error_code& ec) {
+                      mesh.offer(ourselves, ec);
+                      return 0;
+                  },
+                  [&](std::error_code& ec, Diagnostics& d) {
+                      mesh.offer(ourselves, ec, d);
+                      return 0;
+                  }) == "Mesh::connect: rank 1 cannot connect to rank 1 (itself)");
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument, [&] { return &mesh.peer(9); },
+                  [&](std::error_code& ec) {
+                      MeshPeer* p = mesh.peer(9, ec);
+                      CHECK(p == nullptr);
+                      return p;
+                  },
+                  [&](std::error_code& ec, Diagnostics& d) { return mesh.peer(9, ec, d); }) ==
+              "Mesh::connect: rank 1 cannot connect to rank 9 (the world has 4 ranks)");
+        CHECK(mesh.peers().empty()); // nothing half-made is left behind
+        CHECK(mesh.offered().empty());
+
+        Mesh empty = std::move(mesh);
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument,
+                  [&] {
+                      mesh.connect_all();
+                      return 0;
+                  },
+                  [&](std::error_code& ec) {
+                      mesh.connect_all(ec);
+                      return 0;
+                  },
+                  [&](std::error_code& ec, Diagnostics& d) {
+                      mesh.connect_all(ec, d);
+                      return 0;
+                  }) == "Mesh::connect_all: the Mesh is empty (create() refused it, or it was moved from)");
+    }
+
     TEST_CASE("PeerEvent describes itself") {
         CHECK(PeerEvent{PeerEvent::Kind::joined, 7}.describe() == "rank 7 joined");
         CHECK(PeerEvent{PeerEvent::Kind::left, 0}.describe() == "rank 0 left");

@@ -512,6 +512,74 @@ TEST_SUITE("tcp bootstrap: throwing, error_code and Diagnostics forms") {
         CHECK(what == "send: cannot send our record: Broken pipe (errno 32)");
     }
 
+    TEST_CASE("accept fails alike in the three forms: at its timeout, and on a listener create() refused") {
+        asio::io_context io;
+        TcpListener l(io, 0, "127.0.0.1");
+        const std::string what = test::check_fails_alike(
+            std::errc::timed_out, [&] { return l.accept(20ms); },
+            [&](std::error_code& ec) {
+                asio::ip::tcp::socket s = l.accept(20ms, ec);
+                CHECK_FALSE(s.is_open());
+                return 0;
+            },
+            [&](std::error_code& ec, Diagnostics& d) { return l.accept(20ms, ec, d); });
+        CHECK(what == "accept: no bootstrap connection on port " + std::to_string(l.port()) + " within 20 ms");
+
+        std::error_code refused;
+        TcpListener closed = TcpListener::create(io, 0, "not an address", refused);
+        REQUIRE(refused);
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument, [&] { return closed.accept(20ms); },
+                  [&](std::error_code& ec) { return closed.accept(20ms, ec); },
+                  [&](std::error_code& ec, Diagnostics& d) { return closed.accept(20ms, ec, d); }) ==
+              "accept: the listener is closed (create() refused it, or it was moved from)");
+    }
+
+    TEST_CASE("accept that gets a connection clears the error_code and the Diagnostics") {
+        asio::io_context io;
+        TcpListener l(io, 0, "127.0.0.1");
+        test::check_succeeds_clean(
+            [&](std::error_code& ec) {
+                asio::ip::tcp::socket client = tcp_connect(io, "127.0.0.1", l.port(), 2s);
+                CHECK(l.accept(2s, ec).is_open());
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                asio::ip::tcp::socket client = tcp_connect(io, "127.0.0.1", l.port(), 2s);
+                CHECK(l.accept(2s, ec, d).is_open());
+            });
+    }
+
+    TEST_CASE("exchange_handshake fails alike in the three forms: too many regions, a peer that closes at once") {
+        Handshake ours;
+        ours.regions.resize(wire::max_regions + 1, RemoteMemory{0x1000, 64, 1});
+        SocketPair p;
+        CHECK(test::check_fails_alike(
+                  errc::invalid_argument, [&] { return exchange_handshake(p.ours, ours, 1s); },
+                  [&](std::error_code& ec) { return exchange_handshake(p.ours, ours, 1s, ec); },
+                  [&](std::error_code& ec, Diagnostics& d) { return exchange_handshake(p.ours, ours, 1s, ec, d); }) ==
+              "exchange_handshake: a handshake carries at most " + std::to_string(wire::max_regions) + " regions");
+
+        const Handshake small;
+        const auto [code, what] = test::check_forms_agree(
+            [&] {
+                SocketPair closing;
+                closing.then_close();
+                return exchange_handshake(closing.ours, small, 1s);
+            },
+            [&](std::error_code& ec) {
+                SocketPair closing;
+                closing.then_close();
+                return exchange_handshake(closing.ours, small, 1s, ec);
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                SocketPair closing;
+                closing.then_close();
+                return exchange_handshake(closing.ours, small, 1s, ec, d);
+            });
+        CHECK(code == std::errc::broken_pipe); // its end is gone before we send
+        CHECK(what == "send: cannot send our handshake: Broken pipe (errno 32)");
+    }
+
     TEST_CASE("send_record that is sent clears the error_code and the Diagnostics") {
         const std::vector<std::byte> record(16, std::byte{1});
         test::check_succeeds_clean(

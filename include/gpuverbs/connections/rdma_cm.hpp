@@ -311,6 +311,7 @@ public:
     CmConnection accept(std::chrono::milliseconds timeout = std::chrono::seconds(30));
     /// The error_code form: an empty CmConnection on failure.
     CmConnection accept(std::chrono::milliseconds timeout, std::error_code& ec);
+    CmConnection accept(std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics);
     /// accept(), asynchronously. The operation holds the listening id: the
     /// listener may be moved or destroyed meanwhile (the id then closes when
     /// the operation ends). Signature: void(async_error_code, gpuverbs::CmConnection).

@@ -67,6 +67,11 @@ public:
     [[nodiscard]] std::uint16_t port() const;
     /// Accepts one connection, waiting at most `timeout` (std::errc::timed_out).
     boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout = default_bootstrap_timeout);
+    /// The same without throwing: on failure `ec` is set and the socket returned is not open.
+    boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout, std::error_code& ec);
+    /// … with the words of the failure in `diagnostics` (cleared on success).
+    boost::asio::ip::tcp::socket accept(std::chrono::milliseconds timeout, std::error_code& ec,
+                                        Diagnostics& diagnostics);
     /// Accepts one connection asynchronously: Asio's acceptor operation, so
     /// the listener must outlive it and not be moved while it is outstanding
     /// (as an Asio acceptor). Signature: void(async_error_code, boost::asio::ip::tcp::socket).
@@ -83,6 +88,7 @@ private:
     TcpListener(const boost::asio::any_io_executor& executor, Closed) : executor_(executor), acceptor_(executor) {}
     static TcpListener create_impl(const boost::asio::any_io_executor& executor, std::uint16_t port,
                                    const std::string& address, detail::Status& status);
+    boost::asio::ip::tcp::socket accept_impl(std::chrono::milliseconds timeout, detail::Status& status);
     boost::asio::any_io_executor executor_;
     boost::asio::ip::tcp::acceptor acceptor_;
 };
@@ -105,6 +111,9 @@ Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsha
                              std::chrono::milliseconds timeout = default_bootstrap_timeout);
 Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
                              std::chrono::milliseconds timeout, std::error_code& ec);
+/// … with the words of the failure in `diagnostics` (cleared on success).
+Handshake exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handshake& ours,
+                             std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics);
 
 /// Sends one framed record (any wire.hpp record after the handshake, e.g. a
 /// block list) and receives one of at most `max_size` bytes: the same frame,

@@ -109,6 +109,10 @@ struct NicChoice {
 /// from sysfs (options.sys_root). Throws gpuverbs::Error (errc::invalid_argument)
 /// when no such PCI device exists.
 NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options = {});
+/// The same without throwing: an empty NicChoice with `ec` (and the words) set.
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options, std::error_code& ec);
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options, std::error_code& ec,
+                     Diagnostics& diagnostics);
 
 namespace detail {
 /// The pure ranking behind choose_nic and the doctor: `paths` are one GPU's

@@ -77,9 +77,15 @@ void copy_from_gpu(const GpuMemory& gpu, std::size_t offset, std::span<std::byte
 void copy_from_gpu(const GpuMemory& gpu, std::size_t offset, std::span<std::byte> host, std::error_code& ec);
 /// Sets `size` bytes from `offset` to `value` (cuMemsetD8, synchronous).
 void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value);
+void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value, std::error_code& ec);
+void fill_gpu(const GpuMemory& gpu, std::size_t offset, std::size_t size, std::byte value, std::error_code& ec,
+              Diagnostics& diagnostics);
 
 /// Lower-case PCI bus id of CUDA device `gpu`, e.g. "0000:00:06.0".
 std::string gpu_pci_bus_id(int gpu);
+/// The same without throwing: "" with `ec` (and the words) set on failure.
+std::string gpu_pci_bus_id(int gpu, std::error_code& ec);
+std::string gpu_pci_bus_id(int gpu, std::error_code& ec, Diagnostics& diagnostics);
 
 struct GpuBufferOptions {
     int gpu = 0; ///< CUDA device ordinal

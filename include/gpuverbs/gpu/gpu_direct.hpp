@@ -173,6 +173,8 @@ GpuDirectAttributes gpu_direct_attributes(int gpu, std::error_code& ec);
 /// (cuFlushGPUDirectRDMAWrites), and is a no-op where ordering already holds.
 /// Fails with errc::unsupported where the GPU offers no flush.
 void flush_gpu_direct_rdma_writes(int gpu);
+void flush_gpu_direct_rdma_writes(int gpu, std::error_code& ec);
+void flush_gpu_direct_rdma_writes(int gpu, std::error_code& ec, Diagnostics& diagnostics);
 
 /// Whether GPU `gpu` orders RDMA writes for its own context without a flush.
 bool gpu_orders_rdma_writes(int gpu);

@@ -151,12 +151,22 @@ public:
     /// service) and no peer connected yet. On failure (gpuverbs::Error naming the peer and what was wrong) the peers
     /// connected so far stay connected.
     void connect_all();
+    /// The same without throwing: `ec` (and `diagnostics`' words) say what the
+    /// throwing form would have thrown; the mesh stays as that form leaves it.
+    void connect_all(std::error_code& ec);
+    void connect_all(std::error_code& ec, Diagnostics& diagnostics);
     /// Lazy: connects to each of `peers` not connected yet (the peers must
     /// connect to us too, in any order); returns once both sides of every
     /// pair are connected. On failure the peers connected so
     /// far stay connected and the others can be asked again.
     void connect(std::span<const std::uint32_t> peers);
+    void connect(std::span<const std::uint32_t> peers, std::error_code& ec);
+    void connect(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics);
     void connect(std::uint32_t peer) { connect(std::span<const std::uint32_t>(&peer, 1)); }
+    void connect(std::uint32_t peer, std::error_code& ec) { connect(std::span<const std::uint32_t>(&peer, 1), ec); }
+    void connect(std::uint32_t peer, std::error_code& ec, Diagnostics& diagnostics) {
+        connect(std::span<const std::uint32_t>(&peer, 1), ec, diagnostics);
+    }
 
     /// Lazy, without waiting (services whose members come and go): prepares
     /// a queue pair for each of `peers` not connected or offered yet and
@@ -164,7 +174,13 @@ public:
     /// records appear; no member ever blocks on another, so no order of
     /// arrivals deadlocks.
     void offer(std::span<const std::uint32_t> peers);
+    void offer(std::span<const std::uint32_t> peers, std::error_code& ec);
+    void offer(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics);
     void offer(std::uint32_t peer) { offer(std::span<const std::uint32_t>(&peer, 1)); }
+    void offer(std::uint32_t peer, std::error_code& ec) { offer(std::span<const std::uint32_t>(&peer, 1), ec); }
+    void offer(std::uint32_t peer, std::error_code& ec, Diagnostics& diagnostics) {
+        offer(std::span<const std::uint32_t>(&peer, 1), ec, diagnostics);
+    }
     /// A peer whose record could not connect us, and why.
     struct Refusal {
         std::uint32_t peer = 0;
@@ -193,6 +209,9 @@ public:
 
     /// The peer, connecting it first if needed (lazy; blocks up to options.timeout).
     MeshPeer& peer(std::uint32_t rank);
+    /// The same without throwing: nullptr, with `ec` (and the words) set, when it cannot connect.
+    [[nodiscard]] MeshPeer* peer(std::uint32_t rank, std::error_code& ec);
+    [[nodiscard]] MeshPeer* peer(std::uint32_t rank, std::error_code& ec, Diagnostics& diagnostics);
     /// The peer if connected, else nullptr (never connects).
     [[nodiscard]] MeshPeer* find(std::uint32_t rank) noexcept;
     /// The peer whose queue pair has this number (to route a Completion), else nullptr.

@@ -75,7 +75,20 @@ public:
     /// receive was posted on). Readers must have distinct ids.
     using Reader = std::uint64_t; // UINT64_MAX is BlockLeases::nobody
 
+    /// Throws gpuverbs::Error (errc::invalid_argument) for a ttl that is not
+    /// positive or a negative grace.
     explicit BlockLeases(BlockLeasesOptions options = {});
+    /// The same without throwing. A refused table grants nothing (grant
+    /// fails with the same words) and holds no lease; not movable (it has a
+    /// lock), it is returned in place: `BlockLeases leases = BlockLeases::create(options, ec);`.
+    static BlockLeases create(BlockLeasesOptions options, std::error_code& ec) {
+        return BlockLeases(options, detail::Outcome{&ec, nullptr});
+    }
+    static BlockLeases create(BlockLeasesOptions options, std::error_code& ec, Diagnostics& diagnostics) {
+        return BlockLeases(options, detail::Outcome{&ec, &diagnostics});
+    }
+    /// False for a table create() refused.
+    explicit operator bool() const noexcept { return refused_.empty(); }
 
     /// Leases `blocks` to `reader`: the list to send (a new version, and a
     /// lease id from the system's random source: never 0, never one live).
@@ -155,6 +168,7 @@ public:
     }
 
 private:
+    BlockLeases(BlockLeasesOptions options, detail::Outcome outcome);
     /// The answer; the words only where `words` is given (the plain form builds none).
     std::error_code claim_impl(std::span<const RemoteBlock> blocks, detail::Status* words);
     /// Either grant: `pd` null leases the blocks' own regions.
@@ -176,6 +190,7 @@ private:
 
     std::mutex mutex_;
     BlockLeasesOptions options_;
+    std::string refused_; ///< why create() refused the options (grant says it again); empty when usable
     std::uint64_t version_ = 0;
     std::unordered_map<std::uint32_t, Lease> leases_;
     BlockLeasesStatistics statistics_;

@@ -49,6 +49,7 @@ public:
 
 private:
     friend struct detail::access;
+    friend class CompletionQueue;
     static CompletionChannel create_impl(const Device& device, detail::Status& status);
     std::shared_ptr<detail::ChannelCore> core_;
 };
@@ -70,6 +71,11 @@ public:
     /// synchronously on its queue pairs.
     CompletionQueue(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
                     const AsyncOptions& options = {});
+    /// The same without throwing: an empty CompletionQueue with `ec` (and the words) set on failure.
+    static CompletionQueue create(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
+                                  const AsyncOptions& options, std::error_code& ec);
+    static CompletionQueue create(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
+                                  const AsyncOptions& options, std::error_code& ec, Diagnostics& diagnostics);
 
     CompletionQueue(CompletionQueue&& other) noexcept = default;
     CompletionQueue& operator=(CompletionQueue&& other) noexcept {
@@ -133,6 +139,8 @@ private:
     void release() noexcept;
     static CompletionQueue create_impl(const Device& device, int capacity, const CompletionChannel* channel,
                                        detail::Status& status);
+    static CompletionQueue create_impl(const Device& device, int capacity, const boost::asio::any_io_executor& executor,
+                                       const AsyncOptions& options, detail::Status& status);
     [[noreturn]] static void throw_poll_error(int err);
     std::shared_ptr<detail::CqCore> core_;
 };

@@ -46,6 +46,16 @@ public:
     static PreparedQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
                                     const CompletionQueue& recv_cq, const QueuePairOptions& options,
                                     std::error_code& ec);
+    static PreparedQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                    const CompletionQueue& recv_cq, const QueuePairOptions& options,
+                                    std::error_code& ec, Diagnostics& diagnostics);
+    /// … on a shared receive queue, without throwing.
+    static PreparedQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                    const CompletionQueue& recv_cq, const SharedReceiveQueue& srq,
+                                    const QueuePairOptions& options, std::error_code& ec);
+    static PreparedQueuePair create(const ProtectionDomain& pd, const CompletionQueue& send_cq,
+                                    const CompletionQueue& recv_cq, const SharedReceiveQueue& srq,
+                                    const QueuePairOptions& options, std::error_code& ec, Diagnostics& diagnostics);
 
     PreparedQueuePair(PreparedQueuePair&&) noexcept = default;
     PreparedQueuePair& operator=(PreparedQueuePair&&) noexcept = default;
@@ -138,6 +148,9 @@ public:
 
     /// The QP's state as the device reports it (ibv_query_qp).
     [[nodiscard]] QpState state() const;
+    /// The same without throwing: QpState::unknown, with `ec` (and the words) set, when the query fails.
+    [[nodiscard]] QpState state(std::error_code& ec) const;
+    [[nodiscard]] QpState state(std::error_code& ec, Diagnostics& diagnostics) const;
     /// Moves the QP to the error state: outstanding requests complete with
     /// IBV_WC_WR_FLUSH_ERR; new posts are refused (errc::queue_pair_in_error).
     /// For shutdown and tests.
@@ -152,6 +165,10 @@ public:
     /// asynchronous operations still outstanding it throws
     /// errc::invalid_argument and leaves the QueuePair as it was.
     PreparedQueuePair reset() &&;
+    /// The same without throwing: on failure `ec` (and the words) are set,
+    /// the PreparedQueuePair returned is empty and the QueuePair is left as it was.
+    PreparedQueuePair reset(std::error_code& ec) &&;
+    PreparedQueuePair reset(std::error_code& ec, Diagnostics& diagnostics) &&;
 
     /// Names this object in DeviceEvent (unique for the process's life; 0 when empty).
     [[nodiscard]] std::uint64_t id() const noexcept { return core_ ? core_->id() : 0; }
@@ -170,6 +187,8 @@ private:
         core_.reset();
     }
     void release_async() noexcept;
+    [[nodiscard]] QpState state_impl(detail::Status& status) const;
+    PreparedQueuePair reset_impl(detail::Status& status);
 
     detail::LocalPort port_;
     Endpoint local_;

@@ -104,6 +104,10 @@ CmConnection CmListener::accept(std::chrono::milliseconds timeout, std::error_co
     return detail::or_code(ec, [&](detail::Status& s) { return accept_impl(timeout, s); });
 }
 
+CmConnection CmListener::accept(std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return accept_impl(timeout, s); });
+}
+
 } // namespace gpuverbs
 
 #endif // GPUVERBS_HAVE_RDMACM

@@ -82,12 +82,14 @@ std::vector<std::string> NicChoice::rails(std::size_t count) const {
     return out;
 }
 
-NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options) {
+namespace {
+NicChoice choose_nic_impl(const std::string& gpu_bdf, const DoctorOptions& options, detail::Status& status) {
     std::string why;
     const auto gpu = detail::read_pci_chain(options.sys_root, gpu_bdf, why);
     if (!gpu) {
-        throw Error(make_error_code(errc::invalid_argument), "choose_nic",
+        status.fail(make_error_code(errc::invalid_argument), "choose_nic",
                     "no PCI device " + gpu_bdf + " under " + options.sys_root + "/bus/pci/devices (" + why + ")");
+        return {};
     }
     std::vector<GpuNicPath> paths;
     for (const auto& [name, bdf] : detail::find_rdma_nics(options.sys_root)) {
@@ -102,6 +104,20 @@ NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options) {
         paths.push_back(std::move(p));
     }
     return detail::rank_nics(gpu_bdf, std::move(paths));
+}
+} // namespace
+
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options) {
+    return detail::or_throw([&](detail::Status& s) { return choose_nic_impl(gpu_bdf, options, s); });
+}
+
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return choose_nic_impl(gpu_bdf, options, s); });
+}
+
+NicChoice choose_nic(const std::string& gpu_bdf, const DoctorOptions& options, std::error_code& ec,
+                     Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return choose_nic_impl(gpu_bdf, options, s); });
 }
 
 } // namespace gpuverbs

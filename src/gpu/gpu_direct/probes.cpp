@@ -245,8 +245,8 @@ bool gpu_orders_rdma_writes(int gpu) {
     return gpu_direct_attributes(gpu).writes_ordering >= ordered_for_owner;
 }
 
-void flush_gpu_direct_rdma_writes(int gpu) {
-    Status status;
+namespace {
+bool flush_impl(int gpu, Status& status) {
     GpuDirectAttributes a = attributes_impl(gpu, status); // no driver, no such GPU: said here
     const bool host_flush = (a.flush_writes_options & 1) != 0;
     if (status.ok() && !host_flush && a.writes_ordering < ordered_for_owner) {
@@ -269,7 +269,20 @@ void flush_gpu_direct_rdma_writes(int gpu) {
         }
     }
 #endif
-    status.check();
+    return status.ok();
+}
+} // namespace
+
+void flush_gpu_direct_rdma_writes(int gpu) {
+    detail::or_throw([&](Status& s) { return flush_impl(gpu, s); });
+}
+
+void flush_gpu_direct_rdma_writes(int gpu, std::error_code& ec) {
+    detail::or_code(ec, [&](Status& s) { return flush_impl(gpu, s); });
+}
+
+void flush_gpu_direct_rdma_writes(int gpu, std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](Status& s) { return flush_impl(gpu, s); });
 }
 
 } // namespace gpuverbs
