@@ -20,6 +20,7 @@
 #include "gpuverbs/many_peers/rendezvous/signed.hpp"
 #include "gpuverbs/observability/prometheus.hpp"
 #include "gpuverbs/observability/warnings.hpp"
+#include "gpuverbs/transfers/kv_pool.hpp"
 #include "gpuverbs/transfers/leases.hpp"
 #include "gpuverbs/transfers/rail_group.hpp"
 #include "gpuverbs/transfers/registration_cache.hpp"

@@ -1,0 +1,173 @@
+// A KV cache registered once and named by block ids: what a serving engine's
+// connector moves between a prefill and a decode engine.
+//
+//   // prefill: one tensor per layer, [2, blocks, block_size, heads, head_dim]
+//   gpuverbs::KvLayout layout = gpuverbs::KvLayout::per_layer(32, 16384, 16384);
+//   gpuverbs::KvPool pool(layout, std::move(regions));      // one MemoryRegion per tensor
+//   side_channel.send(pool.describe());                     // bytes: the engine carries them
+//
+//   // decode: load the peer's bytes once, then plan by block id
+//   gpuverbs::RemoteKvPool theirs = gpuverbs::RemoteKvPool::load(bytes);
+//   gpuverbs::TransferPlan plan = pool.plan(gpuverbs::TransferDirection::read, my_ids, theirs, their_ids);
+//   gpuverbs::async_transfer(qp, plan, options, handler);
+//
+// A layout says where block b of half h (K or V) of layer l lies: in tensor
+// tensor_of(l), at l' * layer_stride + h * half_stride + b * block_stride
+// (l' is l for one tensor of all layers, 0 for a tensor per layer). The
+// common layouts have names; any other is given by its strides. Planning
+// walks the ids once per layer and half, with no object per block, and the
+// planner coalesces the runs that are contiguous in both pools.
+// No Asio here (transfer.hpp moves a plan).
+#pragma once
+
+#include "gpuverbs/error.hpp"
+#include "gpuverbs/transfers/transfer_plan.hpp"
+#include "gpuverbs/verbs/memory_region.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace gpuverbs {
+
+class ProtectionDomain;
+
+struct KvLayout {
+    std::uint32_t layers = 0;
+    /// Blocks per layer: the ids are 0 to blocks - 1.
+    std::uint32_t blocks = 0;
+    /// 2 (K and V) or 1 (one tensor per block, e.g. MLA's latent cache).
+    std::uint32_t halves = 2;
+    /// One block of one half of one layer: block_size x heads x head_dim x the element size.
+    std::uint64_t block_bytes = 0;
+    std::uint64_t block_stride = 0;
+    std::uint64_t half_stride = 0;
+    /// 0: a tensor per layer; otherwise the distance between layers in one tensor.
+    std::uint64_t layer_stride = 0;
+
+    /// A tensor per layer shaped [halves, blocks, block_size, heads, head_dim] (vLLM's FlashAttention layout).
+    static KvLayout per_layer(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                              std::uint32_t halves = 2) noexcept;
+    /// A tensor per layer shaped [blocks, halves, block_size, heads, head_dim] (FlashInfer's layout).
+    static KvLayout blocks_first(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                                 std::uint32_t halves = 2) noexcept;
+    /// One tensor for every layer shaped [layers, halves, blocks, block_size, heads, head_dim].
+    static KvLayout one_tensor(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                               std::uint32_t halves = 2) noexcept;
+
+    /// How many tensors (memory regions) hold the cache.
+    [[nodiscard]] std::uint32_t tensors() const noexcept { return layer_stride == 0 ? layers : 1; }
+    /// The tensor that holds `layer`.
+    [[nodiscard]] std::uint32_t tensor_of(std::uint32_t layer) const noexcept { return layer_stride == 0 ? layer : 0; }
+    /// Where block `block` of half `half` of `layer` starts inside its tensor.
+    [[nodiscard]] std::uint64_t offset(std::uint32_t layer, std::uint32_t half, std::uint32_t block) const noexcept {
+        return (layer_stride == 0 ? 0 : layer * layer_stride) + half * half_stride + block * block_stride;
+    }
+    /// The bytes each tensor must span from its first byte (the last block's end).
+    [[nodiscard]] std::uint64_t tensor_bytes() const noexcept;
+    /// Empty for a usable layout; otherwise what is wrong, in words: a count
+    /// of 0, a block above 4 GiB - 1 (a request's length), blocks or halves
+    /// that overlap, a tensor above 2^63 bytes.
+    [[nodiscard]] std::string problem() const;
+
+    friend bool operator==(const KvLayout&, const KvLayout&) = default;
+};
+
+/// The layers a transfer moves: [first, first + count); the default is every layer.
+struct LayerRange {
+    std::uint32_t first = 0;
+    std::uint32_t count = UINT32_MAX; ///< UINT32_MAX: to the last layer
+};
+
+/// A peer's pool as its describe() bytes say: its layout and, per tensor,
+/// what the peer's NIC needs (address, length, rkey). Load it once per peer
+/// (and again when the peer's pool changes: a new id).
+class RemoteKvPool {
+public:
+    RemoteKvPool() = default;
+    /// Checks and reads a pool's metadata: throws gpuverbs::Error
+    /// (errc::malformed_record naming the field, errc::unsupported_version
+    /// naming both versions) and never reads past the bytes.
+    static RemoteKvPool load(std::span<const std::byte> metadata);
+    static RemoteKvPool load(std::span<const std::byte> metadata, std::error_code& ec);
+    static RemoteKvPool load(std::span<const std::byte> metadata, std::error_code& ec, Diagnostics& diagnostics);
+
+    /// False when empty (default, or a load that failed).
+    explicit operator bool() const noexcept { return !tensors_.empty(); }
+    [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
+    /// One per tensor, in layer order.
+    [[nodiscard]] std::span<const RemoteMemory> tensors() const noexcept { return tensors_; }
+    /// The owner pool's id: random per KvPool, so a restarted peer's pool differs.
+    [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
+
+private:
+    friend class KvPool;
+    static RemoteKvPool load_impl(std::span<const std::byte> metadata, detail::Status& status);
+    KvLayout layout_;
+    std::vector<RemoteMemory> tensors_;
+    std::uint64_t pool_id_ = 0;
+};
+
+namespace detail {
+/// The metadata record of a pool with this layout, id and tensors (what
+/// KvPool::describe returns; tests make records with it). Nothing is checked.
+std::vector<std::byte> kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
+                                      std::span<const RemoteMemory> tensors);
+} // namespace detail
+
+/// Our pool: a layout over registered memory, one MemoryRegion per tensor.
+class KvPool {
+public:
+    KvPool() = default;
+    /// `regions[t]` holds tensor t from its first byte (layout.tensors() of
+    /// them, each at least layout.tensor_bytes() long). Register GPU tensors
+    /// with register_gpu_memory, host ones with MemoryRegion, each once.
+    /// Throws gpuverbs::Error (errc::invalid_argument) naming the problem.
+    KvPool(KvLayout layout, std::vector<MemoryRegion> regions);
+    static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec);
+    static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec,
+                         Diagnostics& diagnostics);
+
+    /// False when empty (default, moved from, or a create() that failed).
+    explicit operator bool() const noexcept { return !regions_.empty(); }
+    [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
+    [[nodiscard]] std::span<const MemoryRegion> regions() const noexcept { return regions_; }
+    [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
+
+    /// The metadata a peer loads (RemoteKvPool::load): a versioned, checksummed
+    /// record of the layout, the pool's id and each tensor's address, length
+    /// and rkey: 72 + 20 x tensors bytes, whatever the number of blocks. Empty
+    /// for an empty pool.
+    [[nodiscard]] std::vector<std::byte> describe() const;
+
+    /// Plans moving block local_ids[i] of ours and remote_ids[i] of `remote`
+    /// (write: ours to theirs; read: theirs to ours), both halves of every
+    /// layer in `layers`, in one pass. Refused (errc::invalid_argument,
+    /// naming the index and the id) when the lists differ in length or are
+    /// empty, an id is outside its pool, the layers are outside either pool,
+    /// or the two layouts' blocks differ in size or halves.
+    [[nodiscard]] TransferPlan plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                                    const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids,
+                                    LayerRange layers = {}, const TransferLimits& limits = {}) const;
+    [[nodiscard]] TransferPlan plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                                    const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids,
+                                    LayerRange layers, const TransferLimits& limits, std::error_code& ec) const;
+    [[nodiscard]] TransferPlan plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                                    const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids,
+                                    LayerRange layers, const TransferLimits& limits, std::error_code& ec,
+                                    Diagnostics& diagnostics) const;
+
+private:
+    static KvPool create_impl(KvLayout layout, std::vector<MemoryRegion> regions, detail::Status& status);
+    TransferPlan plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                           const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
+                           const TransferLimits& limits, detail::Status& status) const;
+    KvLayout layout_;
+    std::vector<MemoryRegion> regions_;
+    std::uint64_t pool_id_ = 0;
+};
+
+} // namespace gpuverbs

@@ -1,0 +1,398 @@
+// KvPool: a layout over registered tensors, its metadata record, and plans by
+// block id (kv_pool.hpp).
+#include "gpuverbs/transfers/kv_pool.hpp"
+
+#include "connections/wire_codec.hpp"
+#include "random.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <utility>
+
+namespace gpuverbs {
+
+// --- the layout ----------------------------------------------------------------
+
+namespace {
+/// a * b, or UINT64_MAX where it overflows (a layout that large is then refused by problem()).
+std::uint64_t times(std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+} // namespace
+
+KvLayout KvLayout::per_layer(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                             std::uint32_t halves) noexcept {
+    return KvLayout{layers, blocks, halves, block_bytes, block_bytes, times(blocks, block_bytes), 0};
+}
+
+KvLayout KvLayout::blocks_first(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                                std::uint32_t halves) noexcept {
+    return KvLayout{layers, blocks, halves, block_bytes, times(halves, block_bytes), block_bytes, 0};
+}
+
+KvLayout KvLayout::one_tensor(std::uint32_t layers, std::uint32_t blocks, std::uint64_t block_bytes,
+                              std::uint32_t halves) noexcept {
+    const std::uint64_t half = times(blocks, block_bytes);
+    return KvLayout{layers, blocks, halves, block_bytes, block_bytes, half, times(halves, half)};
+}
+
+namespace {
+
+/// One dimension of a tensor: how many and how far apart.
+struct Dimension {
+    const char* name;
+    std::uint64_t count;
+    std::uint64_t stride;
+};
+
+/// The end of the last block from a tensor's first byte, and the first
+/// dimension whose elements overlap the ones inside it (nullptr: none); 0 for
+/// an end past 2^63.
+std::pair<std::uint64_t, const char*> extent_of(const KvLayout& l) {
+    std::array<Dimension, 3> dims{{{"blocks", l.blocks, l.block_stride},
+                                   {"halves", l.halves, l.half_stride},
+                                   {"layers", l.layer_stride == 0 ? 1u : l.layers, l.layer_stride}}};
+    std::sort(dims.begin(), dims.end(), [](const Dimension& a, const Dimension& b) { return a.stride < b.stride; });
+    std::uint64_t extent = l.block_bytes;
+    const char* overlapping = nullptr;
+    for (const Dimension& d : dims) {
+        if (d.count <= 1) continue;
+        if (d.stride < extent && overlapping == nullptr) overlapping = d.name;
+        std::uint64_t span = 0;
+        if (__builtin_mul_overflow(d.stride, d.count - 1, &span) || __builtin_add_overflow(span, extent, &extent)) {
+            return {0, overlapping};
+        }
+    }
+    if (extent > (std::uint64_t{1} << 63)) return {0, overlapping};
+    return {extent, overlapping};
+}
+
+} // namespace
+
+std::uint64_t KvLayout::tensor_bytes() const noexcept {
+    return extent_of(*this).first;
+}
+
+std::string KvLayout::problem() const {
+    if (layers == 0 || blocks == 0 || block_bytes == 0) {
+        return "a layout needs at least one layer, one block and one byte per block (layers " + std::to_string(layers) +
+               ", blocks " + std::to_string(blocks) + ", block_bytes " + std::to_string(block_bytes) + ")";
+    }
+    if (halves != 1 && halves != 2) {
+        return "halves is " + std::to_string(halves) + "; it is 2 (K and V) or 1 (one tensor per block)";
+    }
+    if (block_bytes > UINT32_MAX) {
+        return "a block of " + std::to_string(block_bytes) + " bytes is longer than one work request carries (" +
+               std::to_string(UINT32_MAX) + ")";
+    }
+    const auto [extent, overlapping] = extent_of(*this);
+    if (overlapping != nullptr) {
+        return std::string("its ") + overlapping + " overlap the blocks inside them (block_stride " +
+               std::to_string(block_stride) + ", half_stride " + std::to_string(half_stride) + ", layer_stride " +
+               std::to_string(layer_stride) + ", block_bytes " + std::to_string(block_bytes) + ")";
+    }
+    if (extent == 0) return "a tensor of this layout would span more than 2^63 bytes";
+    return {};
+}
+
+// --- the metadata record ----------------------------------------------------------
+//
+//   "GVKV" u16 version u16 tensors | u32 layers | u32 blocks | u32 halves | u32 0 |
+//   u64 block_bytes | u64 block_stride | u64 half_stride | u64 layer_stride | u64 pool id |
+//   tensors x (u64 address | u64 length | u32 rkey) | u64 FNV-1a of every byte before it
+
+namespace {
+
+constexpr std::array<char, 4> kv_magic{'G', 'V', 'K', 'V'};
+constexpr std::uint16_t kv_version = 1;
+constexpr std::size_t kv_header_size = 64;
+constexpr std::size_t kv_tensor_size = 20;
+constexpr std::size_t kv_check_size = 8;
+
+std::size_t kv_record_size(std::size_t tensors) {
+    return kv_header_size + tensors * kv_tensor_size + kv_check_size;
+}
+
+std::uint64_t fnv1a(std::span<const std::byte> bytes) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (std::byte b : bytes) {
+        h ^= std::to_integer<std::uint64_t>(b);
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+} // namespace
+
+RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::Status& status) {
+    const char* verb = "RemoteKvPool::load";
+    auto refuse = [&](std::string what) {
+        status.fail(errc::malformed_record, verb, "pool metadata: " + std::move(what));
+        return RemoteKvPool{};
+    };
+    if (bytes.size() < kv_record_size(1)) {
+        return refuse("the record is " + std::to_string(bytes.size()) + " bytes; one of a single tensor is " +
+                      std::to_string(kv_record_size(1)) + " (truncated, or not pool metadata)");
+    }
+    wire::codec::Reader r(bytes);
+    if (!r.magic(kv_magic)) return refuse("not gpuverbs pool metadata (wrong magic; expected \"GVKV\")");
+    if (const std::uint16_t v = r.u16(); v != kv_version) {
+        status.fail(errc::unsupported_version, verb,
+                    "pool metadata has version " + std::to_string(v) + "; this gpuverbs reads version " +
+                        std::to_string(kv_version) + " (update both engines to the same gpuverbs release)");
+        return {};
+    }
+    const std::uint16_t tensors = r.u16();
+    if (tensors == 0) return refuse("it lists no tensor");
+    if (bytes.size() != kv_record_size(tensors)) {
+        return refuse("the record is " + std::to_string(bytes.size()) + " bytes; with " + std::to_string(tensors) +
+                      " tensors it is " + std::to_string(kv_record_size(tensors)) +
+                      (bytes.size() < kv_record_size(tensors) ? " (truncated)" : " (trailing bytes)"));
+    }
+    wire::codec::Reader tail(bytes.subspan(bytes.size() - kv_check_size));
+    if (const std::uint64_t sum = tail.u64(), want = fnv1a(bytes.first(bytes.size() - kv_check_size)); sum != want) {
+        return refuse("its checksum does not match its bytes (damaged on the way, or cut and pasted)");
+    }
+    RemoteKvPool pool;
+    KvLayout& l = pool.layout_;
+    l.layers = r.u32();
+    l.blocks = r.u32();
+    l.halves = r.u32();
+    if (const std::uint32_t reserved = r.u32(); reserved != 0) {
+        return refuse("the reserved word after halves is " + std::to_string(reserved) + ", not 0");
+    }
+    l.block_bytes = r.u64();
+    l.block_stride = r.u64();
+    l.half_stride = r.u64();
+    l.layer_stride = r.u64();
+    pool.pool_id_ = r.u64();
+    if (std::string problem = l.problem(); !problem.empty()) return refuse("its layout: " + problem);
+    if (tensors != l.tensors()) {
+        return refuse("it lists " + std::to_string(tensors) + " tensors; its layout has " +
+                      std::to_string(l.tensors()));
+    }
+    const std::uint64_t need = l.tensor_bytes();
+    pool.tensors_.reserve(tensors);
+    for (std::uint32_t t = 0; t < tensors; ++t) {
+        RemoteMemory m;
+        m.address = r.u64();
+        m.length = r.u64();
+        m.rkey = r.u32();
+        if (m.length < need) {
+            return refuse("tensor " + std::to_string(t) + " is " + std::to_string(m.length) +
+                          " bytes; its layout needs " + std::to_string(need));
+        }
+        if (m.address > UINT64_MAX - m.length) {
+            return refuse("tensor " + std::to_string(t) + " wraps past the end of the address space");
+        }
+        pool.tensors_.push_back(m);
+    }
+    return pool;
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata) {
+    return detail::or_throw([&](detail::Status& s) { return load_impl(metadata, s); });
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return load_impl(metadata, s); });
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return load_impl(metadata, s); });
+}
+
+std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
+                                              std::span<const RemoteMemory> tensors) {
+    std::vector<std::byte> out(kv_record_size(tensors.size()));
+    wire::codec::Writer w(out);
+    w.header(kv_magic, kv_version, static_cast<std::uint16_t>(tensors.size()));
+    w.u32(layout.layers);
+    w.u32(layout.blocks);
+    w.u32(layout.halves);
+    w.u32(0);
+    w.u64(layout.block_bytes);
+    w.u64(layout.block_stride);
+    w.u64(layout.half_stride);
+    w.u64(layout.layer_stride);
+    w.u64(pool_id);
+    for (const RemoteMemory& m : tensors) {
+        w.u64(m.address);
+        w.u64(m.length);
+        w.u32(m.rkey);
+    }
+    const std::uint64_t sum = fnv1a(std::span<const std::byte>(out).first(out.size() - kv_check_size));
+    wire::codec::Writer tail(std::span<std::byte>(out).subspan(out.size() - kv_check_size));
+    tail.u64(sum);
+    return out;
+}
+
+std::vector<std::byte> KvPool::describe() const {
+    std::vector<RemoteMemory> tensors;
+    tensors.reserve(regions_.size());
+    for (const MemoryRegion& mr : regions_) tensors.push_back(mr.remote());
+    return regions_.empty() ? std::vector<std::byte>{} : detail::kv_pool_record(layout_, pool_id_, tensors);
+}
+
+// --- the pool ------------------------------------------------------------------
+
+KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> regions, detail::Status& status) {
+    const char* verb = "KvPool";
+    if (std::string problem = layout.problem(); !problem.empty()) {
+        status.fail(errc::invalid_argument, verb, "the layout: " + problem);
+        return {};
+    }
+    if (regions.size() != layout.tensors()) {
+        status.fail(errc::invalid_argument, verb,
+                    std::to_string(regions.size()) + " memory regions for a layout of " +
+                        std::to_string(layout.tensors()) + " tensors (" +
+                        (layout.layer_stride == 0 ? "one per layer" : "one for every layer") + ")");
+        return {};
+    }
+    if (regions.size() > UINT16_MAX) {
+        status.fail(
+            errc::invalid_argument, verb,
+            std::to_string(regions.size()) + " tensors; pool metadata carries at most " + std::to_string(UINT16_MAX));
+        return {};
+    }
+    const std::uint64_t need = layout.tensor_bytes();
+    for (std::size_t t = 0; t < regions.size(); ++t) {
+        if (!regions[t]) {
+            status.fail(errc::invalid_argument, verb, "memory region " + std::to_string(t) + " is empty");
+            return {};
+        }
+        if (regions[t].length() < need) {
+            status.fail(errc::invalid_argument, verb,
+                        "memory region " + std::to_string(t) + " is " + std::to_string(regions[t].length()) +
+                            " bytes; the layout's tensor is " + std::to_string(need));
+            return {};
+        }
+    }
+    KvPool pool;
+    pool.layout_ = layout;
+    pool.regions_ = std::move(regions);
+    do {
+        pool.pool_id_ = detail::system_random();
+    } while (pool.pool_id_ == 0);
+    return pool;
+}
+
+KvPool::KvPool(KvLayout layout, std::vector<MemoryRegion> regions)
+    : KvPool(detail::or_throw([&](detail::Status& s) { return create_impl(layout, std::move(regions), s); })) {}
+
+KvPool KvPool::create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(layout, std::move(regions), s); });
+}
+
+KvPool KvPool::create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec,
+                      Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics,
+                           [&](detail::Status& s) { return create_impl(layout, std::move(regions), s); });
+}
+
+// --- plans by block id ---------------------------------------------------------
+
+TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                               const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
+                               const TransferLimits& limits, detail::Status& status) const {
+    const char* verb = "KvPool::plan";
+    auto refuse = [&](std::string what) {
+        status.fail(errc::invalid_argument, verb, std::move(what));
+        return TransferPlan{};
+    };
+    if (regions_.empty()) return refuse("the KvPool is empty (create() refused it, or it was moved from)");
+    if (!remote) return refuse("the RemoteKvPool is empty (load the peer's metadata first)");
+    if (local_ids.size() != remote_ids.size()) {
+        return refuse(std::to_string(local_ids.size()) + " local ids and " + std::to_string(remote_ids.size()) +
+                      " remote ids: each local block pairs with one remote block");
+    }
+    if (local_ids.empty()) return refuse("no block ids: a plan moves at least one block");
+    const KvLayout& ours = layout_;
+    const KvLayout& theirs = remote.layout_;
+    if (ours.block_bytes != theirs.block_bytes || ours.halves != theirs.halves) {
+        return refuse("our blocks are " + std::to_string(ours.block_bytes) + " bytes in " +
+                      std::to_string(ours.halves) + " halves, the peer's " + std::to_string(theirs.block_bytes) +
+                      " bytes in " + std::to_string(theirs.halves) + " halves: the two pools must cut blocks alike");
+    }
+    std::uint32_t end = 0;
+    if (layers.count == UINT32_MAX) {
+        if (ours.layers != theirs.layers) {
+            return refuse("we have " + std::to_string(ours.layers) + " layers, the peer " +
+                          std::to_string(theirs.layers) + ": name the layers to move (LayerRange)");
+        }
+        if (layers.first >= ours.layers) {
+            return refuse("layer " + std::to_string(layers.first) + " is past the last (" +
+                          std::to_string(ours.layers - 1) + ")");
+        }
+        end = ours.layers;
+    } else {
+        if (layers.count == 0 || layers.first > std::min(ours.layers, theirs.layers) ||
+            layers.count > std::min(ours.layers, theirs.layers) - layers.first) {
+            return refuse("layers " + std::to_string(layers.first) + " to " +
+                          std::to_string(std::uint64_t{layers.first} + layers.count) + " (exclusive) are not within " +
+                          "both pools (ours has " + std::to_string(ours.layers) + ", the peer's " +
+                          std::to_string(theirs.layers) + ")");
+        }
+        end = layers.first + layers.count;
+    }
+    for (std::size_t i = 0; i < local_ids.size(); ++i) {
+        if (local_ids[i] >= ours.blocks) {
+            return refuse("local id " + std::to_string(local_ids[i]) + " (index " + std::to_string(i) +
+                          ") is outside our pool of " + std::to_string(ours.blocks) + " blocks");
+        }
+        if (remote_ids[i] >= theirs.blocks) {
+            return refuse("remote id " + std::to_string(remote_ids[i]) + " (index " + std::to_string(i) +
+                          ") is outside the peer's pool of " + std::to_string(theirs.blocks) + " blocks");
+        }
+    }
+    // One piece per (layer, half, id), in that order: the planner coalesces
+    // neighbours that are contiguous in both pools (consecutive ids of a
+    // block-contiguous layout).
+    const std::size_t count = local_ids.size() * (end - layers.first) * ours.halves;
+    std::vector<LocalBuffer> local(count);
+    std::vector<RemoteBlock> far(count);
+    const auto length = static_cast<std::uint32_t>(ours.block_bytes);
+    std::size_t k = 0;
+    for (std::uint32_t layer = layers.first; layer < end; ++layer) {
+        const MemoryRegion& mr = regions_[ours.tensor_of(layer)];
+        const RemoteMemory& rm = remote.tensors_[theirs.tensor_of(layer)];
+        const std::uint64_t begin = mr.iova();
+        const std::uint64_t region_end = begin + mr.length();
+        const std::uint32_t lkey = mr.lkey();
+        for (std::uint32_t half = 0; half < ours.halves; ++half) {
+            const std::uint64_t ours_base = begin + ours.offset(layer, half, 0);
+            const std::uint64_t theirs_base = theirs.offset(layer, half, 0);
+            for (std::size_t i = 0; i < local_ids.size(); ++i, ++k) {
+                local[k] = LocalBuffer{ours_base + local_ids[i] * ours.block_stride, length, lkey, begin, region_end};
+                far[k] = RemoteBlock{rm, theirs_base + remote_ids[i] * theirs.block_stride, ours.block_bytes};
+            }
+        }
+    }
+    return detail::make_transfer_plan(direction, local, far, limits, status);
+}
+
+TransferPlan KvPool::plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                          const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
+                          const TransferLimits& limits) const {
+    return detail::or_throw(
+        [&](detail::Status& s) { return plan_impl(direction, local_ids, remote, remote_ids, layers, limits, s); });
+}
+
+TransferPlan KvPool::plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                          const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
+                          const TransferLimits& limits, std::error_code& ec) const {
+    return detail::or_code(
+        ec, [&](detail::Status& s) { return plan_impl(direction, local_ids, remote, remote_ids, layers, limits, s); });
+}
+
+TransferPlan KvPool::plan(TransferDirection direction, std::span<const std::uint32_t> local_ids,
+                          const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
+                          const TransferLimits& limits, std::error_code& ec, Diagnostics& diagnostics) const {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return plan_impl(direction, local_ids, remote, remote_ids, layers, limits, s);
+    });
+}
+
+} // namespace gpuverbs
