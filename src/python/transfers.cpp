@@ -141,6 +141,26 @@ RemoteBlocks make_remote(const RemoteMemory& remote, const py::handle& offsets, 
     return out;
 }
 
+/// Block ids from any array of integers (or one int), each below 2^32.
+std::vector<std::uint32_t> block_ids(const py::handle& obj, const char* name) {
+    const std::vector<std::uint64_t> wide = integers(obj, name, 0);
+    std::vector<std::uint32_t> ids(wide.size());
+    for (std::size_t i = 0; i < wide.size(); ++i) {
+        if (wide[i] > UINT32_MAX) {
+            throw py::value_error(std::string(name) + "[" + std::to_string(i) + "] is " + std::to_string(wide[i]) +
+                                  ": block ids are below 2^32");
+        }
+        ids[i] = static_cast<std::uint32_t>(wide[i]);
+    }
+    return ids;
+}
+
+/// A pool over Python regions: they (and the objects they borrowed) live as long as it.
+struct PyKvPool {
+    std::vector<std::shared_ptr<Region>> regions;
+    KvPool pool;
+};
+
 TransferDirection direction_of(const std::string& d) {
     if (d == "write") return TransferDirection::write;
     if (d == "read") return TransferDirection::read;
@@ -292,6 +312,90 @@ void bind_transfers(py::module_& m) {
         .def(
             "blocks_of", [](const Plan& p, std::size_t request) { return p.plan.blocks_of(request); },
             py::arg("request"));
+
+    py::class_<KvLayout>(m, "KvLayout",
+                         "Where block b of half h (K, V) of layer l lies in a KV cache's tensors: "
+                         "l * layer_stride + h * half_stride + b * block_stride (layer_stride 0: a tensor per layer).")
+        .def(py::init<>())
+        .def_static("per_layer", &KvLayout::per_layer, py::arg("layers"), py::arg("blocks"), py::arg("block_bytes"),
+                    py::arg("halves") = 2, "A tensor per layer shaped [halves, blocks, block_size, heads, head_dim].")
+        .def_static("blocks_first", &KvLayout::blocks_first, py::arg("layers"), py::arg("blocks"),
+                    py::arg("block_bytes"), py::arg("halves") = 2,
+                    "A tensor per layer shaped [blocks, halves, block_size, heads, head_dim].")
+        .def_static("one_tensor", &KvLayout::one_tensor, py::arg("layers"), py::arg("blocks"), py::arg("block_bytes"),
+                    py::arg("halves") = 2, "One tensor shaped [layers, halves, blocks, block_size, heads, head_dim].")
+        .def_readwrite("layers", &KvLayout::layers)
+        .def_readwrite("blocks", &KvLayout::blocks)
+        .def_readwrite("halves", &KvLayout::halves)
+        .def_readwrite("block_bytes", &KvLayout::block_bytes)
+        .def_readwrite("block_stride", &KvLayout::block_stride)
+        .def_readwrite("half_stride", &KvLayout::half_stride)
+        .def_readwrite("layer_stride", &KvLayout::layer_stride)
+        .def_property_readonly("tensors", &KvLayout::tensors)
+        .def_property_readonly("tensor_bytes", &KvLayout::tensor_bytes)
+        .def("offset", &KvLayout::offset, py::arg("layer"), py::arg("half"), py::arg("block"))
+        .def_property_readonly("problem", &KvLayout::problem, "'' for a usable layout, else what is wrong.")
+        .def(
+            "__eq__", [](const KvLayout& a, const KvLayout& b) { return a == b; }, py::arg("other"));
+
+    py::class_<RemoteKvPool>(m, "RemoteKvPool", "A peer's KV pool, loaded from the bytes of its describe().")
+        .def_static(
+            "load",
+            [](const py::bytes& data) {
+                std::string_view v = data;
+                return RemoteKvPool::load(std::as_bytes(std::span(v.data(), v.size())));
+            },
+            py::arg("data"), "Checks the metadata and reads it; raises gpuverbs.Error naming what is wrong.")
+        .def_property_readonly("layout", [](const RemoteKvPool& p) { return p.layout(); })
+        .def_property_readonly("pool_id", &RemoteKvPool::pool_id)
+        .def_property_readonly(
+            "tensors",
+            [](const RemoteKvPool& p) { return std::vector<RemoteMemory>(p.tensors().begin(), p.tensors().end()); },
+            "Per tensor, the peer's RemoteMemory.");
+
+    py::class_<PyKvPool, std::shared_ptr<PyKvPool>>(
+        m, "KvPool", "A KV cache over registered regions (one per tensor, in layer order), named by block ids.")
+        .def(py::init([](const KvLayout& layout, const std::vector<std::shared_ptr<Region>>& regions) {
+                 auto p = std::make_shared<PyKvPool>();
+                 p->regions = regions;
+                 std::vector<const MemoryRegion*> mrs;
+                 for (const auto& r : regions) mrs.push_back(r ? &r->mr() : nullptr);
+                 p->pool = KvPool(layout, mrs);
+                 return p;
+             }),
+             py::arg("layout"), py::arg("regions"))
+        .def_property_readonly("layout", [](const PyKvPool& p) { return p.pool.layout(); })
+        .def_property_readonly("pool_id", [](const PyKvPool& p) { return p.pool.pool_id(); })
+        .def(
+            "describe",
+            [](const PyKvPool& p) {
+                const std::vector<std::byte> b = p.pool.describe();
+                return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+            },
+            "The metadata a peer loads (RemoteKvPool.load): carry it over the engine's own channel.")
+        .def(
+            "plan",
+            [](const PyKvPool& p, const std::string& direction, const py::handle& local_ids, const RemoteKvPool& remote,
+               const py::handle& remote_ids, const Qp& qp,
+               std::optional<std::pair<std::uint32_t, std::uint32_t>> layers) {
+                const std::vector<std::uint32_t> ours = block_ids(local_ids, "local_ids");
+                const std::vector<std::uint32_t> theirs = block_ids(remote_ids, "remote_ids");
+                const TransferDirection d = direction_of(direction);
+                const TransferLimits limits{qp.get().capabilities().max_send_sge};
+                LayerRange range;
+                if (layers) range = LayerRange{layers->first, layers->second};
+                auto plan = std::make_shared<Plan>();
+                {
+                    py::gil_scoped_release release;
+                    plan->plan = p.pool.plan(d, ours, remote, theirs, range, limits);
+                }
+                plan->regions = p.regions;
+                return plan;
+            },
+            py::arg("direction"), py::arg("local_ids"), py::arg("remote"), py::arg("remote_ids"), py::arg("qp"),
+            py::arg("layers") = py::none(),
+            "The TransferPlan moving our blocks local_ids[i] and the peer's remote_ids[i] (any integer arrays) for "
+            "both halves of each layer: 'write' ours to theirs, 'read' theirs to ours; layers=(first, count).");
 
     py::class_<TransferReport>(m, "TransferReport", "Which blocks landed, which never moved, which may have.")
         .def_readonly("landed", &TransferReport::landed)

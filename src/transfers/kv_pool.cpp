@@ -232,13 +232,14 @@ std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint6
 std::vector<std::byte> KvPool::describe() const {
     std::vector<RemoteMemory> tensors;
     tensors.reserve(regions_.size());
-    for (const MemoryRegion& mr : regions_) tensors.push_back(mr.remote());
+    for (const MemoryRegion* mr : regions_) tensors.push_back(mr->remote());
     return regions_.empty() ? std::vector<std::byte>{} : detail::kv_pool_record(layout_, pool_id_, tensors);
 }
 
 // --- the pool ------------------------------------------------------------------
 
-KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> regions, detail::Status& status) {
+KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> owned, std::vector<const MemoryRegion*> regions,
+                           detail::Status& status) {
     const char* verb = "KvPool";
     if (std::string problem = layout.problem(); !problem.empty()) {
         status.fail(errc::invalid_argument, verb, "the layout: " + problem);
@@ -259,19 +260,20 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> regions, d
     }
     const std::uint64_t need = layout.tensor_bytes();
     for (std::size_t t = 0; t < regions.size(); ++t) {
-        if (!regions[t]) {
+        if (regions[t] == nullptr || !*regions[t]) {
             status.fail(errc::invalid_argument, verb, "memory region " + std::to_string(t) + " is empty");
             return {};
         }
-        if (regions[t].length() < need) {
+        if (regions[t]->length() < need) {
             status.fail(errc::invalid_argument, verb,
-                        "memory region " + std::to_string(t) + " is " + std::to_string(regions[t].length()) +
+                        "memory region " + std::to_string(t) + " is " + std::to_string(regions[t]->length()) +
                             " bytes; the layout's tensor is " + std::to_string(need));
             return {};
         }
     }
     KvPool pool;
     pool.layout_ = layout;
+    pool.owned_ = std::move(owned); // regions point into its buffer, which the move keeps
     pool.regions_ = std::move(regions);
     do {
         pool.pool_id_ = detail::system_random();
@@ -279,17 +281,42 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> regions, d
     return pool;
 }
 
+KvPool KvPool::create_owning(KvLayout layout, std::vector<MemoryRegion> owned, detail::Status& status) {
+    std::vector<const MemoryRegion*> regions;
+    regions.reserve(owned.size());
+    for (const MemoryRegion& mr : owned) regions.push_back(&mr);
+    return create_impl(layout, std::move(owned), std::move(regions), status);
+}
+
 KvPool::KvPool(KvLayout layout, std::vector<MemoryRegion> regions)
-    : KvPool(detail::or_throw([&](detail::Status& s) { return create_impl(layout, std::move(regions), s); })) {}
+    : KvPool(detail::or_throw([&](detail::Status& s) { return create_owning(layout, std::move(regions), s); })) {}
 
 KvPool KvPool::create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec) {
-    return detail::or_code(ec, [&](detail::Status& s) { return create_impl(layout, std::move(regions), s); });
+    return detail::or_code(ec, [&](detail::Status& s) { return create_owning(layout, std::move(regions), s); });
 }
 
 KvPool KvPool::create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec,
                       Diagnostics& diagnostics) {
     return detail::or_code(ec, diagnostics,
-                           [&](detail::Status& s) { return create_impl(layout, std::move(regions), s); });
+                           [&](detail::Status& s) { return create_owning(layout, std::move(regions), s); });
+}
+
+KvPool::KvPool(KvLayout layout, std::span<const MemoryRegion* const> regions)
+    : KvPool(detail::or_throw([&](detail::Status& s) {
+          return create_impl(layout, {}, {regions.begin(), regions.end()}, s);
+      })) {}
+
+KvPool KvPool::create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) {
+        return create_impl(layout, {}, {regions.begin(), regions.end()}, s);
+    });
+}
+
+KvPool KvPool::create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec,
+                      Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return create_impl(layout, {}, {regions.begin(), regions.end()}, s);
+    });
 }
 
 // --- plans by block id ---------------------------------------------------------
@@ -356,7 +383,7 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
     const auto length = static_cast<std::uint32_t>(ours.block_bytes);
     std::size_t k = 0;
     for (std::uint32_t layer = layers.first; layer < end; ++layer) {
-        const MemoryRegion& mr = regions_[ours.tensor_of(layer)];
+        const MemoryRegion& mr = *regions_[ours.tensor_of(layer)];
         const RemoteMemory& rm = remote.tensors_[theirs.tensor_of(layer)];
         const std::uint64_t begin = mr.iova();
         const std::uint64_t region_end = begin + mr.length();

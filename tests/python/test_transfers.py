@@ -115,3 +115,45 @@ def test_block_lists_refuse_bad_input_by_name(pair):
     with pytest.raises(ValueError, match=r"rails is empty"):
         gv.transfer([], gv.TransferPlan("write", gv.LocalBlocks(rs, [0], 8),
                                         gv.RemoteBlocks(rs.remote(), [0], 8), pair.qp_a))
+
+
+def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as_metadata(pair):
+    # prefill (b) owns 8 layers of 512 blocks of 64 bytes, K and V; decode (a) reads 200 of them by id.
+    layers, blocks, block = 8, 512, 64
+    layout = gv.KvLayout.per_layer(layers, blocks, block)
+    assert layout.tensors == layers and layout.tensor_bytes == 2 * blocks * block and layout.problem == ""
+    rng = np.random.default_rng(7)
+    prefill = [rng.integers(0, 256, layout.tensor_bytes, dtype=np.uint8) for _ in range(layers)]
+    decode = [np.full(layout.tensor_bytes, 0xEE, dtype=np.uint8) for _ in range(layers)]
+    theirs_pool = gv.KvPool(layout, [pair.b.pd.register(t, RW | gv.Access.remote_read) for t in prefill])
+    ours = gv.KvPool(layout, [pair.a.pd.register(t, RW) for t in decode])
+
+    metadata = theirs_pool.describe()  # carried over the engine's own channel
+    assert isinstance(metadata, bytes) and len(metadata) == 72 + 20 * layers
+    theirs = gv.RemoteKvPool.load(metadata)
+    assert theirs.layout == layout and theirs.pool_id == theirs_pool.pool_id and len(theirs.tensors) == layers
+
+    their_ids = rng.permutation(blocks)[:200]  # any integer array
+    our_ids = rng.permutation(blocks)[:200].astype(np.int32)
+    plan = ours.plan("read", our_ids, theirs, their_ids, pair.qp_a)
+    assert plan.bytes == 200 * layers * 2 * block
+    moved = asyncio.run(_await(gv.transfer(pair.qp_a, plan)))
+    assert moved == plan.bytes
+    for layer in range(layers):
+        got = decode[layer].reshape(2, blocks, block)
+        want = prefill[layer].reshape(2, blocks, block)
+        assert (got[:, our_ids] == want[:, their_ids]).all()
+        untouched = np.setdiff1d(np.arange(blocks), our_ids)
+        assert (got[:, untouched] == 0xEE).all()
+
+    # Refusals name the problem.
+    with pytest.raises(gv.Error, match="remote id 512 \\(index 0\\) is outside the peer's pool of 512 blocks"):
+        ours.plan("read", [0], theirs, [512], pair.qp_a)
+    with pytest.raises(ValueError, match="local_ids\\[0\\] is 4294967296: block ids are below 2\\^32"):
+        ours.plan("read", [2**32], theirs, [0], pair.qp_a)
+    with pytest.raises(gv.Error, match="its checksum does not match"):
+        gv.RemoteKvPool.load(metadata[:-1] + bytes([metadata[-1] ^ 1]))
+
+
+async def _await(op):
+    return await op

@@ -191,10 +191,10 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
                     return none.plan(TransferDirection::write, ids, theirs, ids, {}, {}, ec, d);
                 }) == "KvPool::plan: the KvPool is empty (create() refused it, or it was moved from)");
         std::error_code ec;
-        (void)KvPool::create(small, {}, ec);
+        (void)KvPool::create(small, std::vector<MemoryRegion>{}, ec);
         CHECK(ec == errc::invalid_argument);
         Diagnostics d;
-        (void)KvPool::create(small, {}, ec, d);
+        (void)KvPool::create(small, std::vector<MemoryRegion>{}, ec, d);
         CHECK(d.message() == "KvPool: 0 memory regions for a layout of 4 tensors (one per layer)");
     }
 }

@@ -130,11 +130,19 @@ public:
     static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec);
     static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec,
                          Diagnostics& diagnostics);
+    /// … over regions registered and kept alive elsewhere (a RegistrationCache,
+    /// the Python package's regions): the pool only refers to them, and they
+    /// must outlive it.
+    KvPool(KvLayout layout, std::span<const MemoryRegion* const> regions);
+    static KvPool create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec);
+    static KvPool create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec,
+                         Diagnostics& diagnostics);
 
     /// False when empty (default, moved from, or a create() that failed).
     explicit operator bool() const noexcept { return !regions_.empty(); }
     [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
-    [[nodiscard]] std::span<const MemoryRegion> regions() const noexcept { return regions_; }
+    /// The region of each tensor, in layer order.
+    [[nodiscard]] std::span<const MemoryRegion* const> regions() const noexcept { return regions_; }
     [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
 
     /// The metadata a peer loads (RemoteKvPool::load): a versioned, checksummed
@@ -161,12 +169,15 @@ public:
                                     Diagnostics& diagnostics) const;
 
 private:
-    static KvPool create_impl(KvLayout layout, std::vector<MemoryRegion> regions, detail::Status& status);
+    static KvPool create_impl(KvLayout layout, std::vector<MemoryRegion> owned,
+                              std::vector<const MemoryRegion*> regions, detail::Status& status);
+    static KvPool create_owning(KvLayout layout, std::vector<MemoryRegion> owned, detail::Status& status);
     TransferPlan plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,
                            const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
                            const TransferLimits& limits, detail::Status& status) const;
     KvLayout layout_;
-    std::vector<MemoryRegion> regions_;
+    std::vector<MemoryRegion> owned_;          ///< empty for a pool over regions kept elsewhere
+    std::vector<const MemoryRegion*> regions_; ///< one per tensor (into owned_, whose buffer a move keeps)
     std::uint64_t pool_id_ = 0;
 };
 
