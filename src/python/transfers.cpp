@@ -359,6 +359,7 @@ void bind_transfers(py::module_& m) {
                  auto p = std::make_shared<PyKvPool>();
                  p->regions = regions;
                  std::vector<const MemoryRegion*> mrs;
+                 mrs.reserve(regions.size());
                  for (const auto& r : regions) mrs.push_back(r ? &r->mr() : nullptr);
                  p->pool = KvPool(layout, mrs);
                  return p;
