@@ -98,7 +98,7 @@ asio::ip::tcp::socket TcpListener::accept_impl(std::chrono::milliseconds timeout
     if (!acceptor_.is_open()) {
         status.fail(errc::invalid_argument, "accept",
                     "the listener is closed (create() refused it, or it was moved from)");
-        return asio::ip::tcp::socket(executor_);
+        return asio::ip::tcp::socket(acceptor_.get_executor()); // a moved-from listener has no executor_
     }
     auto deadline = Clock::now() + timeout;
     boost::system::error_code ec;
@@ -119,7 +119,7 @@ asio::ip::tcp::socket TcpListener::accept_impl(std::chrono::milliseconds timeout
             status.fail(std::make_error_code(std::errc::timed_out), "accept",
                         "no bootstrap connection on port " + std::to_string(port()) + " within " +
                             std::to_string(timeout.count()) + " ms");
-            return asio::ip::tcp::socket(executor_);
+            return asio::ip::tcp::socket(acceptor_.get_executor()); // a moved-from listener has no executor_
         }
         asio::ip::tcp::socket socket(executor_);
         acceptor_.accept(socket, ec);
@@ -129,7 +129,7 @@ asio::ip::tcp::socket TcpListener::accept_impl(std::chrono::milliseconds timeout
         }
         if (ec != asio::error::would_block && ec != asio::error::try_again && ec != asio::error::connection_aborted) {
             status.fail(ec, "accept", "cannot accept a bootstrap connection: " + error_text(ec));
-            return asio::ip::tcp::socket(executor_);
+            return asio::ip::tcp::socket(acceptor_.get_executor()); // a moved-from listener has no executor_
         }
     }
 }

@@ -360,7 +360,18 @@ void bind_transfers(py::module_& m) {
                  p->regions = regions;
                  std::vector<const MemoryRegion*> mrs;
                  mrs.reserve(regions.size());
-                 for (const auto& r : regions) mrs.push_back(r ? &r->mr() : nullptr);
+                 for (std::size_t t = 0; t < regions.size(); ++t) {
+                     const std::shared_ptr<Region>& r = regions[t];
+                     // The pool addresses blocks from each region's first byte, and
+                     // keeps the region (not a cache's entry) alive: a region the
+                     // cache served may start inside a larger registration.
+                     if (r && r->cached) {
+                         throw py::value_error("regions[" + std::to_string(t) +
+                                               "] comes from a RegistrationCache: a KvPool needs each tensor's own "
+                                               "registration (ProtectionDomain.register)");
+                     }
+                     mrs.push_back(r ? &r->mr() : nullptr);
+                 }
                  p->pool = KvPool(layout, mrs);
                  return p;
              }),
@@ -386,10 +397,8 @@ void bind_transfers(py::module_& m) {
                 LayerRange range;
                 if (layers) range = LayerRange{layers->first, layers->second};
                 auto plan = std::make_shared<Plan>();
-                {
-                    py::gil_scoped_release release;
-                    plan->plan = p.pool.plan(d, ours, remote, theirs, range, limits);
-                }
+                // Under the GIL: a region's close() on another thread must not run meanwhile.
+                plan->plan = p.pool.plan(d, ours, remote, theirs, range, limits);
                 plan->regions = p.regions;
                 return plan;
             },

@@ -377,7 +377,12 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
     // One piece per (layer, half, id), in that order: the planner coalesces
     // neighbours that are contiguous in both pools (consecutive ids of a
     // block-contiguous layout).
-    const std::size_t count = local_ids.size() * (end - layers.first) * ours.halves;
+    const std::size_t per_id = std::size_t{end - layers.first} * ours.halves;
+    if (local_ids.size() > (std::size_t{1} << 40) / per_id) {
+        return refuse(std::to_string(local_ids.size()) + " ids over " + std::to_string(per_id) +
+                      " layer halves: more pieces than one plan holds");
+    }
+    const std::size_t count = local_ids.size() * per_id;
     std::vector<LocalBuffer> local(count);
     std::vector<RemoteBlock> far(count);
     const auto length = static_cast<std::uint32_t>(ours.block_bytes);

@@ -153,6 +153,10 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
         ours.plan("read", [2**32], theirs, [0], pair.qp_a)
     with pytest.raises(gv.Error, match="its checksum does not match"):
         gv.RemoteKvPool.load(metadata[:-1] + bytes([metadata[-1] ^ 1]))
+    # A cache's region may start inside a larger registration: refused, naming it.
+    cache = gv.RegistrationCache(pair.a.pd)
+    with pytest.raises(ValueError, match="regions\\[0\\] comes from a RegistrationCache"):
+        gv.KvPool(gv.KvLayout.per_layer(1, blocks, block), [cache.get(decode[0], RW)])
 
 
 async def _await(op):

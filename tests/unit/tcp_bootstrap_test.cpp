@@ -533,6 +533,12 @@ TEST_SUITE("tcp bootstrap: throwing, error_code and Diagnostics forms") {
                   [&](std::error_code& ec) { return closed.accept(20ms, ec); },
                   [&](std::error_code& ec, Diagnostics& d) { return closed.accept(20ms, ec, d); }) ==
               "accept: the listener is closed (create() refused it, or it was moved from)");
+
+        TcpListener taken = std::move(l); // a moved-from listener refuses alike, and never throws from the code form
+        std::error_code ec;
+        CHECK_FALSE(l.accept(20ms, ec).is_open()); // NOLINT(bugprone-use-after-move): what this checks
+        CHECK(ec == errc::invalid_argument);
+        CHECK(taken.port() != 0);
     }
 
     TEST_CASE("accept that gets a connection clears the error_code and the Diagnostics") {

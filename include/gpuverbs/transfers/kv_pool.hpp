@@ -130,9 +130,10 @@ public:
     static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec);
     static KvPool create(KvLayout layout, std::vector<MemoryRegion> regions, std::error_code& ec,
                          Diagnostics& diagnostics);
-    /// … over regions registered and kept alive elsewhere (a RegistrationCache,
-    /// the Python package's regions): the pool only refers to them, and they
-    /// must outlive it.
+    /// … over regions registered and kept alive elsewhere (the Python
+    /// package's regions): the pool only refers to them, and they must outlive
+    /// it. Each must start at its tensor's first byte (not a larger covering
+    /// registration, such as a RegistrationCache may return).
     KvPool(KvLayout layout, std::span<const MemoryRegion* const> regions);
     static KvPool create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec);
     static KvPool create(KvLayout layout, std::span<const MemoryRegion* const> regions, std::error_code& ec,

@@ -165,8 +165,10 @@ public:
     /// asynchronous operations still outstanding it throws
     /// errc::invalid_argument and leaves the QueuePair as it was.
     PreparedQueuePair reset() &&;
-    /// The same without throwing: on failure `ec` (and the words) are set,
-    /// the PreparedQueuePair returned is empty and the QueuePair is left as it was.
+    /// The same without throwing: on failure `ec` (and the words) are set and
+    /// the PreparedQueuePair returned is empty. The QueuePair is kept: as it
+    /// was when refused before any change, else in whatever state the failing
+    /// transition left it (destroy it, or reset it again).
     PreparedQueuePair reset(std::error_code& ec) &&;
     PreparedQueuePair reset(std::error_code& ec, Diagnostics& diagnostics) &&;
 
