@@ -216,7 +216,10 @@ TEST_SUITE("transfers across rails" * doctest::skip(!test::rig_present())) {
         // it calls landed is at the peer, byte for byte.
         CHECK(report.landed + report.uncertain + report.not_posted == s.blocks.blocks);
         CHECK(report.landed > 0);
-        CHECK(report.uncertain > 0);
+        // Not everything landed. Whether rail 1's unfinished requests were in
+        // flight (uncertain) or refused at posting (not posted: gpuverbs had
+        // already seen the port go down) depends on when the link fell.
+        CHECK(report.uncertain + report.not_posted > 0);
         CHECK(report.landed * s.blocks.block == run.per_rail[0] + run.per_rail[1]); // bytes count what landed
         CHECK(run.wrong == 0);
         MESSAGE("report: " << summary(run));
