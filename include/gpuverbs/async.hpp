@@ -46,3 +46,31 @@
 // The asynchronous forms of QueuePair (data_path.hpp declares them; a program
 // that includes only queue_pair.hpp compiles none of the engine).
 #include "gpuverbs/detail/async/async_forms.hpp"
+
+#include <cstddef>
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace gpuverbs {
+
+/// Progress without a loop: advances every CompletionQueue made with
+/// CompletionMode::polled on `io`'s executor (reaps it, posts what waited
+/// for room, runs the liveness watch when its tick is due), then runs what
+/// `io` has ready without blocking (io_context::poll). Handlers run here, on
+/// the calling thread. Returns how many operations finished and handlers
+/// ran. Call it from one thread at a time per io_context (operations may be
+/// started from any thread unless the CQs are single_threaded). With nothing
+/// outstanding it makes no system call (benchmarks/progress-idle measures it):
+///
+///   boost::asio::io_context io(1);
+///   gpuverbs::CompletionQueue cq(device, 1024, io.get_executor(), {.mode = gpuverbs::CompletionMode::polled});
+///   ...
+///   for (;;) {                       // the engine's step loop
+///       gpuverbs::progress(io);      // never blocks, never sleeps
+///       if (transfer.done()) ...
+///   }
+std::size_t progress(boost::asio::io_context& io) noexcept;
+
+} // namespace gpuverbs

@@ -37,6 +37,14 @@ enum class CompletionMode {
     /// then fall back to waiting on the fd: busy-poll latency during bursts,
     /// no core burned when idle. While polling it never touches the channel.
     adaptive,
+    /// Never waits and starts no timer: the engine moves only when the owner
+    /// calls gpuverbs::progress(io_context) (async.hpp) from its own loop — a
+    /// serving engine's step asking "what finished?". progress() reaps the
+    /// CQ, posts what waited for room, runs the liveness watch when its tick
+    /// is due (the bounds hold while progress() is called at least once per
+    /// AsyncOptions::liveness_tick) and runs the handlers; on an idle CQ it
+    /// makes no system call.
+    polled,
 };
 
 /// How a CompletionQueue bound to an executor runs.

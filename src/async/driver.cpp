@@ -3,12 +3,15 @@
 // AsyncFsm's (include/gpuverbs/detail/async/async_fsm.hpp).
 #include "gpuverbs/detail/async/async_driver.hpp"
 
+#include "gpuverbs/async.hpp"
+
 #include "gpuverbs/detail/async/async_op.hpp"
 #include "gpuverbs/detail/async/liveness.hpp"
 #include "gpuverbs/detail/data_path/completion_path.hpp"
 #include "gpuverbs/detail/data_path/posting_path.hpp"
 #include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
 #include <array>
@@ -105,7 +108,7 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
                 fsm_.posted(op);
                 if (options_.mode == CompletionMode::adaptive) {
                     start_spinning();
-                } else if (!waiting_) {
+                } else if (options_.mode == CompletionMode::event_driven && !waiting_) {
                     waiting_ = true;
                     descriptor_.async_wait(
                         asio::posix::stream_descriptor::wait_read,
@@ -314,6 +317,10 @@ void AsyncDriver::stop_waiting_if_idle() noexcept {
 void AsyncDriver::start_watch() {
     if (watching_ || closed_ || options_.liveness_tick.count() <= 0) return;
     watching_ = true;
+    if (polled()) { // progress() looks when the tick is due: no timer on the owner's context
+        watch_due_ = Clock::now() + options_.liveness_tick;
+        return;
+    }
     watch_timer_.expires_after(options_.liveness_tick);
     watch_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) { self->on_watch(ec); });
 }
@@ -334,6 +341,30 @@ void AsyncDriver::on_watch(const boost::system::error_code& ec) {
         if (fsm_.outstanding() > 0) start_watch();
     }
     deliver(done);
+}
+
+std::size_t AsyncDriver::progress() noexcept {
+    OpList done;
+    {
+        std::lock_guard lock(mutex_);
+        if (closed_ || fsm_.outstanding() == 0) return 0;
+        drain(done);
+        post_ready(done);
+        if (watching_) {
+            const auto now = Clock::now();
+            if (fsm_.outstanding() == 0) {
+                watching_ = false; // the next submit starts it again
+            } else if (now >= watch_due_) {
+                watch(done);
+                post_ready(done);
+                watch_due_ = now + options_.liveness_tick;
+            }
+        }
+    }
+    std::size_t finished = 0;
+    for (AsyncOpLinks* l = done.front(); l != nullptr; l = l->next) ++finished;
+    deliver(done);
+    return finished;
 }
 
 void AsyncDriver::watch(OpList& done) noexcept {
@@ -501,6 +532,34 @@ void AsyncDriverService::add(const std::shared_ptr<AsyncDriver>& driver) {
     std::lock_guard lock(mutex_);
     std::erase_if(drivers_, [](const std::weak_ptr<AsyncDriver>& w) { return w.expired(); });
     drivers_.push_back(driver);
+    if (driver->polled()) {
+        std::erase_if(polled_, [](const std::weak_ptr<AsyncDriver>& w) { return w.expired(); });
+        polled_.push_back(driver);
+    }
+}
+
+std::size_t AsyncDriverService::progress() noexcept {
+    // The drivers are taken under the list's lock, a few at a time, and run
+    // without it: a handler may make a CQ (add() takes the lock), and the
+    // last reference to a driver may go here. A driver added meanwhile is
+    // reached on this pass or the next.
+    std::size_t finished = 0;
+    std::array<std::shared_ptr<AsyncDriver>, 8> batch;
+    for (std::size_t k = 0;;) {
+        std::size_t n = 0;
+        {
+            std::lock_guard lock(mutex_);
+            for (; k < polled_.size() && n < batch.size(); ++k) {
+                if (auto d = polled_[k].lock()) batch[n++] = std::move(d);
+            }
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            finished += batch[i]->progress();
+            batch[i].reset();
+        }
+        if (n < batch.size()) break;
+    }
+    return finished;
 }
 
 void AsyncDriverService::shutdown() {
@@ -523,3 +582,19 @@ void AsyncDriverService::shutdown() {
 }
 
 } // namespace gpuverbs::detail
+
+namespace gpuverbs {
+
+std::size_t progress(boost::asio::io_context& io) noexcept {
+    // Every CQ bound to io made the service; without one it is made empty here.
+    std::size_t ran = boost::asio::use_service<detail::AsyncDriverService>(io).progress();
+    // What was posted (an abort, a handler bound elsewhere that came back, a
+    // timer that fired): with no outstanding work io_context::poll returns at
+    // once, so an idle context costs no system call.
+    boost::system::error_code ignored;
+    io.restart(); // a poll that found no work stopped it
+    ran += io.poll(ignored);
+    return ran;
+}
+
+} // namespace gpuverbs

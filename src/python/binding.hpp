@@ -36,7 +36,9 @@ namespace py = pybind11;
 /// fd (loop.add_reader(ctx.fileno(), ctx.poll)); poll() never blocks.
 class Context {
 public:
-    Context();
+    /// `polled`: its CQs are made in CompletionMode::polled and move only in
+    /// progress() (or poll(), run_one_for() and waits, which call it).
+    explicit Context(bool polled = false);
     Context(const Context&) = delete;
     Context& operator=(const Context&) = delete;
     ~Context();
@@ -49,7 +51,11 @@ public:
     /// Runs what is ready, without blocking (the GIL is held: handlers touch Python objects).
     std::size_t poll();
     /// Runs at most one handler, waiting up to `timeout` (call with the GIL released).
+    /// Polled: calls progress() until something ran or the time is up (it spins).
     std::size_t run_one_for(std::chrono::microseconds timeout);
+    /// gpuverbs::progress on this context: never blocks, no system call when idle.
+    std::size_t progress() noexcept { return gpuverbs::progress(io_); }
+    [[nodiscard]] bool polled() const noexcept { return polled_; }
     /// Makes fileno() readable until the next poll(): call it after something
     /// posted a handler without a completion to announce it (a cancellation, a
     /// queue pair or CQ closed, whose operations end with operation_aborted).
@@ -57,6 +63,7 @@ public:
 
 private:
     boost::asio::io_context io_;
+    bool polled_ = false;
     int epoll_ = -1;
     int wake_ = -1; ///< an eventfd in the epoll set
 };

@@ -10,7 +10,8 @@
 
 namespace gpuverbs::python {
 
-Context::Context() : epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+Context::Context(bool polled)
+    : polled_(polled), epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     if (epoll_ < 0 || wake_ < 0) {
         const int err = errno;
         const char* verb = epoll_ < 0 ? "epoll_create1" : "eventfd";
@@ -53,6 +54,7 @@ void Context::unwatch(int fd) noexcept { // NOLINT(readability-make-member-funct
 }
 
 std::size_t Context::poll() {
+    if (polled_) return progress();
     std::uint64_t woken = 0;
     (void)!::read(wake_, &woken, sizeof woken);
     if (io_.stopped()) io_.restart();
@@ -60,6 +62,13 @@ std::size_t Context::poll() {
 }
 
 std::size_t Context::run_one_for(std::chrono::microseconds timeout) {
+    if (polled_) {
+        const auto until = std::chrono::steady_clock::now() + timeout;
+        std::size_t ran = 0;
+        while ((ran = progress()) == 0 && std::chrono::steady_clock::now() < until) {
+        }
+        return ran;
+    }
     if (io_.stopped()) io_.restart();
     return io_.run_one_for(timeout);
 }

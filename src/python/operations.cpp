@@ -49,6 +49,12 @@ py::object Operation::result() {
 }
 
 void Operation::set_future(py::object future) {
+    if (context_->polled()) {
+        throw py::value_error(
+            "this operation's Context is polled: nothing wakes an asyncio loop for it. Call op.poll() or "
+            "context.progress() from your own loop (or make the CompletionQueue on a Context() that is not polled "
+            "to await)");
+    }
     if (future_ && !future_.attr("done")().cast<bool>()) {
         throw py::value_error(
             "this operation is already awaited by another task: await it in one task (share "
@@ -281,6 +287,14 @@ void bind_operations(py::module_& m) {
         "awaiting task cancels it by the C++ rules: one not yet posted ends with gpuverbs.Aborted; one posted "
         "completes (the NIC cannot be recalled) and its memory stays held until then.")
         .def_property_readonly("done", &Operation::done)
+        .def(
+            "poll",
+            [](Operation& op) {
+                if (!op.done()) (void)op.context()->poll();
+                return op.done();
+            },
+            "Runs the context's ready completions once (progress() on a polled context), never blocking: "
+            "whether the operation is done.")
         .def_property_readonly("context", &Operation::context)
         .def("result", &Operation::result, "The result; raises the operation's gpuverbs.Error. Only once done.")
         .def(

@@ -5,6 +5,7 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 
+#include <cmath>
 #include <cstring>
 
 namespace gpuverbs::python {
@@ -205,7 +206,8 @@ struct FinishTransfer {
 };
 
 std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_ptr<Plan>& plan,
-                                    std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch) {
+                                    std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch,
+                                    std::optional<double> deadline, std::optional<double> timeout) {
     std::vector<std::shared_ptr<Qp>> qps;
     if (py::isinstance<Qp>(rails)) {
         qps.push_back(rails.cast<std::shared_ptr<Qp>>());
@@ -226,6 +228,9 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (notify && (*notify < 0 || *notify > 0xffffffffLL)) {
         throw py::value_error("notify must be a 32-bit unsigned value (got " + std::to_string(*notify) + ")");
     }
+    if (deadline && timeout) throw py::value_error("give deadline or timeout, not both");
+    if (timeout && !(*timeout >= 0)) throw py::value_error("timeout must be 0 or more seconds");
+    if (deadline && !std::isfinite(*deadline)) throw py::value_error("deadline must be a time.monotonic() value");
     std::vector<TransferRail> bound;
     bound.reserve(qps.size());
     for (const auto& q : qps) bound.push_back(TransferRail{&q->get(), {}, {}});
@@ -237,6 +242,16 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (notify) options.notify = static_cast<std::uint32_t>(*notify);
     options.failover = failover;
     options.report_blocks = true; // Operation.report
+    // time.monotonic() is CLOCK_MONOTONIC, steady_clock's clock on Linux.
+    using Clock = std::chrono::steady_clock;
+    if (deadline) {
+        options.deadline = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(*deadline)));
+    }
+    if (timeout) {
+        options.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(std::min(*timeout, 1e9)));
+    }
     async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
                    boost::asio::bind_cancellation_slot(op->slot(), FinishTransfer{op}));
     return op;
@@ -433,10 +448,13 @@ void bind_transfers(py::module_& m) {
             "A transfer's TransferReport (filled when it completes).");
 
     m.def("transfer", &transfer, py::arg("rails"), py::arg("plan"), py::kw_only(), py::arg("notify") = py::none(),
-          py::arg("failover") = true, py::arg("doorbell_batch") = 32,
+          py::arg("failover") = true, py::arg("doorbell_batch") = 32, py::arg("deadline") = py::none(),
+          py::arg("timeout") = py::none(),
           "Moves every block of plan over rails (a QueuePair or a list: striped, failing over) in one operation "
-          "ending, with notify, in a zero-byte write with that immediate at the peer. Await it or wait(): bytes "
-          "moved; .report says what landed.");
+          "ending, with notify, in a zero-byte write with that immediate at the peer. deadline (a "
+          "time.monotonic() value) or timeout (seconds from now): nothing is posted after it, and the transfer "
+          "ends with gpuverbs.Error (ETIMEDOUT) once the device is done with what it took. Await it, wait() or "
+          "poll(): bytes moved; .report says what landed.");
 }
 
 } // namespace gpuverbs::python

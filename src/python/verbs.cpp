@@ -8,13 +8,15 @@
 namespace gpuverbs::python {
 
 Cq::Cq(const Device& device, int capacity, std::shared_ptr<Context> ctx)
-    : context(std::move(ctx)), cq(device, capacity, context->io().get_executor(), AsyncOptions{}) {
+    : context(std::move(ctx)),
+      cq(device, capacity, context->io().get_executor(),
+         AsyncOptions{.mode = context->polled() ? CompletionMode::polled : CompletionMode::event_driven}) {
     fd = cq.native_handle()->channel->fd;
-    context->watch(fd);
+    if (!context->polled()) context->watch(fd); // a polled CQ's channel is never armed
 }
 
 Cq::~Cq() {
-    context->unwatch(fd);
+    if (!context->polled()) context->unwatch(fd);
     context->wake();
 }
 
@@ -147,9 +149,16 @@ void bind_verbs(py::module_& m) {
         m, "Context",
         "Runs completions for Python. An asyncio loop drives it through one descriptor (fileno(), done for you by "
         "await); synchronous waits drive it themselves.")
-        .def(py::init<>())
+        .def(py::init<bool>(), py::kw_only(), py::arg("polled") = false,
+             "polled=True: progress without a loop. Its CQs move only when progress() is called (from the "
+             "engine's own step loop); nothing is awaited or woken.")
+        .def_property_readonly("polled", &Context::polled)
         .def("fileno", &Context::fileno, "The epoll descriptor that is readable when completions wait.")
         .def("poll", &Context::poll, "Runs the completions that are ready; never blocks. Returns how many ran.")
+        .def("progress", &Context::progress,
+             "Reaps every CQ of a polled context, posts what waited, runs the liveness watch when due, and runs "
+             "what finished; never blocks or sleeps, and makes no system call when nothing is in flight. Call it "
+             "from one thread. Returns how many operations finished.")
         .def(
             "run_one",
             [](Context& c, double timeout) {

@@ -55,6 +55,11 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     for (std::size_t k = 0; k < bound.size(); ++k) rails[k] = {bound[k].qp.lock(), &bound[k]};
     if (rails.empty()) return refuse(errc::invalid_argument, "a transfer needs at least one rail");
     if (plan.requests().empty()) return refuse(errc::invalid_argument, "an empty plan");
+    // Nothing may be posted after the deadline: one already passed posts nothing.
+    if (deadline_at_ && *deadline_at_ <= std::chrono::steady_clock::now()) {
+        return refuse(std::make_error_code(std::errc::timed_out),
+                      "the deadline had passed when the transfer started (nothing was posted)");
+    }
     if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
         return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
     }

@@ -5,6 +5,9 @@ the block list's wire form; refusals."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,3 +164,78 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
 
 async def _await(op):
     return await op
+
+
+def polled_pair() -> Any:
+    from conftest import Pair, Side, connect_pair, rig_devices
+
+    context = gv.Context(polled=True)
+    sides = []
+    for name in rig_devices():
+        device = gv.Device.open(name)
+        sides.append(Side(device, gv.ProtectionDomain(device), gv.CompletionQueue(device, 4096, context)))
+    qp_a, qp_b = connect_pair(context, sides[0], sides[1], max_send_sge=4, max_send_wr=512, max_recv_wr=512)
+    return Pair(context, sides[0], sides[1], qp_a, qp_b)
+
+
+def test_a_polled_context_moves_only_when_its_owner_calls_progress():
+    # A serving engine's step loop: start a transfer, then once per step ask
+    # whether it finished. No asyncio loop, no thread: nothing moves between steps.
+    pair = polled_pair()
+    assert pair.context.polled
+    blocks, block = 1000, 256
+    src_pool = np.random.default_rng(7).integers(0, 256, blocks * block, dtype=np.uint8)
+    dst_pool = np.zeros(blocks * 2 * block, dtype=np.uint8)
+    rs = pair.a.pd.register(src_pool, gv.Access.local_write)
+    rd = pair.b.pd.register(dst_pool, RW)
+    dst_ids = scattered(blocks * 2, blocks, 8)
+    plan = gv.TransferPlan("write", gv.LocalBlocks(rs, np.arange(blocks, dtype=np.uint64) * block, block),
+                           gv.RemoteBlocks(rd.remote(), dst_ids * block, block), pair.qp_a)
+    notified = pair.qp_b.receive(rd.slice(0, 0))
+    op = gv.transfer(pair.qp_a, plan, notify=9, timeout=60)
+    time.sleep(0.2)
+    assert not op.done and not notified.done  # nobody called progress()
+    steps = 0
+    while not (op.poll() and notified.done) and steps < 10_000_000:
+        pair.context.progress()
+        steps += 1
+    assert op.result() == blocks * block
+    assert notified.result().immediate == 9
+    assert (dst_pool.reshape(-1, block)[dst_ids.astype(np.int64)] == src_pool.reshape(-1, block)).all()
+    # Idle: nothing runs.
+    assert all(pair.context.progress() == 0 for _ in range(1000))
+    # wait() spins progress() on a polled context; await is refused in words.
+    op2 = gv.transfer(pair.qp_a, plan)
+    assert op2.wait(timeout=60) == blocks * block
+
+    async def awaits():
+        return await gv.transfer(pair.qp_a, plan)
+
+    with pytest.raises(ValueError, match="Context is polled: nothing wakes an asyncio loop"):
+        asyncio.run(awaits())
+    pair.context.progress()  # the refused await's transfer still ran: let it end
+    for _ in range(100_000):
+        if pair.a.cq.statistics["completed"] >= 3:
+            break
+        pair.context.progress()
+
+
+def test_a_transfer_deadline_from_python(pair):
+    block = 4096
+    src = pair.a.pd.register(np.ones(block, dtype=np.uint8), gv.Access.local_write)
+    dst = pair.b.pd.register(np.zeros(block, dtype=np.uint8), RW)
+    plan = gv.TransferPlan("write", gv.LocalBlocks(src, np.zeros(1, dtype=np.uint64), block),
+                           gv.RemoteBlocks(dst.remote(), np.zeros(1, dtype=np.uint64), block), pair.qp_a)
+    # Passed already: refused, nothing posted.
+    op = gv.transfer(pair.qp_a, plan, deadline=time.monotonic() - 1)
+    with pytest.raises(gv.TimeoutError, match="the deadline had passed when the transfer started") as e:
+        op.wait(timeout=10)
+    assert e.value.code == errno.ETIMEDOUT
+    assert op.report.landed == 0
+    # In the future: it moves.
+    assert gv.transfer(pair.qp_a, plan, timeout=30).wait(timeout=60) == block
+    assert gv.transfer(pair.qp_a, plan, deadline=time.monotonic() + 30).wait(timeout=60) == block
+    with pytest.raises(ValueError, match="give deadline or timeout, not both"):
+        gv.transfer(pair.qp_a, plan, deadline=time.monotonic(), timeout=1)
+    with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+        gv.transfer(pair.qp_a, plan, timeout=-1)

@@ -24,7 +24,9 @@
 
 #include <boost/asio/async_result.hpp>
 
+#include <atomic>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <utility>
 
@@ -76,6 +78,58 @@ template <boost::asio::completion_token_for<void(async_error_code, TransferResul
               default_token_t<boost::asio::any_io_executor>>
 auto async_transfer(QueuePair& qp, const TransferPlan& plan, Token&& token = Token()) {
     return async_transfer(qp, plan, TransferOptions{}, std::forward<Token>(token));
+}
+
+/// A transfer its owner asks about from its own loop instead of handing it
+/// a handler: with CQs made in CompletionMode::polled, nothing moves between
+/// calls to gpuverbs::progress (async.hpp), and nothing runs on another thread.
+///
+///   gpuverbs::PendingTransfer t = gpuverbs::start_transfer(qp, plan, {.deadline = at});
+///   while (!t.done()) gpuverbs::progress(io);     // or once per step of the engine's loop
+///   if (t.error()) log(t.result().failed_blocks);
+///
+/// The plan and its memory must live until done(). Dropping the
+/// PendingTransfer does not stop the transfer (it runs to its end unseen).
+class PendingTransfer {
+public:
+    PendingTransfer() = default;
+    /// False for a default-made one.
+    explicit operator bool() const noexcept { return state_ != nullptr; }
+    /// Whether the transfer has ended (its handler ran); any thread.
+    [[nodiscard]] bool done() const noexcept { return state_ && state_->done.load(std::memory_order_acquire); }
+    /// Once done(): the transfer's error (empty on success).
+    [[nodiscard]] const async_error_code& error() const noexcept { return state_->error; }
+    /// Once done(): what it moved and, on failure, what failed.
+    [[nodiscard]] const TransferResult& result() const noexcept { return state_->result; }
+
+private:
+    struct State {
+        std::atomic<bool> done{false};
+        async_error_code error;
+        TransferResult result;
+    };
+    friend PendingTransfer start_transfer(std::span<const TransferRail> rails, const TransferPlan& plan,
+                                          const TransferOptions& options);
+    std::shared_ptr<State> state_;
+};
+
+/// async_transfer on these rails, ended into a PendingTransfer.
+inline PendingTransfer start_transfer(std::span<const TransferRail> rails, const TransferPlan& plan,
+                                      const TransferOptions& options) {
+    PendingTransfer t;
+    t.state_ = std::make_shared<PendingTransfer::State>();
+    async_transfer(rails, plan, options, [state = t.state_](async_error_code ec, TransferResult result) noexcept {
+        state->error = ec;
+        state->result = std::move(result);
+        state->done.store(true, std::memory_order_release);
+    });
+    return t;
+}
+
+/// … on one queue pair.
+inline PendingTransfer start_transfer(QueuePair& qp, const TransferPlan& plan, const TransferOptions& options = {}) {
+    const TransferRail rail{&qp, {}, {}};
+    return start_transfer(std::span<const TransferRail>(&rail, 1), plan, options);
 }
 
 } // namespace gpuverbs

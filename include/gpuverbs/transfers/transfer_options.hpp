@@ -189,7 +189,8 @@ struct TransferOptions {
     /// Deprecated (0.1; goes in 0.3): TransferResult::report, with report_blocks.
     /// Receives, before the handler runs, the same report (setting it asks for it).
     detail::DeprecatedOutput<TransferReport*> report{};
-    /// When the transfer must end. At the deadline it posts nothing more and
+    /// When the transfer must end. One already passed when the transfer
+    /// starts refuses it (std::errc::timed_out, nothing posted). At the deadline it posts nothing more and
     /// completes with std::errc::timed_out as soon as the device has finished
     /// with every request it took (at once when nothing is in flight; a
     /// request in flight ends with its completion, or with the queue pair's

@@ -119,6 +119,11 @@ public:
     void stop_stream(RailStream& s) noexcept;
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
     void release_qp(std::shared_ptr<QpCore> qp) noexcept;
+    /// CompletionMode::polled: reaps the CQ, posts what waits, runs the
+    /// watch when due and the handlers of what finished; returns how many
+    /// operations finished. Nothing outstanding: returns at once (no verbs call).
+    std::size_t progress() noexcept;
+    [[nodiscard]] bool polled() const noexcept { return options_.mode == CompletionMode::polled; }
     /// Whether `qp` has asynchronous operations waiting or posted (any thread).
     [[nodiscard]] bool has_operations(const QpCore& qp) noexcept;
     /// The user dropped the CompletionQueue: abort everything (any thread).
@@ -194,6 +199,7 @@ private:
     // Liveness.
     boost::asio::steady_timer watch_timer_;
     bool watching_ = false;
+    std::chrono::steady_clock::time_point watch_due_; ///< polled mode: the watch's next look
     std::uint64_t tick_ = 0;
     /// Ports read this tick: (context, port) and whether ACTIVE. A few entries; more are read again.
     struct PortSeen {
@@ -219,10 +225,13 @@ public:
         : boost::asio::execution_context::service(context) {}
     void add(const std::shared_ptr<AsyncDriver>& driver);
     void shutdown() override;
+    /// gpuverbs::progress: every polled driver of the context, once.
+    std::size_t progress() noexcept;
 
 private:
     std::mutex mutex_;
     std::vector<std::weak_ptr<AsyncDriver>> drivers_;
+    std::vector<std::weak_ptr<AsyncDriver>> polled_; ///< the CompletionMode::polled ones, in creation order
 };
 
 } // namespace gpuverbs::detail
