@@ -22,6 +22,7 @@
 #include "gpuverbs/observability/warnings.hpp"
 #include "gpuverbs/transfers/kv_pool.hpp"
 #include "gpuverbs/transfers/leases.hpp"
+#include "gpuverbs/transfers/notifications.hpp"
 #include "gpuverbs/transfers/rail_group.hpp"
 #include "gpuverbs/transfers/registration_cache.hpp"
 #include "gpuverbs/transfers/staging.hpp"

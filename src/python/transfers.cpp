@@ -207,7 +207,8 @@ struct FinishTransfer {
 
 std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_ptr<Plan>& plan,
                                     std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch,
-                                    std::optional<double> deadline, std::optional<double> timeout) {
+                                    std::optional<double> deadline, std::optional<double> timeout,
+                                    std::optional<py::bytes> notify_message) {
     std::vector<std::shared_ptr<Qp>> qps;
     if (py::isinstance<Qp>(rails)) {
         qps.push_back(rails.cast<std::shared_ptr<Qp>>());
@@ -242,6 +243,11 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (notify) options.notify = static_cast<std::uint32_t>(*notify);
     options.failover = failover;
     options.report_blocks = true; // Operation.report
+    std::string message; // copied by the transfer when it starts (in async_transfer, below)
+    if (notify_message) {
+        message = std::string(*notify_message);
+        options.notify_message = std::as_bytes(std::span(message));
+    }
     // time.monotonic() is CLOCK_MONOTONIC, steady_clock's clock on Linux.
     using Clock = std::chrono::steady_clock;
     if (deadline) {
@@ -257,10 +263,86 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     return op;
 }
 
+/// A NotificationInbox on a Python queue pair: it holds the queue pair (and
+/// so its CQ and context) while it lives.
+struct Inbox {
+    std::shared_ptr<Qp> qp;
+    NotificationInbox inbox;
+};
+
+py::dict inbox_statistics_dict(const NotificationInbox::Statistics& s) {
+    py::dict d;
+    d["received"] = s.received;
+    d["failed"] = s.failed;
+    d["paused"] = s.paused;
+    return d;
+}
+
 } // namespace
 
 void bind_transfers(py::module_& m) {
     record_fields(m, "TransferReport::Rail", rail_dict(TransferReport::Rail{}));
+    record_fields(m, "NotificationInbox::Statistics", inbox_statistics_dict(NotificationInbox::Statistics{}));
+
+    py::class_<Notification>(m, "Notification", "What a peer's notification said.")
+        .def_property_readonly("qp_num", [](const Notification& n) { return n.qp_num; },
+                               "The local queue pair it arrived on: which reader.")
+        .def_property_readonly("immediate", [](const Notification& n) { return n.immediate; },
+                               "The transfer's notify value (e.g. a lease id).")
+        .def_property_readonly("size", [](const Notification& n) { return n.size; })
+        .def_property_readonly(
+            "bytes",
+            [](const Notification& n) {
+                return py::bytes(reinterpret_cast<const char*>(n.bytes.data()), n.size);
+            },
+            "The transfer's notify_message (size bytes).")
+        .def("__repr__", [](const Notification& n) {
+            return "Notification(qp_num=" + std::to_string(n.qp_num) + ", immediate=" +
+                   (n.immediate ? std::to_string(*n.immediate) : std::string("None")) + ", size=" +
+                   std::to_string(n.size) + ")";
+        });
+
+    py::class_<Inbox, std::shared_ptr<Inbox>>(
+        m, "NotificationInbox",
+        "Receives the notifications peers send on one queue pair (a read's owner learns the reader is done): "
+        "slots of 64 bytes posted as receives and posted again as each is read. The queue pair's receive queue "
+        "is the inbox's.")
+        .def(py::init([](const std::shared_ptr<Qp>& qp, ProtectionDomain& pd, std::uint32_t slots) {
+                 auto in = std::make_shared<Inbox>();
+                 in->qp = qp;
+                 in->inbox = NotificationInbox(qp->get(), pd, slots);
+                 return in;
+             }),
+             py::arg("qp"), py::arg("pd"), py::arg("slots") = 16)
+        .def(
+            "poll", [](Inbox& in) { return in.inbox.poll(); },
+            "The oldest unread Notification, or None; never blocks (on a polled Context, call progress() first).")
+        .def(
+            "wait",
+            [](Inbox& in, double timeout) -> std::optional<Notification> {
+                using Clock = std::chrono::steady_clock;
+                const auto until =
+                    Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+                for (;;) {
+                    if (auto n = in.inbox.poll()) return n;
+                    if (std::error_code ec = in.inbox.error()) {
+                        raise_error(ec, "NotificationInbox.wait", "the inbox's queue pair failed");
+                    }
+                    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now());
+                    if (left.count() <= 0) return std::nullopt;
+                    {
+                        py::gil_scoped_release release;
+                        (void)in.qp->context->run_one_for(std::min(left, std::chrono::microseconds(100000)));
+                    }
+                    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                }
+            },
+            py::arg("timeout") = 30.0,
+            "Runs the context until a notification is unread (returned) or timeout seconds passed (None); raises "
+            "the queue pair's failure.")
+        .def_property_readonly("unread", [](const Inbox& in) { return in.inbox.unread(); })
+        .def_property_readonly("statistics",
+                               [](const Inbox& in) { return inbox_statistics_dict(in.inbox.statistics()); });
 
     py::class_<LocalBlocks>(m, "LocalBlocks", "Blocks of a registered region: offsets and lengths (arrays).")
         .def(py::init(&make_local), py::arg("region"), py::arg("offsets"), py::arg("lengths"),
@@ -449,9 +531,10 @@ void bind_transfers(py::module_& m) {
 
     m.def("transfer", &transfer, py::arg("rails"), py::arg("plan"), py::kw_only(), py::arg("notify") = py::none(),
           py::arg("failover") = true, py::arg("doorbell_batch") = 32, py::arg("deadline") = py::none(),
-          py::arg("timeout") = py::none(),
+          py::arg("timeout") = py::none(), py::arg("notify_message") = py::none(),
           "Moves every block of plan over rails (a QueuePair or a list: striped, failing over) in one operation "
-          "ending, with notify, in a zero-byte write with that immediate at the peer. deadline (a "
+          "ending, with notify, in a zero-byte write with that immediate at the peer (with notify_message, up to 64 "
+          "bytes, a send carrying them: a NotificationInbox receives it). deadline (a "
           "time.monotonic() value) or timeout (seconds from now): nothing is posted after it, and the transfer "
           "ends with gpuverbs.Error (ETIMEDOUT) once the device is done with what it took. Await it, wait() or "
           "poll(): bytes moved; .report says what landed.");

@@ -113,11 +113,12 @@ std::uint32_t RailStream::rkey_slow(std::uint32_t plan_key) const noexcept {
     return k != nullptr ? k->rail_key : plan_key; // every key was checked in setup
 }
 
-void RailStream::arm_notification(std::uint32_t immediate) noexcept {
+void RailStream::arm_notification(std::uint32_t immediate, std::span<const std::byte> message) noexcept {
     notify_ = true;
     counted_ = bytes(); // its blocks' bytes were reported when the rail finished them
     immediate_ = immediate;
-    opcode = Opcode::write_with_imm;
+    message_ = message;
+    opcode = message.empty() ? Opcode::write_with_imm : Opcode::send_with_imm;
 }
 
 void RailStream::reset_for_resubmit() noexcept {
@@ -135,7 +136,19 @@ void RailStream::post_some() noexcept {
         SubmitChain<ibv_send_wr> chain(*qp);
         if (n == 0 || chains_in_flight_ == ring_size_ || !chain.reserve(n)) return;
         const std::uint64_t first_sequence = chain.next_sequence();
-        if (notify_) {
+        if (notify_ && !message_.empty()) {
+            // The notification with a message: a send with immediate, the bytes inline (setup checked the room).
+            ibv_send_wr& wr = wrs[0];
+            message_sge_.addr = reinterpret_cast<std::uintptr_t>(message_.data());
+            message_sge_.length = static_cast<std::uint32_t>(message_.size());
+            message_sge_.lkey = 0; // inline: the device never reads it through a key
+            wr.sg_list = &message_sge_;
+            wr.num_sge = 1;
+            wr.opcode = IBV_WR_SEND_WITH_IMM;
+            wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+            wr.imm_data = htonl(immediate_);
+            chain.push(wr, context, Opcode::send_with_imm);
+        } else if (notify_) {
             // The notification: zero bytes to the last remote byte the plan names.
             const TransferPlan::Request& last = requests.back();
             ibv_send_wr& wr = wrs[0];

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
 namespace gpuverbs::detail {
@@ -60,6 +61,16 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
         return refuse(std::make_error_code(std::errc::timed_out),
                       "the deadline had passed when the transfer started (nothing was posted)");
     }
+    if (!options.notify_message.empty()) {
+        if (!notify_) return refuse(errc::invalid_argument, "notify_message needs notify (the immediate it goes with)");
+        if (options.notify_message.size() > notify_message_.size()) {
+            return refuse(errc::invalid_argument, "notify_message has " +
+                                                      std::to_string(options.notify_message.size()) +
+                                                      " bytes; a notification carries at most 64");
+        }
+        notify_message_size_ = static_cast<std::uint32_t>(options.notify_message.size());
+        std::memcpy(notify_message_.data(), options.notify_message.data(), notify_message_size_);
+    }
     if (options.doorbell_batch == 0 || options.doorbell_batch > max_transfer_chain) {
         return refuse(errc::invalid_argument, "doorbell_batch must be 1 to " + std::to_string(max_transfer_chain));
     }
@@ -79,6 +90,15 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
             return refuse(refusal, "rail " + std::to_string(k) + ": " +
                                        (refusal == errc::no_executor ? "the QP's CQ has no executor"
                                                                      : "the QP cannot run asynchronous operations"));
+        }
+        // Any rail may carry the notification (failover): each must take the message inline.
+        if (notify_message_size_ > rails[k].qp->caps().max_inline_data) {
+            return refuse(errc::invalid_argument,
+                          "the notification's message of " + std::to_string(notify_message_size_) +
+                              " bytes goes inline, and rail " + std::to_string(k) + "'s queue pair has max_inline_data " +
+                              std::to_string(rails[k].qp->caps().max_inline_data) +
+                              ": make it with QueuePairOptions::max_inline_data >= " +
+                              std::to_string(notify_message_size_));
         }
     }
     for (std::size_t k = 1; k < rails.size(); ++k) {
@@ -435,7 +455,7 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
             const std::uint32_t immediate = *notify_;
             lock.unlock();
             notify->reset_for_resubmit();
-            notify->arm_notification(immediate);
+            notify->arm_notification(immediate, std::span(notify_message_).first(notify_message_size_));
             submit_stream(notify);
             return;
         }

@@ -9,9 +9,14 @@
 
 #include <doctest/doctest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include <algorithm>
+#include <array>
+#include <optional>
+#include <string>
 #include <numeric>
 #include <random>
 
@@ -214,5 +219,175 @@ TEST_SUITE("KV-cache pools on real RDMA") {
         const KvPool none = KvPool::create(KvLayout::one_tensor(4, 16, 256), std::move(regions), ec, d);
         CHECK_FALSE(none);
         CHECK(d.message() == "KvPool: memory region 0 is 1000 bytes; the layout's tensor is 32768");
+    }
+
+    TEST_CASE(
+        "a read over two rails notifies the owner with the request id only after every read on both rails "
+        "completed: the owner reuses the blocks the moment it hears, and no read sees it (20 rounds, event-driven "
+        "and polled); the lease is released by the notification") {
+        for (const AsyncOptions& mode : {test::modes[0], test::polled_mode}) {
+            CAPTURE(test::mode_name(mode));
+            asio::io_context io(1);
+            QueuePairOptions o = test::transfer_qp_options();
+            o.max_inline_data = 64;
+            test::Pair p(io.get_executor(), mode, 4096, o, {},
+                         Access::local_write | Access::remote_write | Access::remote_read);
+            // A second rail between the same devices and domains: its reads are not
+            // ordered with the first rail's send, so only gpuverbs' wait keeps them before it.
+            PreparedQueuePair a2(p.a.pd, p.a.cq, p.a.cq, test::test_qp_options(o));
+            PreparedQueuePair b2(p.b.pd, p.b.cq, p.b.cq, test::test_qp_options(o));
+            auto [qa2, qb2] = test::connect_advertised(a2, p.a.mr, b2, p.b.mr);
+            const std::vector<TransferRail> rails{TransferRail{&p.a.qp, {}, {}}, TransferRail{&qa2, {}, {}}};
+
+            const KvLayout layout = KvLayout::per_layer(8, 1024, 512);
+            Engine decode(p.a.pd, layout, std::byte{0xEE});
+            Engine prefill(p.b.pd, layout, std::byte{0});
+            NotificationInbox inbox(p.b.qp, p.b.pd, 8);
+            NotificationInbox inbox2(qb2, p.b.pd, 8); // a notification arrives on the rail that carried it
+            BlockLeases leases;
+            constexpr BlockLeases::Reader reader = 7;
+            const RemoteKvPool theirs = RemoteKvPool::load(prefill.pool.describe());
+            std::vector<RemoteBlock> leased;
+            for (const RemoteMemory& t : theirs.tensors()) leased.push_back({t, 0, t.length});
+
+            int intact = 0;
+            for (std::uint32_t round = 0; round < 20; ++round) {
+                CAPTURE(round);
+                prefill.fill_pattern(100 + round);
+                const std::vector<std::vector<std::byte>> before = prefill.tensors;
+                const std::vector<std::uint32_t> from = scattered(1024, 200, 30 + round);
+                const std::vector<std::uint32_t> to = scattered(1024, 200, 60 + round);
+                const LeasedBlockList list = leases.grant(leased, reader);
+                const TransferPlan plan = decode.pool.plan(TransferDirection::read, to, theirs, from, {},
+                                                           TransferLimits{p.a.qp.capabilities().max_send_sge});
+                const std::string request = "request-" + std::to_string(round) + "-of-engine-7";
+                TransferOptions options;
+                options.notify = list.lease;
+                options.notify_message = std::as_bytes(std::span(request));
+                test::Outcome out;
+                async_transfer(std::span<const TransferRail>(rails), plan, options, out.handler());
+
+                // The owner reuses every block the moment the notification arrives.
+                std::optional<Notification> heard;
+                std::error_code released = errc::invalid_argument;
+                inbox.async_wait([&](async_error_code ec, Notification n) {
+                    CHECK_FALSE(ec);
+                    heard = n;
+                    for (auto& t : prefill.tensors) std::fill(t.begin(), t.end(), std::byte{0xDD});
+                    released = leases.release(*n.immediate, reader);
+                });
+                (void)test::run_until(
+                    io, [&] { return heard.has_value() && out.calls == 1; }, 60s);
+                REQUIRE(heard.has_value());
+                REQUIRE(out.calls == 1);
+                CHECK_MESSAGE(!out.result, out.result.message() << ": " << out.transfer.failed_blocks);
+                CHECK(out.transfer.report.rails.size() == 2);
+                CHECK(heard->immediate == list.lease);
+                CHECK(std::string(reinterpret_cast<const char*>(heard->message().data()), heard->size) == request);
+                CHECK(heard->qp_num == p.b.qp.qp_num());
+                CHECK_FALSE(released);
+                CHECK_FALSE(leases.held(leased.front()));
+                CHECK(inbox2.unread() == 0);
+
+                // What decode read is what prefill held before it heard: no read came after.
+                std::size_t wrong = 0;
+                for (std::uint32_t layer = 0; layer < layout.layers; ++layer) {
+                    for (std::uint32_t half = 0; half < layout.halves; ++half) {
+                        for (std::size_t i = 0; i < to.size(); ++i) {
+                            std::span<const std::byte> got = decode.block(layer, half, to[i]);
+                            std::span<const std::byte> want = std::span(before[layout.tensor_of(layer)])
+                                                                  .subspan(layout.offset(layer, half, from[i]),
+                                                                           layout.block_bytes);
+                            wrong += std::equal(got.begin(), got.end(), want.begin()) ? 0 : 1;
+                        }
+                    }
+                }
+                CHECK(wrong == 0);
+                intact += wrong == 0 ? 1 : 0;
+            }
+            CHECK(intact == 20);
+            CHECK(leases.statistics().released == 20);
+            CHECK(inbox.statistics().received == 20);
+            CHECK(inbox.statistics().failed == 0);
+            MESSAGE(test::mode_name(mode) << ": 20 of 20 two-rail reads of 3,200 blocks; the owner reused its blocks "
+                                          << "on hearing, and every byte read was from before");
+        }
+    }
+
+    TEST_CASE("a notification's message: refused in words when too long, without notify, or not inline") {
+        asio::io_context io(1);
+        test::Pair p = test::transfer_pair(io.get_executor(), 4096); // max_inline_data 0
+        std::vector<LocalBuffer> mine = {p.a.mr.slice(0, 64)};
+        std::vector<RemoteBlock> theirs = {{p.b.mr.remote(), 0, 64}};
+        const TransferPlan plan(TransferDirection::write, mine, theirs, p.a.qp.capabilities());
+        const std::array<std::byte, 65> long_message{};
+        auto refusal = [&](const TransferOptions& options) {
+            test::Outcome out;
+            async_transfer(p.a.qp, plan, options, out.handler());
+            (void)test::run_until(
+                io, [&] { return out.calls == 1; }, 10s);
+            CHECK(out.result == errc::invalid_argument);
+            return out.transfer.failed_blocks;
+        };
+        CHECK(refusal({.notify = 1, .notify_message = long_message}) ==
+              "notify_message has 65 bytes; a notification carries at most 64");
+        CHECK(refusal({.notify_message = std::span(long_message).first(8)}) ==
+              "notify_message needs notify (the immediate it goes with)");
+        // A queue pair made with max_inline_data 0 may be given more (rxe gives what its send queue's
+        // entries hold); a message one byte above what it was given is refused.
+        const std::uint32_t room = p.a.qp.capabilities().max_inline_data;
+        MESSAGE("a queue pair asked for max_inline_data 0 got " << room);
+        if (room < 64) { // rxe gives 64: the refusal is then out of reach here
+            const std::size_t size = room + 1;
+            CHECK(refusal({.notify = 1, .notify_message = std::span(long_message).first(size)}) ==
+                  "the notification's message of " + std::to_string(size) +
+                      " bytes goes inline, and rail 0's queue pair has max_inline_data " + std::to_string(room) +
+                      ": make it with QueuePairOptions::max_inline_data >= " + std::to_string(size));
+        }
+        CHECK(p.a.qp.outstanding_sends() == 0);
+
+        // An inbox on a queue pair whose CQ no executor drives, and with no slots.
+        test::Pair polled_by_hand;
+        std::error_code ec;
+        CHECK_FALSE(NotificationInbox::create(polled_by_hand.b.qp, polled_by_hand.b.pd, 8, ec));
+        CHECK(ec == errc::no_executor);
+        CHECK_FALSE(NotificationInbox::create(p.b.qp, p.b.pd, 0, ec));
+        CHECK(ec == errc::invalid_argument);
+        std::string words;
+        try {
+            NotificationInbox too_many(p.b.qp, p.b.pd, 100000);
+        } catch (const Error& e) {
+            words = e.what();
+        }
+        CHECK_MESSAGE(words.find("slots must be 1 to the receive queue's") != std::string::npos, words);
+    }
+
+    TEST_CASE("an inbox whose queue pair fails ends its wait with the failure; a cancelled wait ends aborted") {
+        asio::io_context io(1);
+        QueuePairOptions o = test::transfer_qp_options();
+        o.max_inline_data = 64;
+        test::Pair p(io.get_executor(), test::modes[0], 4096, o, {},
+                     Access::local_write | Access::remote_write | Access::remote_read);
+        NotificationInbox inbox(p.b.qp, p.b.pd, 4);
+        asio::cancellation_signal cancel;
+        std::optional<async_error_code> cancelled;
+        inbox.async_wait(asio::bind_cancellation_slot(
+            cancel.slot(), [&](async_error_code ec, Notification) { cancelled = ec; }));
+        cancel.emit(asio::cancellation_type::terminal);
+        (void)test::run_until(
+            io, [&] { return cancelled.has_value(); }, 10s);
+        REQUIRE(cancelled.has_value());
+        CHECK(*cancelled == asio::error::operation_aborted);
+
+        std::optional<async_error_code> ended;
+        inbox.async_wait([&](async_error_code ec, Notification) { ended = ec; });
+        REQUIRE_FALSE(p.b.qp.force_error()); // the owner's queue pair fails under the inbox
+        (void)test::run_until(
+            io, [&] { return ended.has_value(); }, 10s);
+        REQUIRE(ended.has_value());
+        CHECK(*ended);
+        CHECK(inbox.error());
+        CHECK_FALSE(inbox.poll());
+        MESSAGE("the inbox's wait ended with: " << ended->message());
     }
 }

@@ -177,6 +177,14 @@ struct TransferOptions {
     /// land; after a read, the peer learns the reader is done with its
     /// blocks (e.g. releases a lease: leases.hpp).
     std::optional<std::uint32_t> notify{};
+    /// With notify: up to 64 bytes (a request id) that the notification
+    /// carries, copied when the transfer starts. The notification is then a
+    /// send with immediate `notify` carrying them inline (every rail's queue
+    /// pair needs max_inline_data of at least this many bytes), consuming a
+    /// receive of at least that size at the peer — a NotificationInbox
+    /// (notifications.hpp) posts them. Same rule: posted only once every
+    /// request completed, so after a read the owner learns the reader is done.
+    std::span<const std::byte> notify_message{};
     /// Fill TransferResult::report's per-request and per-block states (and
     /// its rails with one rail too). Off, they stay empty and the transfer
     /// spends nothing on them (two vectors and a pass over the plan); the

@@ -25,6 +25,7 @@
 #include <boost/asio/recycling_allocator.hpp>
 #include <boost/asio/system_executor.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -141,6 +142,8 @@ private:
     boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
     std::shared_ptr<Deadline> deadline_;
     std::optional<std::uint32_t> notify_;
+    std::array<std::byte, 64> notify_message_{}; ///< TransferOptions::notify_message, copied
+    std::uint32_t notify_message_size_ = 0;
     bool report_blocks_ = false; ///< TransferOptions::report_blocks (or its deprecated report)
     // TransferOptions' deprecated outputs (0.1), filled as 0.1 filled them until 0.3.
     std::string* old_failed_blocks_ = nullptr;

@@ -19,6 +19,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,8 +52,10 @@ public:
                           std::uint64_t bytes, std::span<const KeyMap> local_keys, std::span<const KeyMap> remote_keys,
                           std::uint32_t chain, std::string& why);
     /// Turns the rail into one signaled zero-byte write-with-immediate to the
-    /// plan's last remote byte (the transfer's notification), to submit again.
-    void arm_notification(std::uint32_t immediate) noexcept;
+    /// plan's last remote byte (the transfer's notification), to submit again;
+    /// with a `message` (the job's, alive until the job ends), a send with
+    /// immediate carrying it inline.
+    void arm_notification(std::uint32_t immediate, std::span<const std::byte> message) noexcept;
 
     // What the driver asks (under its lock).
     /// Slots the next chain needs; 0 when nothing is left to post.
@@ -141,6 +144,8 @@ private:
     // The notification, when armed.
     bool notify_ = false;
     std::uint32_t immediate_ = 0;
+    std::span<const std::byte> message_;
+    ibv_sge message_sge_{}; ///< the message's one piece, alive while its request is posted
     // Chains in flight, oldest first (a ring as large as the send queue).
     std::unique_ptr<Chain[]> ring_;
     std::uint32_t ring_size_ = 0;
