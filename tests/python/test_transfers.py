@@ -239,3 +239,47 @@ def test_a_transfer_deadline_from_python(pair):
         gv.transfer(pair.qp_a, plan, deadline=time.monotonic(), timeout=1)
     with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
         gv.transfer(pair.qp_a, plan, timeout=-1)
+
+
+def test_a_reads_notification_reaches_the_owners_inbox_with_the_request_id():
+    # Decode reads prefill's blocks; prefill's inbox hears the request id only
+    # after every read, reuses the blocks at once, and releases nothing early.
+    from conftest import Pair, Side, connect_pair, rig_devices
+
+    context = gv.Context(polled=True)
+    sides = []
+    for name in rig_devices():
+        device = gv.Device.open(name)
+        sides.append(Side(device, gv.ProtectionDomain(device), gv.CompletionQueue(device, 4096, context)))
+    qp_a, qp_b = connect_pair(context, sides[0], sides[1], max_send_sge=4, max_send_wr=512, max_recv_wr=64,
+                              max_inline_data=64)
+    pair = Pair(context, sides[0], sides[1], qp_a, qp_b)
+    blocks, block = 2000, 512
+    owner_pool = np.random.default_rng(11).integers(0, 256, blocks * block, dtype=np.uint8)
+    before = owner_pool.copy()
+    reader_pool = np.zeros(blocks * block, dtype=np.uint8)
+    ro = pair.b.pd.register(owner_pool, RW | gv.Access.remote_read)
+    rr = pair.a.pd.register(reader_pool, RW)
+    inbox = gv.NotificationInbox(pair.qp_b, pair.b.pd, slots=8)
+    ids = scattered(blocks, blocks, 12)
+    plan = gv.TransferPlan("read", gv.LocalBlocks(rr, np.arange(blocks, dtype=np.uint64) * block, block),
+                           gv.RemoteBlocks(ro.remote(), ids * block, block), pair.qp_a)
+    op = gv.transfer(pair.qp_a, plan, notify=77, notify_message=b"request-0042")
+    heard = None
+    for _ in range(50_000_000):
+        context.progress()
+        heard = inbox.poll()
+        if heard is not None:
+            owner_pool[:] = 0xDD  # reused the moment it heard
+            break
+    assert heard is not None
+    assert heard.immediate == 77 and heard.bytes == b"request-0042" and heard.size == 12
+    assert heard.qp_num == pair.qp_b.qp_num
+    while not op.poll():
+        pass
+    assert op.result() == blocks * block
+    assert (reader_pool.reshape(-1, block) == before.reshape(-1, block)[ids.astype(np.int64)]).all()
+    assert inbox.statistics == {"received": 1, "failed": 0, "paused": 0} and inbox.unread == 0
+    assert inbox.poll() is None
+    with pytest.raises(gv.Error, match="notify_message has 65 bytes; a notification carries at most 64"):
+        gv.transfer(pair.qp_a, plan, notify=1, notify_message=bytes(65)).wait(timeout=10)
