@@ -232,6 +232,13 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
                         "local block " + std::to_string(i) + " has length 0: leave it out of the list");
             return {};
         }
+        if (!local[i].in_region() && local[i].region_begin == local[i].region_end) {
+            status.fail(errc::local_range_outside_region, verb,
+                        "local block " + std::to_string(i) + " (" + std::to_string(local[i].length) + " bytes at " +
+                            detail::hex_address(local[i].address) +
+                            ") is in a memory region that was closed (or never registered): it covers no bytes");
+            return {};
+        }
         if (!local[i].in_region()) {
             status.fail(errc::local_range_outside_region, verb,
                         "local block " + std::to_string(i) + " (" + std::to_string(local[i].length) + " bytes at " +

@@ -160,6 +160,12 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
     cache = gv.RegistrationCache(pair.a.pd)
     with pytest.raises(ValueError, match="regions\\[0\\] comes from a RegistrationCache"):
         gv.KvPool(gv.KvLayout.per_layer(1, blocks, block), [cache.get(decode[0], RW)])
+    # A region closed under the pool: its blocks are refused in those words, not as 0x0 to 0x0.
+    regions = [pair.a.pd.register(t, RW) for t in decode]
+    closing = gv.KvPool(layout, regions)
+    regions[0].close()
+    with pytest.raises(gv.Error, match="is in a memory region that was closed \\(or never registered\\)"):
+        closing.plan("read", our_ids, theirs, their_ids, pair.qp_a)
 
 
 async def _await(op):
