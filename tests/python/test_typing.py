@@ -16,7 +16,8 @@ def test_mypy_accepts_the_example_against_the_stubs():
     package = os.path.dirname(os.path.dirname(gpuverbs.__file__))
     env = dict(os.environ, MYPYPATH=package)
     out = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--no-incremental",
-                          "--cache-dir", "/dev/null", "examples/python/kv_cache_transfer.py"],
+                          "--cache-dir", "/dev/null", "examples/python/kv_cache_transfer.py",
+                          "examples/python/kv_connector.py"],
                          capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
