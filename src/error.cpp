@@ -60,6 +60,9 @@ public:
                 return "the block list is older than one already received from its owner (its blocks may have been "
                        "reused)";
             case errc::blocks_leased: return "the blocks are leased to a reader that has not released them yet";
+            case errc::stale_metadata:
+                return "the pool metadata is older than the one already loaded from that peer (a record from before "
+                       "the peer's pool was made again)";
             case errc::queue_pair_in_error:
                 return "the queue pair is in the error state (QueuePair::failure() says since when and why): "
                        "nothing more can be posted on it; connect a new queue pair (or reset this one and "

@@ -74,6 +74,8 @@ enum class errc {
     // Leases, continued (leases.hpp).
     lease_unknown,   ///< no live lease has this id (released already, expired, or never granted)
     lease_not_yours, ///< the lease was granted to another reader: only that reader may release it
+    // KV-cache pools (kv_pool.hpp).
+    stale_metadata, ///< pool metadata older than the one already loaded from that peer (a restarted peer's old record)
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

@@ -116,7 +116,8 @@ void bind_errors(py::module_& m) {
         .value("queue_pair_stalled", errc::queue_pair_stalled)
         .value("port_down", errc::port_down)
         .value("lease_unknown", errc::lease_unknown)
-        .value("lease_not_yours", errc::lease_not_yours);
+        .value("lease_not_yours", errc::lease_not_yours)
+        .value("stale_metadata", errc::stale_metadata);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
     // pybind11's translator type takes the pointer by value.

@@ -438,13 +438,20 @@ void bind_transfers(py::module_& m) {
     py::class_<RemoteKvPool>(m, "RemoteKvPool", "A peer's KV pool, loaded from the bytes of its describe().")
         .def_static(
             "load",
-            [](const py::bytes& data) {
+            [](const py::bytes& data, const std::optional<RemoteKvPool>& previous) {
                 std::string_view v = data;
-                return RemoteKvPool::load(std::as_bytes(std::span(v.data(), v.size())));
+                return RemoteKvPool::load(std::as_bytes(std::span(v.data(), v.size())),
+                                          previous ? *previous : RemoteKvPool{});
             },
-            py::arg("data"), "Checks the metadata and reads it; raises gpuverbs.Error naming what is wrong.")
+            py::arg("data"), py::arg("previous") = py::none(),
+            "Checks the metadata and reads it; raises gpuverbs.Error naming what is wrong. previous: the record "
+            "already loaded from this peer; one not newer is refused (Errc.stale_metadata).")
         .def_property_readonly("layout", [](const RemoteKvPool& p) { return p.layout(); })
         .def_property_readonly("pool_id", &RemoteKvPool::pool_id)
+        .def_property_readonly("made_ns", &RemoteKvPool::made_ns)
+        .def_property_readonly(
+            "lease_ttl", [](const RemoteKvPool& p) { return static_cast<double>(p.lease_ttl().count()) / 1000.0; },
+            "The lease terms the owner announced: seconds a reader may use blocks it is handed (0: none).")
         .def_property_readonly(
             "tensors",
             [](const RemoteKvPool& p) { return std::vector<RemoteMemory>(p.tensors().begin(), p.tensors().end()); },
@@ -477,11 +484,16 @@ void bind_transfers(py::module_& m) {
         .def_property_readonly("pool_id", [](const PyKvPool& p) { return p.pool.pool_id(); })
         .def(
             "describe",
-            [](const PyKvPool& p) {
-                const std::vector<std::byte> b = p.pool.describe();
+            [](const PyKvPool& p, double lease_ttl) {
+                if (!(lease_ttl >= 0) || lease_ttl > 4e6) throw py::value_error("lease_ttl must be 0 to 4e6 seconds");
+                const std::vector<std::byte> b =
+                    p.pool.describe(std::chrono::milliseconds(static_cast<std::int64_t>(lease_ttl * 1000.0)));
                 return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
             },
-            "The metadata a peer loads (RemoteKvPool.load): carry it over the engine's own channel.")
+            py::arg("lease_ttl") = 0.0,
+            "The metadata a peer loads (RemoteKvPool.load): carry it over the engine's own channel. lease_ttl: "
+            "the seconds a reader may use blocks it is handed, announced to it.")
+        .def_property_readonly("made_ns", [](const PyKvPool& p) { return p.pool.made_ns(); })
         .def(
             "plan",
             [](const PyKvPool& p, const std::string& direction, const py::handle& local_ids, const RemoteKvPool& remote,

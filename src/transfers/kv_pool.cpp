@@ -4,9 +4,11 @@
 
 #include "connections/wire_codec.hpp"
 #include "random.hpp"
+#include "text.hpp"
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -99,15 +101,17 @@ std::string KvLayout::problem() const {
 
 // --- the metadata record ----------------------------------------------------------
 //
-//   "GVKV" u16 version u16 tensors | u32 layers | u32 blocks | u32 halves | u32 0 |
+//   "GVKV" u16 version u16 tensors | u32 layers | u32 blocks | u32 halves | u32 lease ttl (ms) |
 //   u64 block_bytes | u64 block_stride | u64 half_stride | u64 layer_stride | u64 pool id |
+//   u64 made (ns since the epoch) |
 //   tensors x (u64 address | u64 length | u32 rkey) | u64 FNV-1a of every byte before it
+// Version 1 (gpuverbs 0.2's first KV pools) had no lease ttl (a reserved 0) and no time made.
 
 namespace {
 
 constexpr std::array<char, 4> kv_magic{'G', 'V', 'K', 'V'};
-constexpr std::uint16_t kv_version = 1;
-constexpr std::size_t kv_header_size = 64;
+constexpr std::uint16_t kv_version = 2;
+constexpr std::size_t kv_header_size = 72;
 constexpr std::size_t kv_tensor_size = 20;
 constexpr std::size_t kv_check_size = 8;
 
@@ -160,14 +164,13 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
     l.layers = r.u32();
     l.blocks = r.u32();
     l.halves = r.u32();
-    if (const std::uint32_t reserved = r.u32(); reserved != 0) {
-        return refuse("the reserved word after halves is " + std::to_string(reserved) + ", not 0");
-    }
+    pool.lease_ttl_ = std::chrono::milliseconds(r.u32());
     l.block_bytes = r.u64();
     l.block_stride = r.u64();
     l.half_stride = r.u64();
     l.layer_stride = r.u64();
     pool.pool_id_ = r.u64();
+    pool.made_ns_ = r.u64();
     if (std::string problem = l.problem(); !problem.empty()) return refuse("its layout: " + problem);
     if (tensors != l.tensors()) {
         return refuse("it lists " + std::to_string(tensors) + " tensors; its layout has " +
@@ -192,6 +195,36 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
     return pool;
 }
 
+RemoteKvPool RemoteKvPool::load_newer_impl(std::span<const std::byte> metadata, const RemoteKvPool& previous,
+                                           detail::Status& status) {
+    RemoteKvPool pool = load_impl(metadata, status);
+    if (!status.ok() || !previous) return pool;
+    if (pool.made_ns_ < previous.made_ns_ || (pool.made_ns_ == previous.made_ns_ && pool.pool_id_ != previous.pool_id_)) {
+        status.fail(errc::stale_metadata, "RemoteKvPool::load",
+                    "pool metadata of pool " + detail::hex_address(pool.pool_id_) + " made at " +
+                        std::to_string(pool.made_ns_) + " ns is not newer than pool " +
+                        detail::hex_address(previous.pool_id_) + " made at " + std::to_string(previous.made_ns_) +
+                        " ns, already loaded from this peer (a record from before the peer made its pool again): "
+                        "load the peer's current metadata");
+        return {};
+    }
+    return pool;
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const RemoteKvPool& previous) {
+    return detail::or_throw([&](detail::Status& s) { return load_newer_impl(metadata, previous, s); });
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const RemoteKvPool& previous,
+                                std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return load_newer_impl(metadata, previous, s); });
+}
+
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const RemoteKvPool& previous,
+                                std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return load_newer_impl(metadata, previous, s); });
+}
+
 RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata) {
     return detail::or_throw([&](detail::Status& s) { return load_impl(metadata, s); });
 }
@@ -205,19 +238,21 @@ RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, std::error_
 }
 
 std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
-                                              std::span<const RemoteMemory> tensors) {
+                                              std::span<const RemoteMemory> tensors, std::uint64_t made_ns,
+                                              std::chrono::milliseconds lease_ttl) {
     std::vector<std::byte> out(kv_record_size(tensors.size()));
     wire::codec::Writer w(out);
     w.header(kv_magic, kv_version, static_cast<std::uint16_t>(tensors.size()));
     w.u32(layout.layers);
     w.u32(layout.blocks);
     w.u32(layout.halves);
-    w.u32(0);
+    w.u32(static_cast<std::uint32_t>(std::clamp<std::int64_t>(lease_ttl.count(), 0, UINT32_MAX)));
     w.u64(layout.block_bytes);
     w.u64(layout.block_stride);
     w.u64(layout.half_stride);
     w.u64(layout.layer_stride);
     w.u64(pool_id);
+    w.u64(made_ns);
     for (const RemoteMemory& m : tensors) {
         w.u64(m.address);
         w.u64(m.length);
@@ -229,11 +264,12 @@ std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint6
     return out;
 }
 
-std::vector<std::byte> KvPool::describe() const {
+std::vector<std::byte> KvPool::describe(std::chrono::milliseconds lease_ttl) const {
     std::vector<RemoteMemory> tensors;
     tensors.reserve(regions_.size());
     for (const MemoryRegion* mr : regions_) tensors.push_back(mr->remote());
-    return regions_.empty() ? std::vector<std::byte>{} : detail::kv_pool_record(layout_, pool_id_, tensors);
+    return regions_.empty() ? std::vector<std::byte>{}
+                            : detail::kv_pool_record(layout_, pool_id_, tensors, made_ns_, lease_ttl);
 }
 
 // --- the pool ------------------------------------------------------------------
@@ -278,6 +314,10 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> owned, std
     do {
         pool.pool_id_ = detail::system_random();
     } while (pool.pool_id_ == 0);
+    // When it was made, on the wall clock (a restarted peer's pool is newer across processes).
+    pool.made_ns_ = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::system_clock::now().time_since_epoch())
+                                                   .count());
     return pool;
 }
 

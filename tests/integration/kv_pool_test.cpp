@@ -114,7 +114,7 @@ TEST_SUITE("KV-cache pools on real RDMA") {
 
         // The handshake: prefill's metadata as bytes, loaded by decode.
         const std::vector<std::byte> metadata = prefill.pool.describe();
-        CHECK(metadata.size() == 72 + 20 * 32);
+        CHECK(metadata.size() == 80 + 20 * 32);
         const RemoteKvPool theirs = RemoteKvPool::load(metadata);
         CHECK(theirs.pool_id() == prefill.pool.pool_id());
 

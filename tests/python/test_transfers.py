@@ -132,7 +132,7 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
     ours = gv.KvPool(layout, [pair.a.pd.register(t, RW) for t in decode])
 
     metadata = theirs_pool.describe()  # carried over the engine's own channel
-    assert isinstance(metadata, bytes) and len(metadata) == 72 + 20 * layers
+    assert isinstance(metadata, bytes) and len(metadata) == 80 + 20 * layers
     theirs = gv.RemoteKvPool.load(metadata)
     assert theirs.layout == layout and theirs.pool_id == theirs_pool.pool_id and len(theirs.tensors) == layers
 
@@ -156,6 +156,14 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
         ours.plan("read", [2**32], theirs, [0], pair.qp_a)
     with pytest.raises(gv.Error, match="its checksum does not match"):
         gv.RemoteKvPool.load(metadata[:-1] + bytes([metadata[-1] ^ 1]))
+    # Lease terms travel with the metadata; a restarted peer's old record is refused against its new one.
+    assert gv.RemoteKvPool.load(theirs_pool.describe(lease_ttl=12.5)).lease_ttl == 12.5
+    remade = gv.KvPool(layout, [pair.b.pd.register(t, RW | gv.Access.remote_read) for t in prefill])
+    newer = gv.RemoteKvPool.load(remade.describe(), previous=theirs)
+    assert newer.made_ns > theirs.made_ns and newer.pool_id == remade.pool_id
+    with pytest.raises(gv.Error, match="is not newer than pool .* already loaded from this peer") as stale:
+        gv.RemoteKvPool.load(metadata, previous=newer)
+    assert stale.value.code == gv.Errc.stale_metadata
     # A cache's region may start inside a larger registration: refused, naming it.
     cache = gv.RegistrationCache(pair.a.pd)
     with pytest.raises(ValueError, match="regions\\[0\\] comes from a RegistrationCache"):

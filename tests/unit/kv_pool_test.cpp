@@ -92,16 +92,19 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         }
     }
 
-    TEST_CASE("a pool's metadata is 72 + 20 bytes per tensor and loads back as it was written") {
+    TEST_CASE("a pool's metadata is 80 + 20 bytes per tensor and loads back as it was written, lease terms too") {
         const std::vector<RemoteMemory> tensors = tensors_for(small, small.tensor_bytes());
-        const std::vector<std::byte> record = detail::kv_pool_record(small, 0x1234, tensors);
-        CHECK(record.size() == 72 + 20 * 4);
+        const std::vector<std::byte> record =
+            detail::kv_pool_record(small, 0x1234, tensors, 1'700'000'000'123'456'789, std::chrono::milliseconds(15000));
+        CHECK(record.size() == 80 + 20 * 4);
         test::check_succeeds_clean(
             [&](std::error_code& ec) { CHECK(RemoteKvPool::load(record, ec)); },
             [&](std::error_code& ec, Diagnostics& d) { CHECK(RemoteKvPool::load(record, ec, d)); });
         const RemoteKvPool pool = RemoteKvPool::load(record);
         CHECK(pool.layout() == small);
         CHECK(pool.pool_id() == 0x1234);
+        CHECK(pool.made_ns() == 1'700'000'000'123'456'789);
+        CHECK(pool.lease_ttl() == std::chrono::milliseconds(15000));
         REQUIRE(pool.tensors().size() == 4);
         for (std::size_t t = 0; t < 4; ++t) CHECK(pool.tensors()[t] == tensors[t]);
         // 16,384 blocks per layer cost no more bytes than 8.
@@ -114,7 +117,7 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         KvLayout bad_layout = small;
         bad_layout.halves = 0;
         std::vector<std::byte> next_version = good;
-        next_version[5] = std::byte{2};
+        next_version[5] = std::byte{3};
         struct Case {
             const char* name;
             std::vector<std::byte> bytes;
@@ -125,15 +128,15 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
             {"empty",
              {},
              errc::malformed_record,
-             "RemoteKvPool::load: pool metadata: the record is 0 bytes; one of a single tensor is 92 (truncated, or "
+             "RemoteKvPool::load: pool metadata: the record is 0 bytes; one of a single tensor is 100 (truncated, or "
              "not pool metadata)"},
             {"another record", with_byte(good, 3, 'X'), errc::malformed_record,
              "RemoteKvPool::load: pool metadata: not gpuverbs pool metadata (wrong magic; expected \"GVKV\")"},
             {"a newer version", next_version, errc::unsupported_version,
-             "RemoteKvPool::load: pool metadata has version 2; this gpuverbs reads version 1 (update both engines to "
+             "RemoteKvPool::load: pool metadata has version 3; this gpuverbs reads version 2 (update both engines to "
              "the same gpuverbs release)"},
             {"cut short", std::vector<std::byte>(good.begin(), good.end() - 20), errc::malformed_record,
-             "RemoteKvPool::load: pool metadata: the record is 132 bytes; with 4 tensors it is 152 (truncated)"},
+             "RemoteKvPool::load: pool metadata: the record is 140 bytes; with 4 tensors it is 160 (truncated)"},
             {"a flipped bit", with_byte(good, 30, 0xff), errc::malformed_record,
              "RemoteKvPool::load: pool metadata: its checksum does not match its bytes (damaged on the way, or cut and "
              "pasted)"},
@@ -159,6 +162,34 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
                 [&](std::error_code& ec, Diagnostics& d) { return RemoteKvPool::load(c.bytes, ec, d); });
             CHECK(what == c.what);
         }
+    }
+
+    TEST_CASE("metadata older than the one already loaded from the peer is refused alike in the three forms") {
+        const std::vector<RemoteMemory> tensors = tensors_for(small, small.tensor_bytes());
+        const RemoteKvPool current = RemoteKvPool::load(detail::kv_pool_record(small, 0xbbbb, tensors, 2000));
+        const std::vector<std::byte> before_restart = detail::kv_pool_record(small, 0xaaaa, tensors, 1000);
+        const std::string what = test::check_fails_alike(
+            errc::stale_metadata, [&] { return RemoteKvPool::load(before_restart, current); },
+            [&](std::error_code& ec) { return RemoteKvPool::load(before_restart, current, ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return RemoteKvPool::load(before_restart, current, ec, d); });
+        CHECK(what == "RemoteKvPool::load: pool metadata of pool 0xaaaa made at 1000 ns is not newer than pool 0xbbbb "
+                      "made at 2000 ns, already loaded from this peer (a record from before the peer made its pool "
+                      "again): load the peer's current metadata");
+        // Another pool made at the same instant is not newer either; the same pool again, or a newer one, loads.
+        std::error_code ec;
+        CHECK_FALSE(RemoteKvPool::load(detail::kv_pool_record(small, 0xcccc, tensors, 2000), current, ec));
+        CHECK(ec == errc::stale_metadata);
+        CHECK(RemoteKvPool::load(detail::kv_pool_record(small, 0xbbbb, tensors, 2000, std::chrono::seconds(9)), current));
+        CHECK(RemoteKvPool::load(detail::kv_pool_record(small, 0xdddd, tensors, 3000), current).pool_id() == 0xdddd);
+        CHECK(RemoteKvPool::load(before_restart, RemoteKvPool{})); // nothing loaded before: nothing to compare
+        // A version-1 record (gpuverbs before lease terms) is refused, naming both versions.
+        std::vector<std::byte> v1 = before_restart;
+        v1[5] = std::byte{1}; // big-endian: the version's low byte
+        Diagnostics d;
+        CHECK_FALSE(RemoteKvPool::load(v1, ec, d));
+        CHECK(ec == errc::unsupported_version);
+        CHECK(d.detail() == "pool metadata has version 1; this gpuverbs reads version 2 (update both engines to the "
+                            "same gpuverbs release)");
     }
 
     TEST_CASE("every truncation and every single-byte change of a record is refused, never read past") {

@@ -26,6 +26,7 @@
 #include "gpuverbs/transfers/transfer_plan.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -104,20 +105,39 @@ public:
     [[nodiscard]] std::span<const RemoteMemory> tensors() const noexcept { return tensors_; }
     /// The owner pool's id: random per KvPool, so a restarted peer's pool differs.
     [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
+    /// When the owner made its pool (nanoseconds since the epoch, its wall clock).
+    [[nodiscard]] std::uint64_t made_ns() const noexcept { return made_ns_; }
+    /// The lease terms the owner announced: how long a reader may use blocks
+    /// it was handed (zero: none announced). Read within it (a transfer's deadline).
+    [[nodiscard]] std::chrono::milliseconds lease_ttl() const noexcept { return lease_ttl_; }
+
+    /// … refusing a record not newer than `previous`, the one already loaded
+    /// from this peer (errc::stale_metadata, naming both pools and when each
+    /// was made): a record of the pool the peer had before it made it again
+    /// (restarted, re-registered). An empty `previous` refuses nothing.
+    static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous);
+    static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous, std::error_code& ec);
+    static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous, std::error_code& ec,
+                             Diagnostics& diagnostics);
 
 private:
     friend class KvPool;
     static RemoteKvPool load_impl(std::span<const std::byte> metadata, detail::Status& status);
+    static RemoteKvPool load_newer_impl(std::span<const std::byte> metadata, const RemoteKvPool& previous,
+                                        detail::Status& status);
     KvLayout layout_;
     std::vector<RemoteMemory> tensors_;
     std::uint64_t pool_id_ = 0;
+    std::uint64_t made_ns_ = 0;
+    std::chrono::milliseconds lease_ttl_{0};
 };
 
 namespace detail {
 /// The metadata record of a pool with this layout, id and tensors (what
 /// KvPool::describe returns; tests make records with it). Nothing is checked.
 std::vector<std::byte> kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
-                                      std::span<const RemoteMemory> tensors);
+                                      std::span<const RemoteMemory> tensors, std::uint64_t made_ns = 0,
+                                      std::chrono::milliseconds lease_ttl = {});
 } // namespace detail
 
 /// Our pool: a layout over registered memory, one MemoryRegion per tensor.
@@ -147,12 +167,15 @@ public:
     /// The region of each tensor, in layer order.
     [[nodiscard]] std::span<const MemoryRegion* const> regions() const noexcept { return regions_; }
     [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
+    /// When it was made (nanoseconds since the epoch): a pool made again is newer.
+    [[nodiscard]] std::uint64_t made_ns() const noexcept { return made_ns_; }
 
     /// The metadata a peer loads (RemoteKvPool::load): a versioned, checksummed
-    /// record of the layout, the pool's id and each tensor's address, length
-    /// and rkey: 72 + 20 x tensors bytes, whatever the number of blocks. Empty
-    /// for an empty pool.
-    [[nodiscard]] std::vector<std::byte> describe() const;
+    /// record of the layout, the pool's id, when it was made, the lease terms
+    /// (`lease_ttl`: how long a reader may use blocks it is handed; zero:
+    /// none) and each tensor's address, length and rkey: 80 + 20 x tensors
+    /// bytes, whatever the number of blocks. Empty for an empty pool.
+    [[nodiscard]] std::vector<std::byte> describe(std::chrono::milliseconds lease_ttl = {}) const;
 
     /// Plans moving block local_ids[i] of ours and remote_ids[i] of `remote`
     /// (write: ours to theirs; read: theirs to ours), both halves of every
@@ -182,6 +205,7 @@ private:
     std::vector<MemoryRegion> owned_;          ///< empty for a pool over regions kept elsewhere
     std::vector<const MemoryRegion*> regions_; ///< one per tensor (into owned_, whose buffer a move keeps)
     std::uint64_t pool_id_ = 0;
+    std::uint64_t made_ns_ = 0;
 };
 
 } // namespace gpuverbs
