@@ -37,8 +37,10 @@ def connected(context, send_sge=1):
     cqs = [gv.CompletionQueue(d, 4096, context) for d in devices]
     listener = gv.TcpListener(0, "127.0.0.1")
     got = {}
+    # The peer grants what the benchmarks do to its memory (its regions are registered after connecting).
+    grant = gv.Access.remote_write | gv.Access.remote_read
     t = threading.Thread(target=lambda: got.update(b=gv.connect_tcp(pds[1], cqs[1], None, 0, listener=listener,
-                                                                    max_send_sge=send_sge)))
+                                                                    remote_access=grant, max_send_sge=send_sge)))
     t.start()
     qp, _, _ = gv.connect_tcp(pds[0], cqs[0], "127.0.0.1", listener.port, max_send_sge=send_sge)
     t.join()

@@ -199,7 +199,10 @@ struct FinishTransfer {
     void operator()(const boost::system::error_code& ec, TransferResult r) const noexcept {
         // What Python reads from the operation: the bytes, .report, and the failed blocks as the error's detail.
         op->bytes = r.bytes;
-        op->detail = std::move(r.failed_blocks);
+        // A device's status says what happened, the blocks where: both (a refusal's words say it all).
+        const std::error_code code = static_cast<std::error_code>(ec);
+        op->detail = code.category() == wc_category() ? code.message() + ": " + r.failed_blocks
+                                                      : std::move(r.failed_blocks);
         op->report = std::move(r.report);
         op->finish_noexcept(ec);
     }

@@ -414,6 +414,24 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
                           ") is outside the peer's pool of " + std::to_string(theirs.blocks) + " blocks");
         }
     }
+    // The destination side must not name a block twice (blocks of different
+    // ids, halves and layers never overlap: KvLayout::problem() checked it).
+    {
+        const bool write = direction == TransferDirection::write;
+        const std::span<const std::uint32_t> dest = write ? remote_ids : local_ids;
+        std::vector<std::uint64_t> seen((write ? theirs.blocks : ours.blocks) / 64 + 1);
+        for (std::size_t i = 0; i < dest.size(); ++i) {
+            std::uint64_t& word = seen[dest[i] / 64];
+            const std::uint64_t bit = std::uint64_t{1} << (dest[i] % 64);
+            if ((word & bit) != 0) {
+                const auto first = static_cast<std::size_t>(std::find(dest.begin(), dest.end(), dest[i]) - dest.begin());
+                return refuse(std::string(write ? "remote" : "local") + " id " + std::to_string(dest[i]) +
+                              " is named twice (index " + std::to_string(first) + " and " + std::to_string(i) +
+                              "): both would be written, and which lands last is undefined");
+            }
+            word |= bit;
+        }
+    }
     // One piece per (layer, half, id), in that order: the planner coalesces
     // neighbours that are contiguous in both pools (consecutive ids of a
     // block-contiguous layout).
@@ -421,6 +439,25 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
     if (local_ids.size() > (std::size_t{1} << 40) / per_id) {
         return refuse(std::to_string(local_ids.size()) + " ids over " + std::to_string(per_id) +
                       " layer halves: more pieces than one plan holds");
+    }
+    // The one-pass planner reads the ids themselves (no list); a block it
+    // cannot plan alone (longer than a message) goes through the lists below.
+    if (ours.block_bytes <= UINT32_MAX) {
+        std::vector<detail::StridedSegment> segments;
+        segments.reserve(per_id);
+        for (std::uint32_t layer = layers.first; layer < end; ++layer) {
+            const MemoryRegion& mr = *regions_[ours.tensor_of(layer)];
+            const RemoteMemory& rm = remote.tensors_[theirs.tensor_of(layer)];
+            for (std::uint32_t half = 0; half < ours.halves; ++half) {
+                segments.push_back({mr.iova() + ours.offset(layer, half, 0), mr.lkey(), mr.iova(),
+                                    mr.iova() + mr.length(), rm, theirs.offset(layer, half, 0)});
+            }
+        }
+        const detail::StridedPairs pairs{segments, local_ids, remote_ids, ours.block_stride, theirs.block_stride,
+                                         static_cast<std::uint32_t>(ours.block_bytes)};
+        bool general = false;
+        TransferPlan plan = detail::make_strided_plan(direction, pairs, limits, general);
+        if (!general) return plan;
     }
     const std::size_t count = local_ids.size() * per_id;
     std::vector<LocalBuffer> local(count);

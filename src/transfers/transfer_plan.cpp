@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdio>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace gpuverbs {
@@ -87,12 +88,63 @@ bool one_per_slot(std::span<const LocalBuffer> local, std::span<const RemoteBloc
 /// multiples of it (a pool's slots). Anything else — or a block that fails a
 /// check, so that the general walk names it — answers `general`. `planned`
 /// with `status` failed means the destination blocks overlap.
-template <bool Write>
-FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBlock> remote, std::uint32_t max_sge,
-                    std::uint64_t max_message, PlanArray<TransferPlan::Request>& requests,
-                    PlanArray<LocalBuffer>& pieces, PlanArray<ibv_sge>& sges, std::uint64_t& bytes, Status& status) {
-    const std::size_t n = local.size();
-    if (n != remote.size()) return FastPlan::general;
+/// Block k of one list with block k of the other (plan_pairs' source).
+struct ListPairs {
+    std::span<const LocalBuffer> local;
+    std::span<const RemoteBlock> remote;
+    [[nodiscard]] std::size_t size() const noexcept { return local.size(); }
+    /// The first pair's remote key and length (the destination key and unit of plan_pairs).
+    [[nodiscard]] std::uint32_t first_rkey() const noexcept { return remote[0].memory.rkey; }
+    [[nodiscard]] std::uint64_t first_length() const noexcept { return remote[0].length; }
+    /// Calls step(l, b, k) for each pair in order; false as soon as one answers false.
+    template <class Step>
+    bool each(Step&& step) const {
+        for (std::size_t k = 0; k < local.size(); ++k) {
+            if (!step(local[k], remote[k], k)) return false;
+        }
+        return true;
+    }
+};
+
+/// The pairs of a StridedPairs, made as they are walked (no list).
+struct StridedSource {
+    const StridedPairs& p;
+    [[nodiscard]] std::size_t size() const noexcept { return p.segments.size() * p.local_ids.size(); }
+    [[nodiscard]] std::uint32_t first_rkey() const noexcept { return p.segments[0].remote.rkey; }
+    [[nodiscard]] std::uint64_t first_length() const noexcept { return p.length; }
+    template <class Step>
+    bool each(Step&& step) const {
+        const std::size_t n = p.local_ids.size();
+        std::size_t k = 0;
+        for (const StridedSegment& s : p.segments) {
+            LocalBuffer l{0, p.length, s.lkey, s.region_begin, s.region_end};
+            RemoteBlock b{s.remote, 0, p.length};
+            for (std::size_t i = 0; i < n; ++i, ++k) {
+                l.address = s.local_base + p.local_ids[i] * p.local_stride;
+                b.offset = s.remote_base + p.remote_ids[i] * p.remote_stride;
+                if (!step(l, b, k)) return false;
+            }
+        }
+        return true;
+    }
+};
+
+/// The plan of the common shapes in one pass: block k of one list pairs with
+/// block k of the other (equal lengths, none longer than a message), the
+/// destination side under one key. Every check the general walk makes is made
+/// here per block while the requests are written, into storage sized once
+/// for the worst case (no growth, no per-block call). The overlap check needs
+/// no sort when the destination blocks come in order, or are of one size at
+/// multiples of it (a pool's slots); a StridedSource's caller has made it
+/// (its ids). Anything else — or a block that fails a check, so that the
+/// general walk names it — answers `general`. `planned` with `status` failed
+/// means the destination blocks overlap.
+template <bool Write, class Pairs>
+FastPlan plan_pairs(const Pairs& pairs, std::uint32_t max_sge, std::uint64_t max_message,
+                    PlanArray<TransferPlan::Request>& requests, PlanArray<LocalBuffer>& pieces,
+                    PlanArray<ibv_sge>& sges, std::uint64_t& bytes, Status& status) {
+    constexpr bool lists = std::is_same_v<Pairs, ListPairs>;
+    const std::size_t n = pairs.size();
     requests = PlanArray<TransferPlan::Request>(n);
     pieces = PlanArray<LocalBuffer>(n);
     sges = PlanArray<ibv_sge>(n);
@@ -103,8 +155,8 @@ FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBl
     LocalBuffer* piece = nullptr;
     ibv_sge* sge = nullptr;
     // The destination side: in order so far, one key, one block length.
-    const std::uint32_t dest_key = Write ? remote[0].memory.rkey : 0;
-    const std::uint64_t unit = remote[0].length;
+    const std::uint32_t dest_key = Write ? pairs.first_rkey() : 0;
+    const std::uint64_t unit = pairs.first_length();
     bool ordered = true;
     bool uniform = true;
     std::uint64_t dest_end = 0;
@@ -112,13 +164,12 @@ FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBl
     std::uint64_t dest_max = 0;
     std::uint64_t total = 0;
     std::uint64_t request_end = 0;
-    for (std::size_t k = 0; k < n; ++k) {
-        const LocalBuffer& l = local[k];
-        const RemoteBlock& b = remote[k];
+    const bool all = pairs.each([&](const LocalBuffer& l, const RemoteBlock& b, std::size_t k) {
         const std::uint64_t length = b.length;
+        // One destination key for the overlap check below (a StridedSource's caller checked its ids instead).
         if (length == 0 || l.length != length || length > max_message || !l.in_region() ||
-            !b.memory.contains(b.offset, length) || (Write && b.memory.rkey != dest_key)) {
-            return FastPlan::general;
+            !b.memory.contains(b.offset, length) || (Write && lists && b.memory.rkey != dest_key)) {
+            return false;
         }
         const std::uint64_t address = b.memory.address + b.offset;
         const std::uint64_t dest = Write ? address : l.address;
@@ -134,9 +185,7 @@ FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBl
         bool grows = false;
         if (contiguous) {
             // The general walk would split this block at the message limit.
-            if (request->remote.length < max_message && request->remote.length + length > max_message) {
-                return FastPlan::general;
-            }
+            if (request->remote.length < max_message && request->remote.length + length > max_message) return false;
             grows = request->remote.length + length <= max_message;
         }
         if (grows) {
@@ -165,27 +214,33 @@ FastPlan plan_pairs(std::span<const LocalBuffer> local, std::span<const RemoteBl
         request->remote.length += length;
         request->last_remote = static_cast<std::uint32_t>(k);
         request_end = address + length;
-    }
+        return true;
+    });
+    if (!all) return FastPlan::general;
     requests.set_size(requests_made);
     pieces.set_size(pieces_made);
     sges.set_size(pieces_made);
     bytes = total;
-    if (ordered) return FastPlan::planned;
-    const std::uint64_t slots = (dest_max - dest_min) / unit + 1;
-    if (uniform && slots / 64 <= n) {
-        const bool one_each = std::has_single_bit(unit)
-                                  ? one_per_slot<Write, true>(local, remote, dest_min, unit, slots)
-                                  : one_per_slot<Write, false>(local, remote, dest_min, unit, slots);
-        if (one_each) return FastPlan::planned;
+    if constexpr (lists) {
+        if (ordered) return FastPlan::planned;
+        const std::span<const LocalBuffer> local = pairs.local;
+        const std::span<const RemoteBlock> remote = pairs.remote;
+        const std::uint64_t slots = (dest_max - dest_min) / unit + 1;
+        if (uniform && slots / 64 <= n) {
+            const bool one_each = std::has_single_bit(unit)
+                                      ? one_per_slot<Write, true>(local, remote, dest_min, unit, slots)
+                                      : one_per_slot<Write, false>(local, remote, dest_min, unit, slots);
+            if (one_each) return FastPlan::planned;
+        }
+        // Out of order and not slots (or two blocks in one slot): the sort decides, and names them.
+        std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::size_t>> ranges;
+        ranges.reserve(n);
+        for (std::size_t k = 0; k < n; ++k) {
+            const std::uint64_t begin = destination<Write>(local, remote, k);
+            ranges.emplace_back(dest_key, begin, begin + remote[k].length, k);
+        }
+        (void)find_overlap(ranges, Write ? "remote" : "local", status);
     }
-    // Out of order and not slots (or two blocks in one slot): the sort decides, and names them.
-    std::vector<std::tuple<std::uint32_t, std::uint64_t, std::uint64_t, std::size_t>> ranges;
-    ranges.reserve(n);
-    for (std::size_t k = 0; k < n; ++k) {
-        const std::uint64_t begin = destination<Write>(local, remote, k);
-        ranges.emplace_back(dest_key, begin, begin + remote[k].length, k);
-    }
-    (void)find_overlap(ranges, Write ? "remote" : "local", status);
     return FastPlan::planned;
 }
 
@@ -212,11 +267,13 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
         std::min<std::uint32_t>(limits.max_sge, static_cast<std::uint32_t>(detail::max_sge_per_request));
     if (planner == Planner::best) {
         TransferPlan fast;
-        const FastPlan how = direction == TransferDirection::write
-                                 ? plan_pairs<true>(local, remote, max_sge, limits.max_message, fast.requests_,
-                                                    fast.pieces_, fast.sges_, fast.bytes_, status)
-                                 : plan_pairs<false>(local, remote, max_sge, limits.max_message, fast.requests_,
-                                                     fast.pieces_, fast.sges_, fast.bytes_, status);
+        const ListPairs pairs{local, remote};
+        const FastPlan how = local.size() != remote.size() ? FastPlan::general
+                             : direction == TransferDirection::write
+                                 ? plan_pairs<true>(pairs, max_sge, limits.max_message, fast.requests_, fast.pieces_,
+                                                    fast.sges_, fast.bytes_, status)
+                                 : plan_pairs<false>(pairs, max_sge, limits.max_message, fast.requests_, fast.pieces_,
+                                                     fast.sges_, fast.bytes_, status);
         if (how == FastPlan::planned) {
             if (!status.ok()) return {};
             fast.direction_ = direction;
@@ -372,6 +429,34 @@ TransferPlan make_transfer_plan(TransferDirection direction, std::span<const Loc
     result.local_blocks_ = local.size();
     result.remote_blocks_ = remote.size();
     return result;
+}
+
+TransferPlan make_strided_plan(TransferDirection direction, const StridedPairs& pairs, const TransferLimits& limits,
+                               bool& general) {
+    general = false;
+    Status unused; // the caller checked what could fail but a pair the walk sends to the general planner
+    TransferPlan plan;
+    const std::uint32_t max_sge =
+        std::min<std::uint32_t>(limits.max_sge, static_cast<std::uint32_t>(detail::max_sge_per_request));
+    const StridedSource source{pairs};
+    const std::size_t n = source.size();
+    if (n == 0 || n > UINT32_MAX || max_sge == 0 || limits.max_message == 0) {
+        general = true;
+        return {};
+    }
+    const FastPlan how = direction == TransferDirection::write
+                             ? plan_pairs<true>(source, max_sge, limits.max_message, plan.requests_, plan.pieces_,
+                                                plan.sges_, plan.bytes_, unused)
+                             : plan_pairs<false>(source, max_sge, limits.max_message, plan.requests_, plan.pieces_,
+                                                 plan.sges_, plan.bytes_, unused);
+    if (how != FastPlan::planned) {
+        general = true;
+        return {};
+    }
+    plan.direction_ = direction;
+    plan.local_blocks_ = n;
+    plan.remote_blocks_ = n;
+    return plan;
 }
 
 } // namespace detail

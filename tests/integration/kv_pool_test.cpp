@@ -210,6 +210,18 @@ TEST_SUITE("KV-cache pools on real RDMA") {
         CHECK(refused([&](std::error_code& ec, Diagnostics& d) {
                   return ours.pool.plan(TransferDirection::write, good, theirs, good, LayerRange{3, 2}, {}, ec, d);
               }) == "KvPool::plan: layers 3 to 5 (exclusive) are not within both pools (ours has 4, the peer's 4)");
+        // The destination named twice: a write's remote ids, a read's local ids (a source read twice is fine).
+        const std::uint32_t twice[] = {3, 7, 3};
+        const std::uint32_t three[] = {1, 2, 4};
+        CHECK(refused([&](std::error_code& ec, Diagnostics& d) {
+                  return ours.pool.plan(TransferDirection::write, three, theirs, twice, {}, {}, ec, d);
+              }) == "KvPool::plan: remote id 3 is named twice (index 0 and 2): both would be written, and which "
+                    "lands last is undefined");
+        CHECK(refused([&](std::error_code& ec, Diagnostics& d) {
+                  return ours.pool.plan(TransferDirection::read, twice, theirs, three, {}, {}, ec, d);
+              }) == "KvPool::plan: local id 3 is named twice (index 0 and 2): both would be written, and which "
+                    "lands last is undefined");
+        CHECK(ours.pool.plan(TransferDirection::read, three, theirs, twice).local_blocks() == 3 * 4 * 2);
 
         std::vector<std::byte> small(1000);
         std::vector<MemoryRegion> regions;

@@ -5,6 +5,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+
 using namespace gpuverbs;
 
 namespace {
@@ -378,5 +382,79 @@ TEST_SUITE("transfer plans") {
             }
         }
         CHECK(rounds_with_refusal > 50); // the refusals were exercised, not only the plans
+    }
+}
+
+TEST_SUITE("transfer plans") {
+    TEST_CASE("planning by stride (a KV pool's ids) makes exactly the plan of the same blocks as lists") {
+        // Segments of a pool's layer halves: per-layer tensors, blocks 256 bytes apart (or interleaved halves).
+        std::mt19937 random(11);
+        for (int round = 0; round < 200; ++round) {
+            CAPTURE(round);
+            const std::uint32_t blocks = 8 + random() % 120;
+            const std::uint32_t length = 64u << (random() % 3);
+            const bool interleaved = random() % 2 == 0; // blocks-first: K and V side by side
+            const std::uint64_t local_stride = interleaved ? 2 * length : length;
+            const std::uint64_t remote_stride = random() % 2 == 0 ? 2 * length : length;
+            const std::uint32_t segments_n = 1 + random() % 6;
+            const auto direction = random() % 2 == 0 ? TransferDirection::write : TransferDirection::read;
+            std::vector<detail::StridedSegment> segments;
+            for (std::uint32_t s = 0; s < segments_n; ++s) {
+                const std::uint64_t tensor = 0x100000 + std::uint64_t{s / 2} * 0x100000;
+                const std::uint64_t base = tensor + (interleaved ? (s % 2) * length : (s % 2) * blocks * length);
+                const RemoteMemory far{0x7000000 + std::uint64_t{s / 2} * 0x100000, 4 * blocks * length, 0x55 + s / 2};
+                segments.push_back({base, 0x11 + s / 2, tensor, tensor + 2 * blocks * length, far,
+                                    (s % 2) * (remote_stride == length ? blocks * length : length)});
+            }
+            // Ids: runs of consecutive ids and scattered ones, distinct on each side.
+            std::vector<std::uint32_t> ours(blocks), theirs(blocks);
+            std::iota(ours.begin(), ours.end(), 0u);
+            std::iota(theirs.begin(), theirs.end(), 0u);
+            if (random() % 3 != 0) std::shuffle(ours.begin(), ours.end(), random);
+            if (random() % 3 != 0) std::shuffle(theirs.begin(), theirs.end(), random);
+            const std::size_t count = 1 + random() % blocks;
+            ours.resize(count);
+            theirs.resize(count);
+            const TransferLimits limits{1 + static_cast<std::uint32_t>(random() % 4),
+                                        random() % 4 == 0 ? std::uint64_t{length} * 3 : std::uint64_t{1} << 31};
+            const detail::StridedPairs pairs{segments, ours, theirs, local_stride, remote_stride, length};
+            bool general = true;
+            const TransferPlan strided = detail::make_strided_plan(direction, pairs, limits, general);
+            std::vector<LocalBuffer> local;
+            std::vector<RemoteBlock> remote;
+            for (const detail::StridedSegment& seg : segments) {
+                for (std::size_t i = 0; i < count; ++i) {
+                    local.push_back({seg.local_base + ours[i] * local_stride, length, seg.lkey, seg.region_begin,
+                                     seg.region_end});
+                    remote.push_back({seg.remote, seg.remote_base + theirs[i] * remote_stride, length});
+                }
+            }
+            const TransferPlan lists(direction, local, remote, limits);
+            if (general) { // a block the one-pass planner leaves to the general walk: none here
+                FAIL("the strided planner refused a plan the lists planner made");
+                continue;
+            }
+            REQUIRE(strided.requests().size() == lists.requests().size());
+            for (std::size_t r = 0; r < lists.requests().size(); ++r) {
+                const auto& a = strided.requests()[r];
+                const auto& b = lists.requests()[r];
+                CHECK(a.remote == b.remote);
+                CHECK(a.first_piece == b.first_piece);
+                CHECK(a.piece_count == b.piece_count);
+                CHECK(a.first_local == b.first_local);
+                CHECK(a.first_remote == b.first_remote);
+                CHECK(a.last_remote == b.last_remote);
+            }
+            REQUIRE(strided.native_pieces().size() == lists.native_pieces().size());
+            for (std::size_t k = 0; k < lists.native_pieces().size(); ++k) {
+                CHECK(strided.native_pieces()[k].addr == lists.native_pieces()[k].addr);
+                CHECK(strided.native_pieces()[k].length == lists.native_pieces()[k].length);
+                CHECK(strided.native_pieces()[k].lkey == lists.native_pieces()[k].lkey);
+            }
+            CHECK(strided.bytes() == lists.bytes());
+            CHECK(strided.local_blocks() == lists.local_blocks());
+            CHECK(strided.remote_blocks() == lists.remote_blocks());
+            CHECK(strided.direction() == lists.direction());
+        }
     }
 }

@@ -51,6 +51,33 @@ enum class Planner : std::uint8_t { best, general };
 TransferPlan make_transfer_plan(TransferDirection direction, std::span<const LocalBuffer> local,
                                 std::span<const RemoteBlock> remote, const TransferLimits& limits, Status& status,
                                 Planner planner = Planner::best);
+
+/// One layer half of a KvPool::plan: where block 0 lies on each side.
+struct StridedSegment {
+    std::uint64_t local_base = 0; ///< the local address of block 0
+    std::uint32_t lkey = 0;
+    std::uint64_t region_begin = 0; ///< the local region
+    std::uint64_t region_end = 0;
+    RemoteMemory remote;          ///< the peer's tensor
+    std::uint64_t remote_base = 0; ///< block 0's offset in it
+};
+/// Pairs by stride, without lists: for each segment in order, pair i moves
+/// `length` bytes between local_base + local_ids[i] x local_stride and
+/// remote_base + remote_ids[i] x remote_stride. The caller has checked the
+/// ids (inside their pools, no id twice on the destination side).
+struct StridedPairs {
+    std::span<const StridedSegment> segments;
+    std::span<const std::uint32_t> local_ids;
+    std::span<const std::uint32_t> remote_ids;
+    std::uint64_t local_stride = 0;
+    std::uint64_t remote_stride = 0;
+    std::uint32_t length = 0;
+};
+/// The one-pass planner over `pairs`; `general` (and an empty plan) when a
+/// pair needs the general walk (e.g. a block longer than a message): plan
+/// from lists then, which names the problem.
+TransferPlan make_strided_plan(TransferDirection direction, const StridedPairs& pairs, const TransferLimits& limits,
+                               bool& general);
 } // namespace detail
 
 /// A checked, coalesced, chunked transfer: the work requests to post.
@@ -119,6 +146,8 @@ private:
     friend TransferPlan detail::make_transfer_plan(TransferDirection, std::span<const LocalBuffer>,
                                                    std::span<const RemoteBlock>, const TransferLimits&, detail::Status&,
                                                    detail::Planner);
+    friend TransferPlan detail::make_strided_plan(TransferDirection, const detail::StridedPairs&, const TransferLimits&,
+                                                  bool&);
     TransferDirection direction_ = TransferDirection::write;
     detail::PlanArray<Request> requests_;
     detail::PlanArray<LocalBuffer> pieces_;
