@@ -15,9 +15,8 @@
 // tensor_of(l), at l' * layer_stride + h * half_stride + b * block_stride
 // (l' is l for one tensor of all layers, 0 for a tensor per layer). The
 // common layouts have names; any other is given by its strides. Planning
-// walks the ids once per layer and half into the two lists TransferPlan
-// reads (one entry per block, layer and half, made once per plan, never per
-// request posted), and the planner coalesces the runs that are contiguous in
+// walks the ids once per layer and half, by stride, straight into the
+// plan's requests (no list), coalescing the runs that are contiguous in
 // both pools. The caller builds no list and no object per block.
 // No Asio here (transfer.hpp moves a plan).
 #pragma once
