@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     Engine decode(pd0, layout, gv::Access::local_write);
     Engine prefill(pd1, layout, gv::Access::local_write | gv::Access::remote_read);
     for (std::size_t t = 0; t < prefill.tensors.size(); ++t) {
-        for (std::size_t i = 0; i < prefill.tensors[t].size(); i += 64) prefill.tensors[t][i] = std::byte((i / 64 + t) % 251);
+        for (std::size_t i = 0; i < prefill.tensors[t].size(); i += 64)
+            prefill.tensors[t][i] = std::byte((i / 64 + t) % 251);
     }
     const gv::RemoteKvPool theirs = gv::RemoteKvPool::load(prefill.pool.describe());
     const std::vector<std::uint32_t> mine = scattered(blocks, count, 1), far = scattered(blocks, count, 2);

@@ -85,7 +85,6 @@ int main(int argc, char** argv) {
     (void)getppid(); // … and after it
     const auto took = Clock::now() - t0;
     std::printf("idle: %llu calls over %d polled CQs, %.1f ns per call, %llu handlers run\n",
-                static_cast<unsigned long long>(calls), cqs, ns_per(took, calls),
-                static_cast<unsigned long long>(ran));
+                static_cast<unsigned long long>(calls), cqs, ns_per(took, calls), static_cast<unsigned long long>(ran));
     return ran == 0 ? 0 : 1;
 }

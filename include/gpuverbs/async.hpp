@@ -61,7 +61,9 @@ namespace gpuverbs {
 /// `io` has ready without blocking (io_context::poll). Handlers run here, on
 /// the calling thread. Returns how many operations finished and handlers
 /// ran. Call it from one thread at a time per io_context (operations may be
-/// started from any thread unless the CQs are single_threaded). With nothing
+/// started from any thread unless the CQs are single_threaded). Called again
+/// from inside a handler it runs, it advances the CQs only. An exception a
+/// handler throws comes out of it, as from io_context::poll. With nothing
 /// outstanding it makes no system call (benchmarks/progress-idle measures it):
 ///
 ///   boost::asio::io_context io(1);
@@ -71,6 +73,6 @@ namespace gpuverbs {
 ///       gpuverbs::progress(io);      // never blocks, never sleeps
 ///       if (transfer.done()) ...
 ///   }
-std::size_t progress(boost::asio::io_context& io) noexcept;
+std::size_t progress(boost::asio::io_context& io);
 
 } // namespace gpuverbs

@@ -347,7 +347,11 @@ std::size_t AsyncDriver::progress() noexcept {
     OpList done;
     {
         std::lock_guard lock(mutex_);
-        if (closed_ || fsm_.outstanding() == 0) return 0;
+        if (closed_) return 0;
+        if (fsm_.outstanding() == 0) {
+            watching_ = false; // idle: the next submit starts the watch afresh
+            return 0;
+        }
         drain(done);
         post_ready(done);
         if (watching_) {
@@ -585,15 +589,26 @@ void AsyncDriverService::shutdown() {
 
 namespace gpuverbs {
 
-std::size_t progress(boost::asio::io_context& io) noexcept {
+namespace {
+/// How deep this thread is in progress() (a handler that calls it again).
+thread_local int progress_depth = 0;
+} // namespace
+
+std::size_t progress(boost::asio::io_context& io) {
     // Every CQ bound to io made the service; without one it is made empty here.
     std::size_t ran = boost::asio::use_service<detail::AsyncDriverService>(io).progress();
     // What was posted (an abort, a handler bound elsewhere that came back, a
     // timer that fired): with no outstanding work io_context::poll returns at
-    // once, so an idle context costs no system call.
-    boost::system::error_code ignored;
-    io.restart(); // a poll that found no work stopped it
-    ran += io.poll(ignored);
+    // once, so an idle context costs no system call. Called from a handler
+    // that progress() is running, only the CQs: io_context::restart must not
+    // run inside its own poll.
+    if (progress_depth > 0) return ran;
+    ++progress_depth;
+    struct Leave {
+        ~Leave() { --progress_depth; }
+    } leave;
+    if (io.stopped()) io.restart(); // a poll that found no work stopped it
+    ran += io.poll();               // a handler's exception comes out here, as from io_context::poll
     return ran;
 }
 

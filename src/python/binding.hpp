@@ -54,7 +54,7 @@ public:
     /// Polled: calls progress() until something ran or the time is up (it spins).
     std::size_t run_one_for(std::chrono::microseconds timeout);
     /// gpuverbs::progress on this context: never blocks, no system call when idle.
-    std::size_t progress() noexcept { return gpuverbs::progress(io_); }
+    std::size_t progress() { return gpuverbs::progress(io_); }
     [[nodiscard]] bool polled() const noexcept { return polled_; }
     /// Makes fileno() readable until the next poll(): call it after something
     /// posted a handler without a completion to announce it (a cancellation, a

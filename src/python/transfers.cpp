@@ -201,8 +201,8 @@ struct FinishTransfer {
         op->bytes = r.bytes;
         // A device's status says what happened, the blocks where: both (a refusal's words say it all).
         const std::error_code code = static_cast<std::error_code>(ec);
-        op->detail = code.category() == wc_category() ? code.message() + ": " + r.failed_blocks
-                                                      : std::move(r.failed_blocks);
+        op->detail =
+            code.category() == wc_category() ? code.message() + ": " + r.failed_blocks : std::move(r.failed_blocks);
         op->report = std::move(r.report);
         op->finish_noexcept(ec);
     }
@@ -246,7 +246,7 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (notify) options.notify = static_cast<std::uint32_t>(*notify);
     options.failover = failover;
     options.report_blocks = true; // Operation.report
-    std::string message; // copied by the transfer when it starts (in async_transfer, below)
+    std::string message;          // copied by the transfer when it starts (in async_transfer, below)
     if (notify_message) {
         message = std::string(*notify_message);
         options.notify_message = std::as_bytes(std::span(message));
@@ -254,8 +254,8 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     // time.monotonic() is CLOCK_MONOTONIC, steady_clock's clock on Linux.
     using Clock = std::chrono::steady_clock;
     if (deadline) {
-        options.deadline = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(*deadline)));
+        options.deadline =
+            Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*deadline)));
     }
     if (timeout) {
         options.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -288,21 +288,21 @@ void bind_transfers(py::module_& m) {
     record_fields(m, "NotificationInbox::Statistics", inbox_statistics_dict(NotificationInbox::Statistics{}));
 
     py::class_<Notification>(m, "Notification", "What a peer's notification said.")
-        .def_property_readonly("qp_num", [](const Notification& n) { return n.qp_num; },
-                               "The local queue pair it arrived on: which reader.")
-        .def_property_readonly("immediate", [](const Notification& n) { return n.immediate; },
-                               "The transfer's notify value (e.g. a lease id).")
+        .def_property_readonly(
+            "qp_num", [](const Notification& n) { return n.qp_num; },
+            "The local queue pair it arrived on: which reader.")
+        .def_property_readonly(
+            "immediate", [](const Notification& n) { return n.immediate; },
+            "The transfer's notify value (e.g. a lease id).")
         .def_property_readonly("size", [](const Notification& n) { return n.size; })
         .def_property_readonly(
             "bytes",
-            [](const Notification& n) {
-                return py::bytes(reinterpret_cast<const char*>(n.bytes.data()), n.size);
-            },
+            [](const Notification& n) { return py::bytes(reinterpret_cast<const char*>(n.bytes.data()), n.size); },
             "The transfer's notify_message (size bytes).")
         .def("__repr__", [](const Notification& n) {
-            return "Notification(qp_num=" + std::to_string(n.qp_num) + ", immediate=" +
-                   (n.immediate ? std::to_string(*n.immediate) : std::string("None")) + ", size=" +
-                   std::to_string(n.size) + ")";
+            return "Notification(qp_num=" + std::to_string(n.qp_num) +
+                   ", immediate=" + (n.immediate ? std::to_string(*n.immediate) : std::string("None")) +
+                   ", size=" + std::to_string(n.size) + ")";
         });
 
     py::class_<Inbox, std::shared_ptr<Inbox>>(
@@ -441,10 +441,12 @@ void bind_transfers(py::module_& m) {
     py::class_<RemoteKvPool>(m, "RemoteKvPool", "A peer's KV pool, loaded from the bytes of its describe().")
         .def_static(
             "load",
-            [](const py::bytes& data, const std::optional<RemoteKvPool>& previous) {
+            // A pointer, not std::optional<RemoteKvPool>: GCC 13 warns (maybe-uninitialized) inside
+            // pybind11's optional caster of a class with vectors.
+            [](const py::bytes& data, const RemoteKvPool* previous) {
                 std::string_view v = data;
                 return RemoteKvPool::load(std::as_bytes(std::span(v.data(), v.size())),
-                                          previous ? *previous : RemoteKvPool{});
+                                          previous != nullptr ? *previous : RemoteKvPool{});
             },
             py::arg("data"), py::arg("previous") = py::none(),
             "Checks the metadata and reads it; raises gpuverbs.Error naming what is wrong. previous: the record "

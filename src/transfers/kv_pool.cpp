@@ -128,6 +128,26 @@ std::uint64_t fnv1a(std::span<const std::byte> bytes) {
     return h;
 }
 
+/// Empty when no two tensors share a byte; otherwise which two, in words.
+/// (Planning by id checks ids, not addresses: it relies on this.) Remote
+/// tensors overlap only under one rkey.
+std::string tensors_overlap(std::span<const RemoteMemory> tensors, bool by_key) {
+    std::vector<std::size_t> order(tensors.size());
+    for (std::size_t t = 0; t < order.size(); ++t) order[t] = t;
+    auto key = [&](std::size_t t) { return std::pair(by_key ? tensors[t].rkey : 0U, tensors[t].address); };
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+    for (std::size_t k = 1; k < order.size(); ++k) {
+        const RemoteMemory& a = tensors[order[k - 1]];
+        const RemoteMemory& b = tensors[order[k]];
+        if ((!by_key || a.rkey == b.rkey) && b.address < a.address + a.length) {
+            return "tensors " + std::to_string(std::min(order[k - 1], order[k])) + " and " +
+                   std::to_string(std::max(order[k - 1], order[k])) +
+                   " overlap: each layer's blocks need memory of their own";
+        }
+    }
+    return {};
+}
+
 } // namespace
 
 RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::Status& status) {
@@ -136,18 +156,24 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
         status.fail(errc::malformed_record, verb, "pool metadata: " + std::move(what));
         return RemoteKvPool{};
     };
+    // The magic and version first (8 bytes): a record of another version is named as such, whatever its size.
+    if (bytes.size() >= 8) {
+        wire::codec::Reader head(bytes.first(8));
+        if (!head.magic(kv_magic)) return refuse("not gpuverbs pool metadata (wrong magic; expected \"GVKV\")");
+        if (const std::uint16_t v = head.u16(); v != kv_version) {
+            status.fail(errc::unsupported_version, verb,
+                        "pool metadata has version " + std::to_string(v) + "; this gpuverbs reads version " +
+                            std::to_string(kv_version) + " (update both engines to the same gpuverbs release)");
+            return {};
+        }
+    }
     if (bytes.size() < kv_record_size(1)) {
         return refuse("the record is " + std::to_string(bytes.size()) + " bytes; one of a single tensor is " +
                       std::to_string(kv_record_size(1)) + " (truncated, or not pool metadata)");
     }
     wire::codec::Reader r(bytes);
-    if (!r.magic(kv_magic)) return refuse("not gpuverbs pool metadata (wrong magic; expected \"GVKV\")");
-    if (const std::uint16_t v = r.u16(); v != kv_version) {
-        status.fail(errc::unsupported_version, verb,
-                    "pool metadata has version " + std::to_string(v) + "; this gpuverbs reads version " +
-                        std::to_string(kv_version) + " (update both engines to the same gpuverbs release)");
-        return {};
-    }
+    (void)r.magic(kv_magic);
+    (void)r.u16();
     const std::uint16_t tensors = r.u16();
     if (tensors == 0) return refuse("it lists no tensor");
     if (bytes.size() != kv_record_size(tensors)) {
@@ -192,6 +218,7 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
         }
         pool.tensors_.push_back(m);
     }
+    if (const std::string overlap = tensors_overlap(pool.tensors_, true); !overlap.empty()) return refuse(overlap);
     return pool;
 }
 
@@ -199,7 +226,8 @@ RemoteKvPool RemoteKvPool::load_newer_impl(std::span<const std::byte> metadata, 
                                            detail::Status& status) {
     RemoteKvPool pool = load_impl(metadata, status);
     if (!status.ok() || !previous) return pool;
-    if (pool.made_ns_ < previous.made_ns_ || (pool.made_ns_ == previous.made_ns_ && pool.pool_id_ != previous.pool_id_)) {
+    if (pool.made_ns_ < previous.made_ns_ ||
+        (pool.made_ns_ == previous.made_ns_ && pool.pool_id_ != previous.pool_id_)) {
         status.fail(errc::stale_metadata, "RemoteKvPool::load",
                     "pool metadata of pool " + detail::hex_address(pool.pool_id_) + " made at " +
                         std::to_string(pool.made_ns_) + " ns is not newer than pool " +
@@ -220,8 +248,8 @@ RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const Remot
     return detail::or_code(ec, [&](detail::Status& s) { return load_newer_impl(metadata, previous, s); });
 }
 
-RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const RemoteKvPool& previous,
-                                std::error_code& ec, Diagnostics& diagnostics) {
+RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, const RemoteKvPool& previous, std::error_code& ec,
+                                Diagnostics& diagnostics) {
     return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return load_newer_impl(metadata, previous, s); });
 }
 
@@ -307,6 +335,15 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> owned, std
             return {};
         }
     }
+    {
+        std::vector<RemoteMemory> spans; // each tensor's bytes, as the planner addresses them
+        spans.reserve(regions.size());
+        for (const MemoryRegion* mr : regions) spans.push_back({mr->iova(), layout.tensor_bytes(), 0});
+        if (const std::string overlap = tensors_overlap(spans, false); !overlap.empty()) {
+            status.fail(errc::invalid_argument, "KvPool", "regions " + overlap.substr(std::string("tensors ").size()));
+            return {};
+        }
+    }
     KvPool pool;
     pool.layout_ = layout;
     pool.owned_ = std::move(owned); // regions point into its buffer, which the move keeps
@@ -315,9 +352,9 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> owned, std
         pool.pool_id_ = detail::system_random();
     } while (pool.pool_id_ == 0);
     // When it was made, on the wall clock (a restarted peer's pool is newer across processes).
-    pool.made_ns_ = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                   std::chrono::system_clock::now().time_since_epoch())
-                                                   .count());
+    pool.made_ns_ = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
     return pool;
 }
 
@@ -424,7 +461,8 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
             std::uint64_t& word = seen[dest[i] / 64];
             const std::uint64_t bit = std::uint64_t{1} << (dest[i] % 64);
             if ((word & bit) != 0) {
-                const auto first = static_cast<std::size_t>(std::find(dest.begin(), dest.end(), dest[i]) - dest.begin());
+                const auto first =
+                    static_cast<std::size_t>(std::find(dest.begin(), dest.end(), dest[i]) - dest.begin());
                 return refuse(std::string(write ? "remote" : "local") + " id " + std::to_string(dest[i]) +
                               " is named twice (index " + std::to_string(first) + " and " + std::to_string(i) +
                               "): both would be written, and which lands last is undefined");
@@ -453,8 +491,9 @@ TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std:
                                     mr.iova() + mr.length(), rm, theirs.offset(layer, half, 0)});
             }
         }
-        const detail::StridedPairs pairs{segments, local_ids, remote_ids, ours.block_stride, theirs.block_stride,
-                                         static_cast<std::uint32_t>(ours.block_bytes)};
+        const detail::StridedPairs pairs{
+            segments,          local_ids,           remote_ids,
+            ours.block_stride, theirs.block_stride, static_cast<std::uint32_t>(ours.block_bytes)};
         bool general = false;
         TransferPlan plan = detail::make_strided_plan(direction, pairs, limits, general);
         if (!general) return plan;

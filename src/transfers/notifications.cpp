@@ -5,6 +5,7 @@
 
 #include "gpuverbs/async.hpp"
 #include "gpuverbs/detail/access.hpp"
+#include "gpuverbs/detail/async/async_op.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -30,6 +31,8 @@ struct NotificationInbox::State {
 
     /// Posts slot `k`'s receive (under the lock); false when the queue pair refused it.
     bool post(std::uint32_t k, const std::shared_ptr<State>& self);
+    /// The oldest unread (one there, under the lock), its slots posted again if parked.
+    Notification take(const std::shared_ptr<State>& self);
     /// A receive of slot `k` completed.
     static void received(const std::shared_ptr<State>& self, std::uint32_t k, async_error_code ec, Received r);
 };
@@ -85,20 +88,33 @@ NotificationInbox NotificationInbox::create_impl(QueuePair& qp, const Protection
         status.fail(errc::invalid_argument, verb, !qp ? "the queue pair is empty" : "the protection domain is empty");
         return {};
     }
-    if (!qp.get_executor()) {
-        status.fail(errc::no_executor, verb,
-                    "the queue pair's completion queue has no executor: make it with one (any completion mode)");
+    const std::shared_ptr<detail::QpCore>& core = detail::access::core(qp);
+    if (core->srq() != nullptr) {
+        status.fail(errc::receives_through_srq, verb,
+                    "the queue pair takes its receives from a SharedReceiveQueue: an inbox needs a queue pair's own "
+                    "receive queue");
+        return {};
+    }
+    if (const std::error_code refusal = detail::async_refusal(core.get())) {
+        status.fail(refusal, verb,
+                    refusal == errc::no_executor
+                        ? "the queue pair's completion queue has no executor: make it with one (any completion mode)"
+                        : "the queue pair's send and receive completion queues differ: asynchronous receives need one");
+        return {};
+    }
+    if (core->qp()->qp_type != IBV_QPT_RC) {
+        status.fail(errc::invalid_argument, verb, "an inbox needs a reliable connected (RC) queue pair");
         return {};
     }
     const std::uint32_t room = qp.capabilities().max_recv_wr;
     if (slots == 0 || slots > room) {
-        status.fail(errc::invalid_argument, verb,
-                    "slots must be 1 to the receive queue's " + std::to_string(room) + " (got " +
-                        std::to_string(slots) + ")");
+        status.fail(
+            errc::invalid_argument, verb,
+            "slots must be 1 to the receive queue's " + std::to_string(room) + " (got " + std::to_string(slots) + ")");
         return {};
     }
     auto state = std::make_shared<State>();
-    state->qp = detail::access::core(qp);
+    state->qp = core;
     state->qp_num = qp.qp_num();
     state->memory.resize(std::size_t{slots} * slot_bytes);
     std::error_code ec;
@@ -150,18 +166,22 @@ void NotificationInbox::close() noexcept {
     state_.reset();
 }
 
+Notification NotificationInbox::State::take(const std::shared_ptr<State>& self) {
+    Notification n = unread.front();
+    unread.pop_front();
+    // Room again: the slots parked at max_unread go back to the queue pair.
+    while (!parked.empty() && unread.size() < max_unread) {
+        (void)post(parked.back(), self);
+        parked.pop_back();
+    }
+    return n;
+}
+
 std::optional<Notification> NotificationInbox::poll() {
     if (!state_) return std::nullopt;
     std::lock_guard lock(state_->mutex);
     if (state_->unread.empty()) return std::nullopt;
-    Notification n = state_->unread.front();
-    state_->unread.pop_front();
-    // Room again: the slots parked at max_unread go back to the queue pair.
-    while (!state_->parked.empty() && state_->unread.size() < max_unread) {
-        (void)state_->post(state_->parked.back(), state_);
-        state_->parked.pop_back();
-    }
-    return n;
+    return state_->take(state_);
 }
 
 std::size_t NotificationInbox::unread() const {
@@ -182,22 +202,21 @@ NotificationInbox::Statistics NotificationInbox::statistics() const {
     return state_->statistics;
 }
 
-void NotificationInbox::wait(detail::EventCallback<Notification> callback) {
+void NotificationInbox::wait(const std::shared_ptr<State>& state, detail::EventCallback<Notification> callback) {
     async_error_code ec;
     Notification n;
-    if (!state_) {
+    if (!state) {
         ec = make_error_code(errc::invalid_argument); // an empty (moved-from) inbox
     } else {
-        std::lock_guard lock(state_->mutex);
-        if (!state_->unread.empty()) {
-            n = state_->unread.front();
-            state_->unread.pop_front();
-        } else if (state_->error) {
-            ec = state_->error;
-        } else if (state_->waiter) {
+        std::lock_guard lock(state->mutex);
+        if (!state->unread.empty()) {
+            n = state->take(state);
+        } else if (state->error) {
+            ec = state->error;
+        } else if (state->waiter) {
             ec = make_error_code(errc::invalid_argument); // one wait at a time
         } else {
-            state_->waiter = std::move(callback);
+            state->waiter = std::move(callback);
             return;
         }
     }

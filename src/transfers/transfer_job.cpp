@@ -93,12 +93,12 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
         }
         // Any rail may carry the notification (failover): each must take the message inline.
         if (notify_message_size_ > rails[k].qp->caps().max_inline_data) {
-            return refuse(errc::invalid_argument,
-                          "the notification's message of " + std::to_string(notify_message_size_) +
-                              " bytes goes inline, and rail " + std::to_string(k) + "'s queue pair has max_inline_data " +
-                              std::to_string(rails[k].qp->caps().max_inline_data) +
-                              ": make it with QueuePairOptions::max_inline_data >= " +
-                              std::to_string(notify_message_size_));
+            return refuse(
+                errc::invalid_argument,
+                "the notification's message of " + std::to_string(notify_message_size_) +
+                    " bytes goes inline, and rail " + std::to_string(k) + "'s queue pair has max_inline_data " +
+                    std::to_string(rails[k].qp->caps().max_inline_data) +
+                    ": make it with QueuePairOptions::max_inline_data >= " + std::to_string(notify_message_size_));
         }
     }
     for (std::size_t k = 1; k < rails.size(); ++k) {

@@ -79,15 +79,6 @@ bool one_per_slot(std::span<const LocalBuffer> local, std::span<const RemoteBloc
     return true;
 }
 
-/// The plan of the common shapes in one pass: block k of one list pairs with
-/// block k of the other (equal lengths, none longer than a message), the
-/// destination side under one key. Every check the general walk makes is made
-/// here per block while the requests are written, into storage sized once
-/// for the worst case (no growth, no per-block call). The overlap check needs
-/// no sort when the destination blocks come in order, or are of one size at
-/// multiples of it (a pool's slots). Anything else — or a block that fails a
-/// check, so that the general walk names it — answers `general`. `planned`
-/// with `status` failed means the destination blocks overlap.
 /// Block k of one list with block k of the other (plan_pairs' source).
 struct ListPairs {
     std::span<const LocalBuffer> local;

@@ -7,7 +7,9 @@
 #include <poll.h>
 
 #include <boost/asio/execution/context.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/query.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/system/system_error.hpp>
 
 #include <cerrno>
@@ -90,6 +92,14 @@ CompletionQueue CompletionQueue::create_impl(const Device& device, int capacity,
                                              detail::Status& status) {
     if (!executor) {
         status.fail(errc::invalid_argument, "CompletionQueue", "the executor is empty");
+        return {};
+    }
+    using IoExecutor = boost::asio::io_context::executor_type;
+    if (options.mode == CompletionMode::polled && executor.target<IoExecutor>() == nullptr &&
+        executor.target<boost::asio::strand<IoExecutor>>() == nullptr) {
+        status.fail(errc::invalid_argument, "CompletionQueue",
+                    "CompletionMode::polled needs an io_context's executor, or a strand of one "
+                    "(gpuverbs::progress(io_context) advances it); this executor is another kind");
         return {};
     }
     CompletionChannel channel = CompletionChannel::create_impl(device, status);

@@ -15,10 +15,10 @@
 
 #include <algorithm>
 #include <array>
-#include <optional>
-#include <string>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <string>
 
 using namespace gpuverbs;
 using namespace std::chrono_literals;
@@ -215,12 +215,14 @@ TEST_SUITE("KV-cache pools on real RDMA") {
         const std::uint32_t three[] = {1, 2, 4};
         CHECK(refused([&](std::error_code& ec, Diagnostics& d) {
                   return ours.pool.plan(TransferDirection::write, three, theirs, twice, {}, {}, ec, d);
-              }) == "KvPool::plan: remote id 3 is named twice (index 0 and 2): both would be written, and which "
-                    "lands last is undefined");
+              }) ==
+              "KvPool::plan: remote id 3 is named twice (index 0 and 2): both would be written, and which "
+              "lands last is undefined");
         CHECK(refused([&](std::error_code& ec, Diagnostics& d) {
                   return ours.pool.plan(TransferDirection::read, twice, theirs, three, {}, {}, ec, d);
-              }) == "KvPool::plan: local id 3 is named twice (index 0 and 2): both would be written, and which "
-                    "lands last is undefined");
+              }) ==
+              "KvPool::plan: local id 3 is named twice (index 0 and 2): both would be written, and which "
+              "lands last is undefined");
         CHECK(ours.pool.plan(TransferDirection::read, three, theirs, twice).local_blocks() == 3 * 4 * 2);
 
         std::vector<std::byte> small(1000);
@@ -307,9 +309,9 @@ TEST_SUITE("KV-cache pools on real RDMA") {
                     for (std::uint32_t half = 0; half < layout.halves; ++half) {
                         for (std::size_t i = 0; i < to.size(); ++i) {
                             std::span<const std::byte> got = decode.block(layer, half, to[i]);
-                            std::span<const std::byte> want = std::span(before[layout.tensor_of(layer)])
-                                                                  .subspan(layout.offset(layer, half, from[i]),
-                                                                           layout.block_bytes);
+                            std::span<const std::byte> want =
+                                std::span(before[layout.tensor_of(layer)])
+                                    .subspan(layout.offset(layer, half, from[i]), layout.block_bytes);
                             wrong += std::equal(got.begin(), got.end(), want.begin()) ? 0 : 1;
                         }
                     }
@@ -383,8 +385,8 @@ TEST_SUITE("KV-cache pools on real RDMA") {
         NotificationInbox inbox(p.b.qp, p.b.pd, 4);
         asio::cancellation_signal cancel;
         std::optional<async_error_code> cancelled;
-        inbox.async_wait(asio::bind_cancellation_slot(
-            cancel.slot(), [&](async_error_code ec, Notification) { cancelled = ec; }));
+        inbox.async_wait(
+            asio::bind_cancellation_slot(cancel.slot(), [&](async_error_code ec, Notification) { cancelled = ec; }));
         cancel.emit(asio::cancellation_type::terminal);
         (void)test::run_until(
             io, [&] { return cancelled.has_value(); }, 10s);

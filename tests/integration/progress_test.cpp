@@ -63,7 +63,8 @@ TEST_SUITE("progress without a loop on real RDMA" * doctest::skip(!test::rig_pre
         CHECK_FALSE(t.done());
         CHECK(p.a.cq.async_statistics().completed == 0);
 
-        const auto [took, calls] = step_until(io, [&] { return t.done(); }, 30s);
+        const auto [took, calls] = step_until(
+            io, [&] { return t.done(); }, 30s);
         REQUIRE(t.done());
         CHECK_MESSAGE(!t.error(), t.error().message());
         CHECK(t.result().bytes == layout.bytes);
@@ -91,8 +92,10 @@ TEST_SUITE("progress without a loop on real RDMA" * doctest::skip(!test::rig_pre
             received = r;
         });
         std::optional<boost::system::error_code> sent;
-        p.a.qp.async_send_with_imm(p.a.mr.slice(0, 64), 77, [&](boost::system::error_code ec, std::size_t) { sent = ec; });
-        (void)step_until(io, [&] { return received && sent; }, 30s);
+        p.a.qp.async_send_with_imm(p.a.mr.slice(0, 64), 77,
+                                   [&](boost::system::error_code ec, std::size_t) { sent = ec; });
+        (void)step_until(
+            io, [&] { return received && sent; }, 30s);
         REQUIRE(received);
         REQUIRE(sent);
         CHECK_FALSE(*sent);
@@ -106,7 +109,8 @@ TEST_SUITE("progress without a loop on real RDMA" * doctest::skip(!test::rig_pre
         const TransferPlan plan(TransferDirection::write, mine, theirs, p.a.qp.capabilities());
         PendingTransfer t =
             start_transfer(p.a.qp, plan, TransferOptions{.deadline = std::chrono::steady_clock::now() - 1ms});
-        (void)step_until(io, [&] { return t.done(); }, 10s);
+        (void)step_until(
+            io, [&] { return t.done(); }, 10s);
         REQUIRE(t.done());
         CHECK(t.error() == std::errc::timed_out);
         CHECK(t.result().bytes == 0);

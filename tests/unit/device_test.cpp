@@ -1,6 +1,7 @@
 // Device logic that needs no RDMA device: conversions, formatting, the empty
 // handle, and what opening a device says on a machine without the one asked for.
 #include "gpuverbs/verbs/device.hpp"
+#include "gpuverbs/async.hpp"
 #include "gpuverbs/detail/verbs/rdma_presence.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/queue_pair.hpp"
@@ -11,6 +12,9 @@
 #include <doctest/doctest.h>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include <string>
 
@@ -69,6 +73,25 @@ TEST_SUITE("device") {
         }
     }
 
+    TEST_CASE("progress() runs what a context has posted; called again from a handler it does not restart it") {
+        boost::asio::io_context io(1);
+        int ran = 0;
+        std::size_t inner = 99;
+        boost::asio::post(io, [&] {
+            ++ran;
+            inner = gpuverbs::progress(io); // inside its own poll: the CQs only (none here)
+            boost::asio::post(io, [&] { ++ran; });
+        });
+        CHECK(gpuverbs::progress(io) == 2); // the poll runs the handler and the one it posted
+        CHECK(ran == 2);
+        CHECK(inner == 0);
+        CHECK(gpuverbs::progress(io) == 0); // idle
+        io.stop();
+        boost::asio::post(io, [&] { ++ran; });
+        CHECK(gpuverbs::progress(io) == 1); // a stopped context is restarted: progress() is the loop
+        CHECK(ran == 3);
+    }
+
     TEST_CASE("a CQ bound to an executor, a queue pair on an SRQ and a reset fail alike in the three forms") {
         using gpuverbs::Diagnostics;
         boost::asio::io_context io;
@@ -91,6 +114,22 @@ TEST_SUITE("device") {
                   [&](std::error_code& ec, Diagnostics& d) {
                       return gpuverbs::CompletionQueue::create(none, 16, no_executor, {}, ec, d);
                   }) == "CompletionQueue: the executor is empty");
+        // Polled: only an io_context (or a strand of one) can be advanced by gpuverbs::progress.
+        boost::asio::thread_pool pool(1);
+        const gpuverbs::AsyncOptions polled{.mode = gpuverbs::CompletionMode::polled};
+        std::error_code polled_ec;
+        gpuverbs::Diagnostics polled_d;
+        CHECK_FALSE(gpuverbs::CompletionQueue::create(none, 16, pool.get_executor(), polled, polled_ec, polled_d));
+        CHECK(polled_ec == errc::invalid_argument);
+        CHECK(polled_d.message() ==
+              "CompletionQueue: CompletionMode::polled needs an io_context's executor, or a strand of one "
+              "(gpuverbs::progress(io_context) advances it); this executor is another kind");
+        pool.join();
+        // … an io_context's executor and a strand of it pass that check (then the empty device refuses).
+        (void)gpuverbs::CompletionQueue::create(none, 16, io.get_executor(), polled, polled_ec, polled_d);
+        CHECK(polled_d.message() == "ibv_create_comp_channel: the Device is empty");
+        (void)gpuverbs::CompletionQueue::create(none, 16, boost::asio::make_strand(io), polled, polled_ec, polled_d);
+        CHECK(polled_d.message() == "ibv_create_comp_channel: the Device is empty");
 
         const gpuverbs::ProtectionDomain pd;
         const gpuverbs::CompletionQueue cq;

@@ -172,14 +172,16 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
             errc::stale_metadata, [&] { return RemoteKvPool::load(before_restart, current); },
             [&](std::error_code& ec) { return RemoteKvPool::load(before_restart, current, ec); },
             [&](std::error_code& ec, Diagnostics& d) { return RemoteKvPool::load(before_restart, current, ec, d); });
-        CHECK(what == "RemoteKvPool::load: pool metadata of pool 0xaaaa made at 1000 ns is not newer than pool 0xbbbb "
-                      "made at 2000 ns, already loaded from this peer (a record from before the peer made its pool "
-                      "again): load the peer's current metadata");
+        CHECK(what ==
+              "RemoteKvPool::load: pool metadata of pool 0xaaaa made at 1000 ns is not newer than pool 0xbbbb "
+              "made at 2000 ns, already loaded from this peer (a record from before the peer made its pool "
+              "again): load the peer's current metadata");
         // Another pool made at the same instant is not newer either; the same pool again, or a newer one, loads.
         std::error_code ec;
         CHECK_FALSE(RemoteKvPool::load(detail::kv_pool_record(small, 0xcccc, tensors, 2000), current, ec));
         CHECK(ec == errc::stale_metadata);
-        CHECK(RemoteKvPool::load(detail::kv_pool_record(small, 0xbbbb, tensors, 2000, std::chrono::seconds(9)), current));
+        CHECK(
+            RemoteKvPool::load(detail::kv_pool_record(small, 0xbbbb, tensors, 2000, std::chrono::seconds(9)), current));
         CHECK(RemoteKvPool::load(detail::kv_pool_record(small, 0xdddd, tensors, 3000), current).pool_id() == 0xdddd);
         CHECK(RemoteKvPool::load(before_restart, RemoteKvPool{})); // nothing loaded before: nothing to compare
         // A version-1 record (gpuverbs before lease terms) is refused, naming both versions.
@@ -188,8 +190,23 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         Diagnostics d;
         CHECK_FALSE(RemoteKvPool::load(v1, ec, d));
         CHECK(ec == errc::unsupported_version);
-        CHECK(d.detail() == "pool metadata has version 1; this gpuverbs reads version 2 (update both engines to the "
-                            "same gpuverbs release)");
+        CHECK(d.detail() ==
+              "pool metadata has version 1; this gpuverbs reads version 2 (update both engines to the "
+              "same gpuverbs release)");
+        // … whatever its size: version 1's record of one tensor (92 bytes) is shorter than version 2's smallest.
+        const KvLayout one = KvLayout::one_tensor(2, 8, 64);
+        std::vector<std::byte> v1_one = detail::kv_pool_record(one, 5, tensors_for(one, one.tensor_bytes()));
+        v1_one.resize(92);
+        v1_one[5] = std::byte{1};
+        CHECK_FALSE(RemoteKvPool::load(v1_one, ec, d));
+        CHECK(ec == errc::unsupported_version);
+        // Two tensors sharing bytes under one key: refused (planning by id relies on tensors apart).
+        std::vector<RemoteMemory> overlapping = tensors;
+        overlapping[2].address = overlapping[1].address + 8;
+        overlapping[2].rkey = overlapping[1].rkey;
+        CHECK_FALSE(RemoteKvPool::load(detail::kv_pool_record(small, 0xeeee, overlapping, 1), ec, d));
+        CHECK(ec == errc::malformed_record);
+        CHECK(d.detail() == "pool metadata: tensors 1 and 2 overlap: each layer's blocks need memory of their own");
     }
 
     TEST_CASE("every truncation and every single-byte change of a record is refused, never read past") {

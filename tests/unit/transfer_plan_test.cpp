@@ -281,16 +281,9 @@ TEST_SUITE("transfer plans") {
 
 namespace {
 
-// Plans `l` and `r` both ways: the one-pass planner (taken for paired lists)
-// and the general walk must give the same plan, or the same refusal.
-void same_plan_both_ways(TransferDirection d, const std::vector<LocalBuffer>& l, const std::vector<RemoteBlock>& r,
-                         const TransferLimits& limits) {
-    detail::Status fast_status;
-    detail::Status general_status;
-    const TransferPlan fast = detail::make_transfer_plan(d, l, r, limits, fast_status, detail::Planner::best);
-    const TransferPlan general = detail::make_transfer_plan(d, l, r, limits, general_status, detail::Planner::general);
-    REQUIRE(fast_status.code == general_status.code);
-    CHECK(fast_status.detail == general_status.detail);
+/// Two plans are the same: requests, pieces (as gpuverbs and as the device
+/// sees them), bytes and block counts.
+void same_plan(const TransferPlan& fast, const TransferPlan& general) {
     REQUIRE(fast.requests().size() == general.requests().size());
     for (std::size_t k = 0; k < fast.requests().size(); ++k) {
         const auto& a = fast.requests()[k];
@@ -319,6 +312,19 @@ void same_plan_both_ways(TransferDirection d, const std::vector<LocalBuffer>& l,
     CHECK(fast.bytes() == general.bytes());
     CHECK(fast.local_blocks() == general.local_blocks());
     CHECK(fast.remote_blocks() == general.remote_blocks());
+}
+
+// Plans `l` and `r` both ways: the one-pass planner (taken for paired lists)
+// and the general walk must give the same plan, or the same refusal.
+void same_plan_both_ways(TransferDirection d, const std::vector<LocalBuffer>& l, const std::vector<RemoteBlock>& r,
+                         const TransferLimits& limits) {
+    detail::Status fast_status;
+    detail::Status general_status;
+    const TransferPlan fast = detail::make_transfer_plan(d, l, r, limits, fast_status, detail::Planner::best);
+    const TransferPlan general = detail::make_transfer_plan(d, l, r, limits, general_status, detail::Planner::general);
+    REQUIRE(fast_status.code == general_status.code);
+    CHECK(fast_status.detail == general_status.detail);
+    same_plan(fast, general);
 }
 
 } // namespace
@@ -424,8 +430,8 @@ TEST_SUITE("transfer plans") {
             std::vector<RemoteBlock> remote;
             for (const detail::StridedSegment& seg : segments) {
                 for (std::size_t i = 0; i < count; ++i) {
-                    local.push_back({seg.local_base + ours[i] * local_stride, length, seg.lkey, seg.region_begin,
-                                     seg.region_end});
+                    local.push_back(
+                        {seg.local_base + ours[i] * local_stride, length, seg.lkey, seg.region_begin, seg.region_end});
                     remote.push_back({seg.remote, seg.remote_base + theirs[i] * remote_stride, length});
                 }
             }
@@ -434,26 +440,7 @@ TEST_SUITE("transfer plans") {
                 FAIL("the strided planner refused a plan the lists planner made");
                 continue;
             }
-            REQUIRE(strided.requests().size() == lists.requests().size());
-            for (std::size_t r = 0; r < lists.requests().size(); ++r) {
-                const auto& a = strided.requests()[r];
-                const auto& b = lists.requests()[r];
-                CHECK(a.remote == b.remote);
-                CHECK(a.first_piece == b.first_piece);
-                CHECK(a.piece_count == b.piece_count);
-                CHECK(a.first_local == b.first_local);
-                CHECK(a.first_remote == b.first_remote);
-                CHECK(a.last_remote == b.last_remote);
-            }
-            REQUIRE(strided.native_pieces().size() == lists.native_pieces().size());
-            for (std::size_t k = 0; k < lists.native_pieces().size(); ++k) {
-                CHECK(strided.native_pieces()[k].addr == lists.native_pieces()[k].addr);
-                CHECK(strided.native_pieces()[k].length == lists.native_pieces()[k].length);
-                CHECK(strided.native_pieces()[k].lkey == lists.native_pieces()[k].lkey);
-            }
-            CHECK(strided.bytes() == lists.bytes());
-            CHECK(strided.local_blocks() == lists.local_blocks());
-            CHECK(strided.remote_blocks() == lists.remote_blocks());
+            same_plan(strided, lists);
             CHECK(strided.direction() == lists.direction());
         }
     }

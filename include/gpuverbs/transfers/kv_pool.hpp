@@ -114,6 +114,9 @@ public:
     /// from this peer (errc::stale_metadata, naming both pools and when each
     /// was made): a record of the pool the peer had before it made it again
     /// (restarted, re-registered). An empty `previous` refuses nothing.
+    /// "Newer" is by the owner's wall clock: one stepped back across a
+    /// restart makes a genuine new pool look stale (load it without
+    /// `previous` once you know the peer restarted).
     static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous);
     static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous, std::error_code& ec);
     static RemoteKvPool load(std::span<const std::byte> metadata, const RemoteKvPool& previous, std::error_code& ec,

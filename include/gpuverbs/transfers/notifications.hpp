@@ -31,6 +31,7 @@
 #include "gpuverbs/detail/async/event_wait.hpp"
 
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/system_executor.hpp>
 
 #include <array>
 #include <cstddef>
@@ -71,8 +72,11 @@ public:
 
     NotificationInbox() = default;
     /// Registers `slots` receives of 64 bytes on `pd` and posts them on `qp`.
-    /// Throws gpuverbs::Error: the CQ has no executor, the QP is on an SRQ,
-    /// `slots` is 0 or above the receive queue's room.
+    /// Throws gpuverbs::Error: the CQ has no executor, the send and receive
+    /// CQs differ, the QP is on an SRQ or not RC, `slots` is 0 or above the
+    /// receive queue's room. Its receives stay posted until the queue pair
+    /// ends: a new inbox on the same queue pair finds the old one's slots
+    /// taking notifications first (make one inbox per queue pair, for its life).
     NotificationInbox(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots = 16);
     static NotificationInbox create(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots,
                                     std::error_code& ec);
@@ -101,13 +105,17 @@ public:
     template <boost::asio::completion_token_for<void(async_error_code, Notification)> Token =
                   default_token_t<boost::asio::any_io_executor>>
     auto async_wait(Token&& token = Token()) {
+        // The initiation holds the state, not the inbox (a deferred wait may
+        // run after the inbox moved); an empty inbox completes on the system executor.
+        boost::asio::any_io_executor fallback = executor_;
+        if (!fallback) fallback = boost::asio::system_executor();
         return boost::asio::async_initiate<Token, void(async_error_code, Notification)>(
-            [this](auto handler) {
-                std::weak_ptr<State> weak = state_;
+            [state = state_, fallback](auto handler) {
+                std::weak_ptr<State> weak = state;
                 auto cancel = [weak] {
                     if (auto s = weak.lock()) cancel_wait(*s);
                 };
-                wait(detail::bind_event_handler<Notification>(std::move(handler), executor_, cancel));
+                wait(state, detail::bind_event_handler<Notification>(std::move(handler), fallback, cancel));
             },
             token);
     }
@@ -124,7 +132,7 @@ private:
     struct State;
     static NotificationInbox create_impl(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots,
                                          detail::Status& status);
-    void wait(detail::EventCallback<Notification> callback);
+    static void wait(const std::shared_ptr<State>& state, detail::EventCallback<Notification> callback);
     static void cancel_wait(State& s);
     void close() noexcept;
     std::shared_ptr<State> state_;

@@ -58,7 +58,7 @@ struct StridedSegment {
     std::uint32_t lkey = 0;
     std::uint64_t region_begin = 0; ///< the local region
     std::uint64_t region_end = 0;
-    RemoteMemory remote;          ///< the peer's tensor
+    RemoteMemory remote;           ///< the peer's tensor
     std::uint64_t remote_base = 0; ///< block 0's offset in it
 };
 /// Pairs by stride, without lists: for each segment in order, pair i moves
