@@ -30,14 +30,14 @@ struct NotificationInbox::State {
     Statistics statistics;
 
     /// Posts slot `k`'s receive (under the lock); false when the queue pair refused it.
-    bool post(std::uint32_t k, const std::shared_ptr<State>& self);
+    bool post(std::uint32_t k, const std::shared_ptr<State>& self) const;
     /// The oldest unread (one there, under the lock), its slots posted again if parked.
     Notification take(const std::shared_ptr<State>& self);
     /// A receive of slot `k` completed.
     static void received(const std::shared_ptr<State>& self, std::uint32_t k, async_error_code ec, Received r);
 };
 
-bool NotificationInbox::State::post(std::uint32_t k, const std::shared_ptr<State>& self) {
+bool NotificationInbox::State::post(std::uint32_t k, const std::shared_ptr<State>& self) const {
     if (closed || error) return false;
     std::shared_ptr<detail::QpCore> core = qp.lock();
     if (!core) return false;
