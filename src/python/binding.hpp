@@ -143,6 +143,11 @@ struct Slice {
     [[nodiscard]] LocalBuffer buffer() const { return region->slice(offset, length); }
 };
 
+/// Blocks of a peer's memory (gpuverbs.RemoteBlocks): a block list, and what a lease holds.
+struct RemoteBlocks {
+    std::vector<RemoteBlock> blocks;
+};
+
 /// A completion queue bound to a Context (event-driven: its channel is in the
 /// context's epoll set while it lives).
 struct Cq {
@@ -286,5 +291,6 @@ void bind_queue_pairs(py::module_& m); ///< endpoints, prepared and connected qu
 void bind_transfers(py::module_& m);
 void bind_connections(py::module_& m);
 void bind_gpu(py::module_& m);
+void bind_leases(py::module_& m); ///< leases on blocks, and the Prometheus text
 
 } // namespace gpuverbs::python

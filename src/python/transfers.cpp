@@ -102,10 +102,6 @@ struct LocalBlocks {
     std::vector<std::shared_ptr<Region>> regions;
 };
 
-struct RemoteBlocks {
-    std::vector<RemoteBlock> blocks;
-};
-
 /// A plan and the regions its pieces lie in.
 struct Plan {
     TransferPlan plan;

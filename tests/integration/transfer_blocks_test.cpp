@@ -468,7 +468,20 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
             // The device is done with every request it took before the handler runs.
             CHECK(p.a.qp.outstanding_sends() == 0);
         }));
-        w.io.run_for(30s);
+        const auto ran_from = std::chrono::steady_clock::now();
+        const std::size_t handlers = w.io.run_for(30s);
+        if (w.out.calls != 1) {
+            // What the engine saw, so that a lost handler explains itself.
+            const AsyncStatistics st = p.a.cq.async_statistics();
+            MESSAGE(
+                "run_for returned after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - ran_from)
+                       .count()
+                << " ms, " << handlers << " handlers run, stopped " << w.io.stopped() << "; submitted " << st.submitted
+                << ", completed " << st.completed << ", aborted " << st.aborted << ", cancelled " << st.cancelled
+                << ", wakeups " << st.wakeups << ", work completions " << st.work_completions << ", outstanding sends "
+                << p.a.qp.outstanding_sends());
+        }
         REQUIRE(w.out.calls == 1);
         CHECK_MESSAGE(w.out.result == boost::system::errc::timed_out, w.out.result.message());
         CHECK_MESSAGE(w.why.find("the deadline passed") == 0, w.why);

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _asyncio, _core
 from ._core import (
+    BlockLeases,
     CompletionQueue,
     Context,
     Device,
@@ -34,6 +35,8 @@ from ._core import (
     GpuBuffer,
     KvLayout,
     KvPool,
+    LeasedBlockList,
+    LeaseReader,
     LocalBlocks,
     LocalBuffer,
     MemoryRegion,
@@ -41,6 +44,7 @@ from ._core import (
     NotificationInbox,
     Operation,
     PreparedQueuePair,
+    PrometheusText,
     ProtectionDomain,
     QueuePair,
     Received,
@@ -78,6 +82,7 @@ if have_rdma_cm:
 __all__ = [
     "Aborted",
     "Access",
+    "BlockLeases",
     "CmConnection",
     "CmListener",
     "CompletionError",
@@ -94,6 +99,8 @@ __all__ = [
     "GpuDirectUnavailable",
     "KvLayout",
     "KvPool",
+    "LeasedBlockList",
+    "LeaseReader",
     "LocalBlocks",
     "LocalBuffer",
     "MemoryRegion",
@@ -101,6 +108,7 @@ __all__ = [
     "NotificationInbox",
     "Operation",
     "PreparedQueuePair",
+    "PrometheusText",
     "ProtectionDomain",
     "QueuePair",
     "Received",
