@@ -154,9 +154,37 @@ std::vector<std::uint32_t> block_ids(const py::handle& obj, const char* name) {
 
 /// A pool over Python regions: they (and the objects they borrowed) live as long as it.
 struct PyKvPool {
-    std::vector<std::shared_ptr<Region>> regions;
+    std::vector<std::shared_ptr<Region>> regions; ///< every rail's
     KvPool pool;
 };
+
+/// One rail of a transfer that a KvPool planned (KvPool.rail): its queue pair
+/// and the keys that rail uses in place of rail 0's; the pool held (and so
+/// its regions) while the rail lives.
+struct Rail {
+    std::shared_ptr<Qp> qp;
+    std::shared_ptr<PyKvPool> pool;
+    TransferRail keys; ///< its qp is set when a transfer binds it
+};
+
+/// The regions of `regions` as the pool takes them: each tensor's own registration.
+std::vector<const MemoryRegion*> pool_regions(const std::vector<std::shared_ptr<Region>>& regions) {
+    std::vector<const MemoryRegion*> mrs;
+    mrs.reserve(regions.size());
+    for (std::size_t t = 0; t < regions.size(); ++t) {
+        const std::shared_ptr<Region>& r = regions[t];
+        // The pool addresses blocks from each region's first byte, and
+        // keeps the region (not a cache's entry) alive: a region the
+        // cache served may start inside a larger registration.
+        if (r && r->cached) {
+            throw py::value_error("regions[" + std::to_string(t) +
+                                  "] comes from a RegistrationCache: a KvPool needs each tensor's own "
+                                  "registration (ProtectionDomain.register)");
+        }
+        mrs.push_back(r ? &r->mr() : nullptr);
+    }
+    return mrs;
+}
 
 TransferDirection direction_of(const std::string& d) {
     if (d == "write") return TransferDirection::write;
@@ -209,15 +237,25 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
                                     std::optional<double> deadline, std::optional<double> timeout,
                                     std::optional<py::bytes> notify_message) {
     std::vector<std::shared_ptr<Qp>> qps;
-    if (py::isinstance<Qp>(rails)) {
-        qps.push_back(rails.cast<std::shared_ptr<Qp>>());
-    } else if (py::isinstance<py::sequence>(rails)) {
-        for (const py::handle r : py::reinterpret_borrow<py::sequence>(rails)) {
-            if (!py::isinstance<Qp>(r)) throw py::type_error("rails must hold gpuverbs.QueuePair objects");
+    std::vector<std::shared_ptr<Rail>> keyed; // per rail: the KvPool rail's keys, or null (the plan's own)
+    auto take = [&](const py::handle r) {
+        if (py::isinstance<Rail>(r)) {
+            auto rail = r.cast<std::shared_ptr<Rail>>();
+            qps.push_back(rail->qp);
+            keyed.push_back(std::move(rail));
+        } else if (py::isinstance<Qp>(r)) {
             qps.push_back(r.cast<std::shared_ptr<Qp>>());
+            keyed.emplace_back();
+        } else {
+            throw py::type_error("rails must hold gpuverbs.QueuePair or gpuverbs.TransferRail objects");
         }
+    };
+    if (py::isinstance<Qp>(rails) || py::isinstance<Rail>(rails)) {
+        take(rails);
+    } else if (py::isinstance<py::sequence>(rails)) {
+        for (const py::handle r : py::reinterpret_borrow<py::sequence>(rails)) take(r);
     } else {
-        throw py::type_error("rails must be a gpuverbs.QueuePair or a list of them");
+        throw py::type_error("rails must be a gpuverbs.QueuePair, a gpuverbs.TransferRail or a list of them");
     }
     if (qps.empty()) throw py::value_error("rails is empty: give at least one QueuePair");
     for (const auto& q : qps) {
@@ -233,7 +271,11 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (deadline && !std::isfinite(*deadline)) throw py::value_error("deadline must be a time.monotonic() value");
     std::vector<TransferRail> bound;
     bound.reserve(qps.size());
-    for (const auto& q : qps) bound.push_back(TransferRail{&q->get(), {}, {}});
+    for (std::size_t k = 0; k < qps.size(); ++k) {
+        TransferRail rail = keyed[k] ? keyed[k]->keys : TransferRail{};
+        rail.qp = &qps[k]->get();
+        bound.push_back(std::move(rail));
+    }
     auto op = std::make_shared<Operation>(qps.front()->context, Operation::Kind::transfer, "async_transfer");
     op->plan = plan;
     op->regions = plan->regions;
@@ -456,31 +498,47 @@ void bind_transfers(py::module_& m) {
         .def_property_readonly(
             "tensors",
             [](const RemoteKvPool& p) { return std::vector<RemoteMemory>(p.tensors().begin(), p.tensors().end()); },
-            "Per tensor, the peer's RemoteMemory.");
+            "Per tensor, the peer's RemoteMemory (on rail 0).")
+        .def_property_readonly("rails", &RemoteKvPool::rails, "The rails (NICs) the peer registered its pool on.");
+
+    py::class_<Rail, std::shared_ptr<Rail>>(m, "TransferRail",
+                                            "A rail of a KvPool's transfer: a queue pair and that rail's keys.")
+        .def_property_readonly("qp", [](const Rail& r) { return r.qp; });
 
     py::class_<PyKvPool, std::shared_ptr<PyKvPool>>(
         m, "KvPool", "A KV cache over registered regions (one per tensor, in layer order), named by block ids.")
         .def(py::init([](const KvLayout& layout, const std::vector<std::shared_ptr<Region>>& regions) {
                  auto p = std::make_shared<PyKvPool>();
                  p->regions = regions;
-                 std::vector<const MemoryRegion*> mrs;
-                 mrs.reserve(regions.size());
-                 for (std::size_t t = 0; t < regions.size(); ++t) {
-                     const std::shared_ptr<Region>& r = regions[t];
-                     // The pool addresses blocks from each region's first byte, and
-                     // keeps the region (not a cache's entry) alive: a region the
-                     // cache served may start inside a larger registration.
-                     if (r && r->cached) {
-                         throw py::value_error("regions[" + std::to_string(t) +
-                                               "] comes from a RegistrationCache: a KvPool needs each tensor's own "
-                                               "registration (ProtectionDomain.register)");
-                     }
-                     mrs.push_back(r ? &r->mr() : nullptr);
-                 }
-                 p->pool = KvPool(layout, mrs);
+                 p->pool = KvPool(layout, pool_regions(regions));
                  return p;
              }),
              py::arg("layout"), py::arg("regions"))
+        .def(
+            "add_rail",
+            [](PyKvPool& p, const std::vector<std::shared_ptr<Region>>& regions) {
+                const std::size_t k = p.pool.add_rail(pool_regions(regions));
+                p.regions.insert(p.regions.end(), regions.begin(), regions.end());
+                return k;
+            },
+            py::arg("regions"),
+            "Another rail (NIC): the same tensors registered in that NIC's protection domain, in layer order. "
+            "Returns the rail's index; describe() then carries its keys.")
+        .def_property_readonly("rails", [](const PyKvPool& p) { return p.pool.rails(); })
+        .def(
+            "rail",
+            [](const std::shared_ptr<PyKvPool>& p, std::size_t index, const std::shared_ptr<Qp>& qp,
+               const RemoteKvPool& remote) {
+                auto out = std::make_shared<Rail>();
+                out->qp = qp;
+                out->pool = p;
+                out->keys = p->pool.rail(index, qp->get(), remote);
+                out->keys.qp = nullptr; // bound by transfer(), which checks the queue pair is still open
+                return out;
+            },
+            py::arg("index"), py::arg("qp"), py::arg("remote"),
+            "Rail `index` of a transfer this pool planned: `qp` (on that rail's NIC) with our and the peer's keys "
+            "of that rail. Give a list of them to transfer().")
         .def_property_readonly("layout", [](const PyKvPool& p) { return p.pool.layout(); })
         .def_property_readonly("pool_id", [](const PyKvPool& p) { return p.pool.pool_id(); })
         .def(

@@ -103,20 +103,20 @@ std::string KvLayout::problem() const {
 //
 //   "GVKV" u16 version u16 tensors | u32 layers | u32 blocks | u32 halves | u32 lease ttl (ms) |
 //   u64 block_bytes | u64 block_stride | u64 half_stride | u64 layer_stride | u64 pool id |
-//   u64 made (ns since the epoch) |
-//   tensors x (u64 address | u64 length | u32 rkey) | u64 FNV-1a of every byte before it
-// Version 1 (gpuverbs 0.2's first KV pools) had no lease ttl (a reserved 0) and no time made.
+//   u64 made (ns since the epoch) | u32 rails | u32 reserved (0) |
+//   tensors x (u64 address | u64 length | rails x u32 rkey) | u64 FNV-1a of every byte before it
+// Version 1 (gpuverbs 0.2's first KV pools) had no lease ttl (a reserved 0) and no time made;
+// version 2 no rails (one rkey per tensor).
 
 namespace {
 
 constexpr std::array<char, 4> kv_magic{'G', 'V', 'K', 'V'};
-constexpr std::uint16_t kv_version = 2;
-constexpr std::size_t kv_header_size = 72;
-constexpr std::size_t kv_tensor_size = 20;
+constexpr std::uint16_t kv_version = 3;
+constexpr std::size_t kv_header_size = 80;
 constexpr std::size_t kv_check_size = 8;
 
-std::size_t kv_record_size(std::size_t tensors) {
-    return kv_header_size + tensors * kv_tensor_size + kv_check_size;
+std::size_t kv_record_size(std::size_t tensors, std::size_t rails) {
+    return kv_header_size + tensors * (16 + 4 * rails) + kv_check_size;
 }
 
 std::uint64_t fnv1a(std::span<const std::byte> bytes) {
@@ -167,19 +167,29 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
             return {};
         }
     }
-    if (bytes.size() < kv_record_size(1)) {
+    if (bytes.size() < kv_record_size(1, 1)) {
         return refuse("the record is " + std::to_string(bytes.size()) + " bytes; one of a single tensor is " +
-                      std::to_string(kv_record_size(1)) + " (truncated, or not pool metadata)");
+                      std::to_string(kv_record_size(1, 1)) + " (truncated, or not pool metadata)");
     }
     wire::codec::Reader r(bytes);
     (void)r.magic(kv_magic);
     (void)r.u16();
     const std::uint16_t tensors = r.u16();
     if (tensors == 0) return refuse("it lists no tensor");
-    if (bytes.size() != kv_record_size(tensors)) {
+    std::uint32_t rails = 0;
+    {
+        wire::codec::Reader at(bytes.subspan(kv_header_size - 8, 4));
+        rails = at.u32();
+    }
+    if (rails == 0 || rails > KvPool::max_rails) {
+        return refuse("it names " + std::to_string(rails) + " rails; a pool has 1 to " +
+                      std::to_string(KvPool::max_rails));
+    }
+    if (bytes.size() != kv_record_size(tensors, rails)) {
+        const std::size_t want = kv_record_size(tensors, rails);
         return refuse("the record is " + std::to_string(bytes.size()) + " bytes; with " + std::to_string(tensors) +
-                      " tensors it is " + std::to_string(kv_record_size(tensors)) +
-                      (bytes.size() < kv_record_size(tensors) ? " (truncated)" : " (trailing bytes)"));
+                      " tensors on " + std::to_string(rails) + (rails == 1 ? " rail" : " rails") + " it is " +
+                      std::to_string(want) + (bytes.size() < want ? " (truncated)" : " (trailing bytes)"));
     }
     wire::codec::Reader tail(bytes.subspan(bytes.size() - kv_check_size));
     if (const std::uint64_t sum = tail.u64(), want = fnv1a(bytes.first(bytes.size() - kv_check_size)); sum != want) {
@@ -197,18 +207,20 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
     l.layer_stride = r.u64();
     pool.pool_id_ = r.u64();
     pool.made_ns_ = r.u64();
+    (void)r.u32(); // rails, read above
+    (void)r.u32(); // reserved
     if (std::string problem = l.problem(); !problem.empty()) return refuse("its layout: " + problem);
     if (tensors != l.tensors()) {
         return refuse("it lists " + std::to_string(tensors) + " tensors; its layout has " +
                       std::to_string(l.tensors()));
     }
     const std::uint64_t need = l.tensor_bytes();
-    pool.tensors_.reserve(tensors);
+    pool.tensors_.resize(std::size_t{tensors} * rails);
+    pool.rails_ = rails;
     for (std::uint32_t t = 0; t < tensors; ++t) {
         RemoteMemory m;
         m.address = r.u64();
         m.length = r.u64();
-        m.rkey = r.u32();
         if (m.length < need) {
             return refuse("tensor " + std::to_string(t) + " is " + std::to_string(m.length) +
                           " bytes; its layout needs " + std::to_string(need));
@@ -216,9 +228,16 @@ RemoteKvPool RemoteKvPool::load_impl(std::span<const std::byte> bytes, detail::S
         if (m.address > UINT64_MAX - m.length) {
             return refuse("tensor " + std::to_string(t) + " wraps past the end of the address space");
         }
-        pool.tensors_.push_back(m);
+        for (std::uint32_t k = 0; k < rails; ++k) {
+            m.rkey = r.u32();
+            pool.tensors_[std::size_t{k} * tensors + t] = m;
+        }
     }
-    if (const std::string overlap = tensors_overlap(pool.tensors_, true); !overlap.empty()) return refuse(overlap);
+    for (std::uint32_t k = 0; k < rails; ++k) {
+        if (const std::string overlap = tensors_overlap(pool.tensors(k), true); !overlap.empty()) {
+            return refuse(rails == 1 ? overlap : "on rail " + std::to_string(k) + ", " + overlap);
+        }
+    }
     return pool;
 }
 
@@ -267,10 +286,11 @@ RemoteKvPool RemoteKvPool::load(std::span<const std::byte> metadata, std::error_
 
 std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
                                               std::span<const RemoteMemory> tensors, std::uint64_t made_ns,
-                                              std::chrono::milliseconds lease_ttl) {
-    std::vector<std::byte> out(kv_record_size(tensors.size()));
+                                              std::chrono::milliseconds lease_ttl, std::size_t rails) {
+    const std::size_t count = rails == 0 ? 0 : tensors.size() / rails;
+    std::vector<std::byte> out(kv_record_size(count, rails));
     wire::codec::Writer w(out);
-    w.header(kv_magic, kv_version, static_cast<std::uint16_t>(tensors.size()));
+    w.header(kv_magic, kv_version, static_cast<std::uint16_t>(count));
     w.u32(layout.layers);
     w.u32(layout.blocks);
     w.u32(layout.halves);
@@ -281,10 +301,12 @@ std::vector<std::byte> detail::kv_pool_record(const KvLayout& layout, std::uint6
     w.u64(layout.layer_stride);
     w.u64(pool_id);
     w.u64(made_ns);
-    for (const RemoteMemory& m : tensors) {
-        w.u64(m.address);
-        w.u64(m.length);
-        w.u32(m.rkey);
+    w.u32(static_cast<std::uint32_t>(rails));
+    w.u32(0);
+    for (std::size_t t = 0; t < count; ++t) {
+        w.u64(tensors[t].address);
+        w.u64(tensors[t].length);
+        for (std::size_t k = 0; k < rails; ++k) w.u32(tensors[k * count + t].rkey);
     }
     const std::uint64_t sum = fnv1a(std::span<const std::byte>(out).first(out.size() - kv_check_size));
     wire::codec::Writer tail(std::span<std::byte>(out).subspan(out.size() - kv_check_size));
@@ -297,7 +319,7 @@ std::vector<std::byte> KvPool::describe(std::chrono::milliseconds lease_ttl) con
     tensors.reserve(regions_.size());
     for (const MemoryRegion* mr : regions_) tensors.push_back(mr->remote());
     return regions_.empty() ? std::vector<std::byte>{}
-                            : detail::kv_pool_record(layout_, pool_id_, tensors, made_ns_, lease_ttl);
+                            : detail::kv_pool_record(layout_, pool_id_, tensors, made_ns_, lease_ttl, rails());
 }
 
 // --- the pool ------------------------------------------------------------------
@@ -346,7 +368,7 @@ KvPool KvPool::create_impl(KvLayout layout, std::vector<MemoryRegion> owned, std
     }
     KvPool pool;
     pool.layout_ = layout;
-    pool.owned_ = std::move(owned); // regions point into its buffer, which the move keeps
+    pool.owned_.push_back(std::move(owned)); // regions point into its buffer, which the move keeps
     pool.regions_ = std::move(regions);
     do {
         pool.pool_id_ = detail::system_random();
@@ -394,6 +416,124 @@ KvPool KvPool::create(KvLayout layout, std::span<const MemoryRegion* const> regi
     return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
         return create_impl(layout, {}, {regions.begin(), regions.end()}, s);
     });
+}
+
+// --- rails: the same tensors on other NICs ---------------------------------------
+
+std::size_t KvPool::add_rail_impl(std::vector<MemoryRegion> owned, std::vector<const MemoryRegion*> regions,
+                                  detail::Status& status) {
+    const char* verb = "KvPool::add_rail";
+    auto refuse = [&](std::string what) {
+        status.fail(errc::invalid_argument, verb, std::move(what));
+        return std::size_t{0};
+    };
+    if (regions_.empty()) return refuse("the KvPool is empty (create() refused it, or it was moved from)");
+    if (rails() >= max_rails) {
+        return refuse("the pool has " + std::to_string(rails()) + " rails already; its metadata carries at most " +
+                      std::to_string(max_rails));
+    }
+    const std::size_t tensors = layout_.tensors();
+    if (regions.size() != tensors) {
+        return refuse(std::to_string(regions.size()) + " memory regions for a pool of " + std::to_string(tensors) +
+                      " tensors: give each tensor's region on the new rail");
+    }
+    const std::uint64_t need = layout_.tensor_bytes();
+    for (std::size_t t = 0; t < tensors; ++t) {
+        const MemoryRegion* mr = regions[t];
+        if (mr == nullptr || !*mr) return refuse("memory region " + std::to_string(t) + " is empty");
+        const MemoryRegion& first = *regions_[t];
+        if (mr->iova() != first.iova() || mr->length() < need) {
+            return refuse("memory region " + std::to_string(t) + " covers " + detail::hex_address(mr->iova()) + " + " +
+                          std::to_string(mr->length()) + " bytes; tensor " + std::to_string(t) + " is at " +
+                          detail::hex_address(first.iova()) + " + " + std::to_string(need) +
+                          " on rail 0 (a rail registers the same bytes in its NIC's protection domain)");
+        }
+    }
+    const std::size_t index = rails();
+    regions_.reserve(regions_.size() + tensors); // nothing can fail past here
+    owned_.push_back(std::move(owned));          // regions point into its buffer, which the move keeps
+    regions_.insert(regions_.end(), regions.begin(), regions.end());
+    return index;
+}
+
+namespace {
+std::vector<const MemoryRegion*> pointers_to(const std::vector<MemoryRegion>& owned) {
+    std::vector<const MemoryRegion*> out;
+    out.reserve(owned.size());
+    for (const MemoryRegion& mr : owned) out.push_back(&mr);
+    return out;
+}
+} // namespace
+
+std::size_t KvPool::add_rail(std::vector<MemoryRegion> regions) {
+    return detail::or_throw([&](detail::Status& s) {
+        std::vector<const MemoryRegion*> p = pointers_to(regions);
+        return add_rail_impl(std::move(regions), std::move(p), s);
+    });
+}
+
+std::size_t KvPool::add_rail(std::vector<MemoryRegion> regions, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) {
+        std::vector<const MemoryRegion*> p = pointers_to(regions);
+        return add_rail_impl(std::move(regions), std::move(p), s);
+    });
+}
+
+std::size_t KvPool::add_rail(std::vector<MemoryRegion> regions, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        std::vector<const MemoryRegion*> p = pointers_to(regions);
+        return add_rail_impl(std::move(regions), std::move(p), s);
+    });
+}
+
+std::size_t KvPool::add_rail(std::span<const MemoryRegion* const> regions) {
+    return detail::or_throw([&](detail::Status& s) { return add_rail_impl({}, {regions.begin(), regions.end()}, s); });
+}
+
+std::size_t KvPool::add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) {
+        return add_rail_impl({}, {regions.begin(), regions.end()}, s);
+    });
+}
+
+std::size_t KvPool::add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec,
+                             Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) {
+        return add_rail_impl({}, {regions.begin(), regions.end()}, s);
+    });
+}
+
+TransferRail KvPool::rail_impl(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote,
+                               detail::Status& status) const {
+    const char* verb = "KvPool::rail";
+    if (regions_.empty() || !remote) {
+        status.fail(errc::invalid_argument, verb,
+                    regions_.empty() ? "the KvPool is empty" : "the RemoteKvPool is empty (load the peer's metadata)");
+        return {};
+    }
+    if (rail >= rails() || rail >= remote.rails()) {
+        status.fail(errc::invalid_argument, verb,
+                    "rail " + std::to_string(rail) + ": our pool is on " + std::to_string(rails()) +
+                        " rails and the peer's on " + std::to_string(remote.rails()) +
+                        " (KvPool::add_rail on the side that lacks it, then describe() again)");
+        return {};
+    }
+    TransferRail out{&qp, {}, {}};
+    if (rail == 0) return out; // the plan's own keys
+    const auto ours = regions(rail);
+    for (std::size_t t = 0; t < ours.size(); ++t) out.local(*regions_[t], *ours[t]);
+    const auto theirs = remote.tensors(rail);
+    const auto first = remote.tensors(0);
+    for (std::size_t t = 0; t < theirs.size(); ++t) out.remote(first[t], theirs[t]);
+    return out;
+}
+
+TransferRail KvPool::rail(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote) const {
+    return detail::or_throw([&](detail::Status& s) { return rail_impl(rail, qp, remote, s); });
+}
+
+TransferRail KvPool::rail(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote, std::error_code& ec) const {
+    return detail::or_code(ec, [&](detail::Status& s) { return rail_impl(rail, qp, remote, s); });
 }
 
 // --- plans by block id ---------------------------------------------------------

@@ -40,6 +40,12 @@ struct Engine {
         }
         pool = KvPool(layout, std::move(regions));
     }
+    /// The same tensors registered in `pd` (another NIC's domain) as the pool's next rail.
+    std::size_t add_rail(const ProtectionDomain& pd) {
+        std::vector<MemoryRegion> regions;
+        for (auto& t : tensors) regions.emplace_back(pd, t, Access::local_write | Access::remote_read);
+        return pool.add_rail(std::move(regions));
+    }
     /// The bytes of block `id` of `half` of `layer`.
     [[nodiscard]] std::span<std::byte> block(std::uint32_t layer, std::uint32_t half, std::uint32_t id) {
         const KvLayout& l = pool.layout();
@@ -114,7 +120,7 @@ TEST_SUITE("KV-cache pools on real RDMA") {
 
         // The handshake: prefill's metadata as bytes, loaded by decode.
         const std::vector<std::byte> metadata = prefill.pool.describe();
-        CHECK(metadata.size() == 80 + 20 * 32);
+        CHECK(metadata.size() == 88 + 20 * 32);
         const RemoteKvPool theirs = RemoteKvPool::load(metadata);
         CHECK(theirs.pool_id() == prefill.pool.pool_id());
 
@@ -326,6 +332,99 @@ TEST_SUITE("KV-cache pools on real RDMA") {
             MESSAGE(test::mode_name(mode) << ": 20 of 20 two-rail reads of 3,200 blocks; the owner reused its blocks "
                                           << "on hearing, and every byte read was from before");
         }
+    }
+
+    TEST_CASE(
+        "a pool on two rails, each rail its own protection domain on both sides: the metadata carries both rails' "
+        "keys, a read striped over both moves every block with each rail's own keys (without them rail 1 fails), "
+        "and rail 1 alone moves it too") {
+        asio::io_context io(1);
+        QueuePairOptions o = test::transfer_qp_options();
+        test::Pair p(io.get_executor(), test::modes[0], 4096, o, {},
+                     Access::local_write | Access::remote_write | Access::remote_read);
+        const KvLayout layout = KvLayout::per_layer(8, 512, 256);
+        Engine decode(p.a.pd, layout, std::byte{0xEE});
+        Engine prefill(p.b.pd, layout, std::byte{0});
+        prefill.fill_pattern(9);
+        // Rail 1: the same devices, other protection domains (another NIC's, as far as keys go).
+        ProtectionDomain pd_a1(p.a.device), pd_b1(p.b.device);
+        CHECK(decode.add_rail(pd_a1) == 1);
+        CHECK(prefill.add_rail(pd_b1) == 1);
+        CHECK(decode.pool.rails() == 2);
+        PreparedQueuePair a1(pd_a1, p.a.cq, p.a.cq, test::test_qp_options(o));
+        PreparedQueuePair b1(pd_b1, p.b.cq, p.b.cq, test::test_qp_options(o));
+        auto [qa1, qb1] = test::connect_advertised(a1, *decode.pool.regions(1)[0], b1, *prefill.pool.regions(1)[0]);
+
+        const std::vector<std::byte> metadata = prefill.pool.describe();
+        CHECK(metadata.size() == 88 + 8 * (16 + 2 * 4));
+        const RemoteKvPool theirs = RemoteKvPool::load(metadata);
+        REQUIRE(theirs.rails() == 2);
+        for (std::size_t t = 0; t < 8; ++t) {
+            CHECK(theirs.tensors(1)[t].rkey == prefill.pool.regions(1)[t]->rkey());
+            CHECK(theirs.tensors(1)[t].rkey != theirs.tensors(0)[t].rkey);
+        }
+        const std::vector<std::uint32_t> from = scattered(512, 400, 41);
+        const std::vector<std::uint32_t> to = scattered(512, 400, 42);
+        const TransferPlan plan = decode.pool.plan(TransferDirection::read, to, theirs, from, {},
+                                                   TransferLimits{p.a.qp.capabilities().max_send_sge});
+        auto run = [&](std::span<const TransferRail> rails) {
+            for (auto& t : decode.tensors) std::fill(t.begin(), t.end(), std::byte{0xEE});
+            test::Outcome out;
+            TransferOptions options;
+            options.failover = false; // each rail's own outcome
+            async_transfer(rails, plan, options, out.handler());
+            io.run_for(60s);
+            io.restart();
+            REQUIRE(out.calls == 1);
+            return out;
+        };
+        {
+            const std::array rails{decode.pool.rail(0, p.a.qp, theirs), decode.pool.rail(1, qa1, theirs)};
+            const test::Outcome out = run(rails);
+            CHECK_MESSAGE(!out.result, out.result.message() << ": " << out.transfer.failed_blocks);
+            REQUIRE(out.transfer.report.rails.size() == 2);
+            CHECK(out.transfer.report.rails[0].bytes > 0);
+            CHECK(out.transfer.report.rails[1].bytes > 0);
+            const auto [wrong, touched] = compare(prefill, from, decode, to, 0, 8, std::byte{0xEE});
+            CHECK(wrong == 0);
+            CHECK(touched == 0);
+        }
+        {
+            // Rail 1 without its keys: rail 0's lkeys mean nothing in rail 1's domain.
+            const std::array rails{decode.pool.rail(0, p.a.qp, theirs), TransferRail{&qa1, {}, {}}};
+            const test::Outcome out = run(rails);
+            CHECK(out.result);
+            CHECK_MESSAGE(out.transfer.failed_blocks.find("rail 1") != std::string::npos, out.transfer.failed_blocks);
+        }
+        {
+            // A fresh rail 1 (the failed one is in error), alone.
+            PreparedQueuePair a2(pd_a1, p.a.cq, p.a.cq, test::test_qp_options(o));
+            PreparedQueuePair b2(pd_b1, p.b.cq, p.b.cq, test::test_qp_options(o));
+            auto [qa2, qb2] = test::connect_advertised(a2, *decode.pool.regions(1)[0], b2, *prefill.pool.regions(1)[0]);
+            const std::array rails{decode.pool.rail(1, qa2, theirs)};
+            const test::Outcome out = run(rails);
+            CHECK_MESSAGE(!out.result, out.result.message() << ": " << out.transfer.failed_blocks);
+            const auto [wrong, touched] = compare(prefill, from, decode, to, 0, 8, std::byte{0xEE});
+            CHECK(wrong == 0);
+            CHECK(touched == 0);
+        }
+        // Refusals, in words: a rail the peer's pool does not have; regions that are not the same memory.
+        const RemoteKvPool one_rail = RemoteKvPool::load(Engine(p.b.pd, layout, std::byte{0}).pool.describe());
+        std::error_code ec;
+        (void)decode.pool.rail(1, qa1, one_rail, ec);
+        CHECK(ec == errc::invalid_argument);
+        CHECK_THROWS_WITH(decode.pool.rail(2, qa1, theirs),
+                          "KvPool::rail: rail 2: our pool is on 2 rails and the peer's on 2 (KvPool::add_rail on the "
+                          "side that lacks it, then describe() again)");
+        std::vector<std::byte> elsewhere(layout.tensor_bytes());
+        std::vector<MemoryRegion> wrong_memory;
+        for (std::uint32_t t = 0; t < layout.tensors(); ++t)
+            wrong_memory.emplace_back(pd_a1, elsewhere, Access::local_write);
+        Diagnostics d;
+        CHECK(decode.pool.add_rail(std::move(wrong_memory), ec, d) == 0);
+        CHECK(ec == errc::invalid_argument);
+        CHECK(d.detail().find("memory region 0 covers ") == 0);
+        CHECK(decode.pool.rails() == 2);
     }
 
     TEST_CASE("a notification's message: refused in words when too long, without notify, or not inline") {

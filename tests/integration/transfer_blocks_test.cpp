@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
 
@@ -515,6 +516,30 @@ TEST_SUITE("block-list transfers" * doctest::skip(!test::rig_present())) {
         w.io.restart();
         w.io.run_for(2s);
         CHECK(w.io.stopped());
+    }
+
+    TEST_CASE(
+        "a transfer refused as it starts completes its handler inside a plain io.run(), nothing else keeping the "
+        "io_context busy (the refusal's work is let go only after its handler is posted)") {
+        const test::Scatter s{64, 4096};
+        Write w(s, 3);
+        TransferOptions options;
+        options.deadline = std::chrono::steady_clock::now() - 1ms; // refused at once: nothing posted
+        async_transfer(w.p.a.qp, w.plan, options, w.out.handler());
+        // Before the fix, the io_context counted no work once the refusal let
+        // its guard go, stopped, and run() returned at once with the handler queued.
+        CHECK_FALSE(w.io.stopped());
+        CHECK(w.io.run() == 1);
+        REQUIRE(w.out.calls == 1);
+        CHECK(w.out.result == boost::system::errc::timed_out);
+        CHECK(w.why == "the deadline had passed when the transfer started (nothing was posted)");
+        // The same for a refusal of another kind (an empty rail list is refused in the initiation too).
+        w.io.restart();
+        w.out = {};
+        async_transfer(std::span<const TransferRail>(), w.plan, {}, asio::bind_executor(w.io, w.out.handler()));
+        CHECK(w.io.run() == 1);
+        CHECK(w.out.calls == 1);
+        CHECK(static_cast<std::error_code>(w.out.result) == errc::invalid_argument);
     }
 
     TEST_CASE("a deadline bounds a transfer whose peer is gone: timed_out, landed 0, nothing left with the device") {

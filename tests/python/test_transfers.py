@@ -120,6 +120,42 @@ def test_block_lists_refuse_bad_input_by_name(pair):
                                         gv.RemoteBlocks(rs.remote(), [0], 8), pair.qp_a))
 
 
+def test_a_kv_pool_on_two_rails_reads_striped_with_each_rails_own_keys(context, sides):
+    from conftest import Side, connect_pair
+    a, b = sides
+    qp_a, qp_b = connect_pair(context, a, b, max_send_sge=4, max_send_wr=512)  # both ends held: a peer's
+    # queue pair destroyed would fail its rail (and the transfer would fail over).
+    # Rail 1: other protection domains on both sides (another NIC's keys, as far as the NIC can tell).
+    a1, b1 = Side(a.device, gv.ProtectionDomain(a.device), a.cq), Side(b.device, gv.ProtectionDomain(b.device), b.cq)
+    qp_a1, qp_b1 = connect_pair(context, a1, b1, max_send_sge=4, max_send_wr=512)
+    layers, blocks, block = 4, 256, 128
+    layout = gv.KvLayout.per_layer(layers, blocks, block)
+    rng = np.random.default_rng(3)
+    prefill = [rng.integers(0, 256, layout.tensor_bytes, dtype=np.uint8) for _ in range(layers)]
+    decode = [np.full(layout.tensor_bytes, 0xEE, dtype=np.uint8) for _ in range(layers)]
+    theirs_pool = gv.KvPool(layout, [b.pd.register(t, RW | gv.Access.remote_read) for t in prefill])
+    assert theirs_pool.add_rail([b1.pd.register(t, RW | gv.Access.remote_read) for t in prefill]) == 1
+    ours = gv.KvPool(layout, [a.pd.register(t, RW) for t in decode])
+    assert ours.add_rail([a1.pd.register(t, RW) for t in decode]) == 1 and ours.rails == 2
+    metadata = theirs_pool.describe()
+    assert len(metadata) == 88 + layers * (16 + 2 * 4)
+    theirs = gv.RemoteKvPool.load(metadata)
+    assert theirs.rails == 2
+    their_ids, our_ids = rng.permutation(blocks)[:150], rng.permutation(blocks)[:150]
+    plan = ours.plan("read", our_ids, theirs, their_ids, qp_a)
+    op = gv.transfer([ours.rail(0, qp_a, theirs), ours.rail(1, qp_a1, theirs)], plan)
+    assert op.wait(timeout=60) == plan.bytes
+    assert [r["bytes"] > 0 for r in op.report.rails] == [True, True], op.report.rails
+    assert qp_b.qp_num and qp_b1.qp_num  # held to here
+    for layer in range(layers):
+        got, want = decode[layer].reshape(2, blocks, block), prefill[layer].reshape(2, blocks, block)
+        assert (got[:, our_ids] == want[:, their_ids]).all()
+    with pytest.raises(gv.Error, match="rail 2: our pool is on 2 rails and the peer's on 2"):
+        ours.rail(2, qp_a1, theirs)
+    with pytest.raises(gv.Error, match="memory region 0 covers"):
+        ours.add_rail([a1.pd.register(t, RW) for t in prefill])
+
+
 def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as_metadata(pair):
     # prefill (b) owns 8 layers of 512 blocks of 64 bytes, K and V; decode (a) reads 200 of them by id.
     layers, blocks, block = 8, 512, 64
@@ -132,7 +168,7 @@ def test_a_kv_pool_hands_off_scattered_blocks_of_every_layer_by_id_with_bytes_as
     ours = gv.KvPool(layout, [pair.a.pd.register(t, RW) for t in decode])
 
     metadata = theirs_pool.describe()  # carried over the engine's own channel
-    assert isinstance(metadata, bytes) and len(metadata) == 80 + 20 * layers
+    assert isinstance(metadata, bytes) and len(metadata) == 88 + 20 * layers
     theirs = gv.RemoteKvPool.load(metadata)
     assert theirs.layout == layout and theirs.pool_id == theirs_pool.pool_id and len(theirs.tensors) == layers
 

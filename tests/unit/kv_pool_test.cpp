@@ -92,11 +92,12 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         }
     }
 
-    TEST_CASE("a pool's metadata is 80 + 20 bytes per tensor and loads back as it was written, lease terms too") {
+    TEST_CASE(
+        "a pool's metadata is 88 + 20 bytes per tensor on one rail and loads back as it was written, lease terms too") {
         const std::vector<RemoteMemory> tensors = tensors_for(small, small.tensor_bytes());
         const std::vector<std::byte> record =
             detail::kv_pool_record(small, 0x1234, tensors, 1'700'000'000'123'456'789, std::chrono::milliseconds(15000));
-        CHECK(record.size() == 80 + 20 * 4);
+        CHECK(record.size() == 88 + 20 * 4);
         test::check_succeeds_clean(
             [&](std::error_code& ec) { CHECK(RemoteKvPool::load(record, ec)); },
             [&](std::error_code& ec, Diagnostics& d) { CHECK(RemoteKvPool::load(record, ec, d)); });
@@ -107,6 +108,8 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         CHECK(pool.lease_ttl() == std::chrono::milliseconds(15000));
         REQUIRE(pool.tensors().size() == 4);
         for (std::size_t t = 0; t < 4; ++t) CHECK(pool.tensors()[t] == tensors[t]);
+        CHECK(pool.rails() == 1);
+        CHECK(pool.tensors(1).empty());
         // 16,384 blocks per layer cost no more bytes than 8.
         const KvLayout large = KvLayout::per_layer(4, 16384, 16384);
         CHECK(detail::kv_pool_record(large, 1, tensors_for(large, large.tensor_bytes())).size() == record.size());
@@ -117,7 +120,11 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         KvLayout bad_layout = small;
         bad_layout.halves = 0;
         std::vector<std::byte> next_version = good;
-        next_version[5] = std::byte{3};
+        std::vector<RemoteMemory> seventeen_rails;
+        for (int k = 0; k < 17; ++k) {
+            for (const RemoteMemory& m : tensors_for(small, small.tensor_bytes())) seventeen_rails.push_back(m);
+        }
+        next_version[5] = std::byte{4};
         struct Case {
             const char* name;
             std::vector<std::byte> bytes;
@@ -128,15 +135,18 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
             {"empty",
              {},
              errc::malformed_record,
-             "RemoteKvPool::load: pool metadata: the record is 0 bytes; one of a single tensor is 100 (truncated, or "
+             "RemoteKvPool::load: pool metadata: the record is 0 bytes; one of a single tensor is 108 (truncated, or "
              "not pool metadata)"},
             {"another record", with_byte(good, 3, 'X'), errc::malformed_record,
              "RemoteKvPool::load: pool metadata: not gpuverbs pool metadata (wrong magic; expected \"GVKV\")"},
             {"a newer version", next_version, errc::unsupported_version,
-             "RemoteKvPool::load: pool metadata has version 3; this gpuverbs reads version 2 (update both engines to "
+             "RemoteKvPool::load: pool metadata has version 4; this gpuverbs reads version 3 (update both engines to "
              "the same gpuverbs release)"},
             {"cut short", std::vector<std::byte>(good.begin(), good.end() - 20), errc::malformed_record,
-             "RemoteKvPool::load: pool metadata: the record is 140 bytes; with 4 tensors it is 160 (truncated)"},
+             "RemoteKvPool::load: pool metadata: the record is 148 bytes; with 4 tensors on 1 rail it is 168 "
+             "(truncated)"},
+            {"seventeen rails", detail::kv_pool_record(small, 7, seventeen_rails, 0, {}, 17), errc::malformed_record,
+             "RemoteKvPool::load: pool metadata: it names 17 rails; a pool has 1 to 16"},
             {"a flipped bit", with_byte(good, 30, 0xff), errc::malformed_record,
              "RemoteKvPool::load: pool metadata: its checksum does not match its bytes (damaged on the way, or cut and "
              "pasted)"},
@@ -191,9 +201,9 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         CHECK_FALSE(RemoteKvPool::load(v1, ec, d));
         CHECK(ec == errc::unsupported_version);
         CHECK(d.detail() ==
-              "pool metadata has version 1; this gpuverbs reads version 2 (update both engines to the "
+              "pool metadata has version 1; this gpuverbs reads version 3 (update both engines to the "
               "same gpuverbs release)");
-        // … whatever its size: version 1's record of one tensor (92 bytes) is shorter than version 2's smallest.
+        // … whatever its size: version 1's record of one tensor (92 bytes) is shorter than version 3's smallest.
         const KvLayout one = KvLayout::one_tensor(2, 8, 64);
         std::vector<std::byte> v1_one = detail::kv_pool_record(one, 5, tensors_for(one, one.tensor_bytes()));
         v1_one.resize(92);
@@ -207,6 +217,41 @@ TEST_SUITE("KV-cache pools: layouts and metadata") {
         CHECK_FALSE(RemoteKvPool::load(detail::kv_pool_record(small, 0xeeee, overlapping, 1), ec, d));
         CHECK(ec == errc::malformed_record);
         CHECK(d.detail() == "pool metadata: tensors 1 and 2 overlap: each layer's blocks need memory of their own");
+    }
+
+    TEST_CASE("a pool on two rails carries each tensor's key on each; the plan names rail 0's") {
+        std::vector<RemoteMemory> both = tensors_for(small, small.tensor_bytes());
+        for (RemoteMemory m : tensors_for(small, small.tensor_bytes())) {
+            m.rkey += 0x100; // the same memory, registered on the second NIC
+            both.push_back(m);
+        }
+        const std::vector<std::byte> record = detail::kv_pool_record(small, 0x77, both, 5, {}, 2);
+        CHECK(record.size() == 88 + 4 * (16 + 2 * 4));
+        const RemoteKvPool pool = RemoteKvPool::load(record);
+        REQUIRE(pool.rails() == 2);
+        REQUIRE(pool.tensors(1).size() == 4);
+        for (std::size_t t = 0; t < 4; ++t) {
+            CHECK(pool.tensors()[t] == both[t]);
+            CHECK(pool.tensors(0)[t] == both[t]);
+            CHECK(pool.tensors(1)[t] == both[4 + t]);
+        }
+        // A version-2 record (one key per tensor, no rails) is named as such.
+        std::vector<std::byte> v2 = record;
+        v2[5] = std::byte{2};
+        std::error_code ec;
+        Diagnostics d;
+        CHECK_FALSE(RemoteKvPool::load(v2, ec, d));
+        CHECK(ec == errc::unsupported_version);
+        CHECK(d.detail().find("pool metadata has version 2; this gpuverbs reads version 3") == 0);
+        // Two tensors that overlap under one key of the second rail: refused, naming the rail.
+        // (The record carries rail 0's addresses: tensor 2 starts inside tensor 1, apart on rail 0 by key.)
+        std::vector<RemoteMemory> overlapping = both;
+        overlapping[2].address = overlapping[1].address + 8;
+        overlapping[6].rkey = overlapping[5].rkey;
+        CHECK_FALSE(RemoteKvPool::load(detail::kv_pool_record(small, 0x77, overlapping, 5, {}, 2), ec, d));
+        CHECK(ec == errc::malformed_record);
+        CHECK(d.detail() ==
+              "pool metadata: on rail 1, tensors 1 and 2 overlap: each layer's blocks need memory of their own");
     }
 
     TEST_CASE("every truncation and every single-byte change of a record is refused, never read past") {

@@ -11,6 +11,14 @@
 //   gpuverbs::TransferPlan plan = pool.plan(gpuverbs::TransferDirection::read, my_ids, theirs, their_ids);
 //   gpuverbs::async_transfer(qp, plan, options, handler);
 //
+// On several NICs (rails), each registers the same tensors in its own
+// protection domain: pool.add_rail(regions_on_nic1). describe() then carries
+// every rail's keys; a plan names rail 0's, and pool.rail(k, qp_k, theirs)
+// gives the transfer rail k with our and the peer's rail-k keys in their place:
+//
+//   std::array rails{pool.rail(0, qp0, theirs), pool.rail(1, qp1, theirs)};
+//   gpuverbs::async_transfer(rails, plan, options, handler);   // striped, failing over
+//
 // A layout says where block b of half h (K or V) of layer l lies: in tensor
 // tensor_of(l), at l' * layer_stride + h * half_stride + b * block_stride
 // (l' is l for one tensor of all layers, 0 for a tensor per layer). The
@@ -22,9 +30,11 @@
 #pragma once
 
 #include "gpuverbs/error.hpp"
+#include "gpuverbs/transfers/transfer_options.hpp"
 #include "gpuverbs/transfers/transfer_plan.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -101,7 +111,14 @@ public:
     explicit operator bool() const noexcept { return !tensors_.empty(); }
     [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
     /// One per tensor, in layer order.
-    [[nodiscard]] std::span<const RemoteMemory> tensors() const noexcept { return tensors_; }
+    [[nodiscard]] std::span<const RemoteMemory> tensors() const noexcept { return tensors(0); }
+    /// The rails (NICs) the owner registered its pool on: 1 or more (0 when empty).
+    [[nodiscard]] std::size_t rails() const noexcept { return rails_; }
+    /// Each tensor as rail `rail` reaches it (its rkey there); empty past rails().
+    [[nodiscard]] std::span<const RemoteMemory> tensors(std::size_t rail) const noexcept {
+        if (rail >= rails_) return {};
+        return std::span(tensors_).subspan(rail * layout_.tensors(), layout_.tensors());
+    }
     /// The owner pool's id: random per KvPool, so a restarted peer's pool differs.
     [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
     /// When the owner made its pool (nanoseconds since the epoch, its wall clock).
@@ -128,7 +145,8 @@ private:
     static RemoteKvPool load_newer_impl(std::span<const std::byte> metadata, const RemoteKvPool& previous,
                                         detail::Status& status);
     KvLayout layout_;
-    std::vector<RemoteMemory> tensors_;
+    std::vector<RemoteMemory> tensors_; ///< rail by rail: rails_ x layout_.tensors()
+    std::size_t rails_ = 0;
     std::uint64_t pool_id_ = 0;
     std::uint64_t made_ns_ = 0;
     std::chrono::milliseconds lease_ttl_{0};
@@ -136,10 +154,12 @@ private:
 
 namespace detail {
 /// The metadata record of a pool with this layout, id and tensors (what
-/// KvPool::describe returns; tests make records with it). Nothing is checked.
+/// KvPool::describe returns; tests make records with it). `tensors` lists
+/// rail 0's tensors, then rail 1's…, `rails` x layout.tensors() in all (the
+/// address and length are rail 0's; each rail adds its rkey). Nothing is checked.
 std::vector<std::byte> kv_pool_record(const KvLayout& layout, std::uint64_t pool_id,
                                       std::span<const RemoteMemory> tensors, std::uint64_t made_ns = 0,
-                                      std::chrono::milliseconds lease_ttl = {});
+                                      std::chrono::milliseconds lease_ttl = {}, std::size_t rails = 1);
 } // namespace detail
 
 /// Our pool: a layout over registered memory, one MemoryRegion per tensor.
@@ -166,8 +186,43 @@ public:
     /// False when empty (default, moved from, or a create() that failed).
     explicit operator bool() const noexcept { return !regions_.empty(); }
     [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
-    /// The region of each tensor, in layer order.
-    [[nodiscard]] std::span<const MemoryRegion* const> regions() const noexcept { return regions_; }
+    /// The region of each tensor, in layer order (rail 0's).
+    [[nodiscard]] std::span<const MemoryRegion* const> regions() const noexcept {
+        return std::span(regions_).first(std::min(regions_.size(), std::size_t{layout_.tensors()}));
+    }
+    /// The rails the pool is registered on (0 when empty; 1 + add_rail calls).
+    [[nodiscard]] std::size_t rails() const noexcept {
+        return regions_.empty() ? 0 : regions_.size() / layout_.tensors();
+    }
+    /// Rail `rail`'s region of each tensor; empty past rails().
+    [[nodiscard]] std::span<const MemoryRegion* const> regions(std::size_t rail) const noexcept {
+        if (rail >= rails()) return {};
+        return std::span(regions_).subspan(rail * layout_.tensors(), layout_.tensors());
+    }
+
+    /// Another rail (NIC): `regions[t]` is tensor t registered in that NIC's
+    /// protection domain, over the same bytes as rail 0's region (same
+    /// address, at least the tensor's length). Returns the rail's index.
+    /// Throws gpuverbs::Error (errc::invalid_argument) naming the region that
+    /// does not match, or a pool that has 16 rails already; nothing changes then.
+    std::size_t add_rail(std::vector<MemoryRegion> regions);
+    std::size_t add_rail(std::vector<MemoryRegion> regions, std::error_code& ec);
+    std::size_t add_rail(std::vector<MemoryRegion> regions, std::error_code& ec, Diagnostics& diagnostics);
+    /// … over regions kept alive elsewhere (they must outlive the pool).
+    std::size_t add_rail(std::span<const MemoryRegion* const> regions);
+    std::size_t add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec);
+    std::size_t add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec, Diagnostics& diagnostics);
+    /// Most rails a pool (and its metadata) carries.
+    static constexpr std::size_t max_rails = 16;
+
+    /// Rail `rail` of a transfer whose plan came from plan(): `qp` (on that
+    /// rail's NIC) with our rail-`rail` lkeys and the peer's rail-`rail`
+    /// rkeys in place of the rail-0 keys the plan names. Throws
+    /// gpuverbs::Error (errc::invalid_argument) when either pool has no such
+    /// rail, or `remote` is empty.
+    [[nodiscard]] TransferRail rail(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote) const;
+    [[nodiscard]] TransferRail rail(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote,
+                                    std::error_code& ec) const;
     [[nodiscard]] std::uint64_t pool_id() const noexcept { return pool_id_; }
     /// When it was made (nanoseconds since the epoch): a pool made again is newer.
     [[nodiscard]] std::uint64_t made_ns() const noexcept { return made_ns_; }
@@ -175,8 +230,9 @@ public:
     /// The metadata a peer loads (RemoteKvPool::load): a versioned, checksummed
     /// record of the layout, the pool's id, when it was made, the lease terms
     /// (`lease_ttl`: how long a reader may use blocks it is handed; zero:
-    /// none) and each tensor's address, length and rkey: 80 + 20 x tensors
-    /// bytes, whatever the number of blocks. Empty for an empty pool.
+    /// none) and each tensor's address, length and rkey on every rail:
+    /// 88 + tensors x (16 + 4 x rails) bytes (728 for 32 layers on one rail),
+    /// whatever the number of blocks. Empty for an empty pool.
     [[nodiscard]] std::vector<std::byte> describe(std::chrono::milliseconds lease_ttl = {}) const;
 
     /// Plans moving block local_ids[i] of ours and remote_ids[i] of `remote`
@@ -200,12 +256,17 @@ private:
     static KvPool create_impl(KvLayout layout, std::vector<MemoryRegion> owned,
                               std::vector<const MemoryRegion*> regions, detail::Status& status);
     static KvPool create_owning(KvLayout layout, std::vector<MemoryRegion> owned, detail::Status& status);
+    std::size_t add_rail_impl(std::vector<MemoryRegion> owned, std::vector<const MemoryRegion*> regions,
+                              detail::Status& status);
+    TransferRail rail_impl(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote, detail::Status& status) const;
     TransferPlan plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,
                            const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
                            const TransferLimits& limits, detail::Status& status) const;
     KvLayout layout_;
-    std::vector<MemoryRegion> owned_;          ///< empty for a pool over regions kept elsewhere
-    std::vector<const MemoryRegion*> regions_; ///< one per tensor (into owned_, whose buffer a move keeps)
+    /// Per rail, the regions the pool owns (empty for regions kept elsewhere);
+    /// regions_ points into the inner buffers, which moving the outer keeps.
+    std::vector<std::vector<MemoryRegion>> owned_;
+    std::vector<const MemoryRegion*> regions_; ///< rail by rail, one per tensor
     std::uint64_t pool_id_ = 0;
     std::uint64_t made_ns_ = 0;
 };

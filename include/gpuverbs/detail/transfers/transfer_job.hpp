@@ -227,9 +227,12 @@ private:
         Traits::destroy(allocator, self);
         Traits::deallocate(allocator, self, 1);
         if (destroy) return;
-        auto executor = work.get_executor();
-        work.reset();
-        boost::asio::post(executor, boost::asio::append(std::move(handler), ec, std::move(result)));
+        // Posted before the work is let go (the guard's destructor, after it): the
+        // post counts as work first. Let go before it, an io_context with no other
+        // work would count 0 and stop — a refusal completed inside async_transfer,
+        // outside any handler, then left io.run() returning at once, its handler
+        // never run.
+        boost::asio::post(work.get_executor(), boost::asio::append(std::move(handler), ec, std::move(result)));
     }
 
     Handler handler_;
