@@ -503,4 +503,51 @@ TEST_SUITE("KV-cache pools on real RDMA") {
         CHECK_FALSE(inbox.poll());
         MESSAGE("the inbox's wait ended with: " << ended->message());
     }
+
+    TEST_CASE(
+        "an inbox whose queue pair is destroyed under it: its wait ends aborted, poll() finds nothing, and the "
+        "inbox goes later without touching what is gone (ASan)") {
+        for (const AsyncOptions& mode : {test::modes[0], test::polled_mode}) {
+            CAPTURE(test::mode_name(mode));
+            asio::io_context io(1);
+            QueuePairOptions o = test::transfer_qp_options();
+            o.max_inline_data = 64;
+            test::Pair p(io.get_executor(), mode, 4096, o, {},
+                         Access::local_write | Access::remote_write | Access::remote_read);
+            std::optional<NotificationInbox> inbox(std::in_place, p.b.qp, p.b.pd, 8);
+            // One notification read before the queue pair goes, one waited for when it goes.
+            const std::string request = "before";
+            TransferOptions options;
+            options.notify = 5u;
+            options.notify_message = std::as_bytes(std::span(request));
+            const test::Scatter s{8, 256}; // 4096 bytes: the pair's memory
+            const TransferPlan plan = s.plan(p.a.mr, p.b.mr.remote());
+            test::Outcome out;
+            async_transfer(p.a.qp, plan, options, out.handler());
+            (void)test::run_until(
+                io, [&] { return out.calls == 1 && inbox->unread() == 1; }, 30s);
+            REQUIRE(inbox->unread() == 1);
+            std::optional<async_error_code> ended;
+            inbox->async_wait([&](async_error_code ec, Notification) { ended = ec; });
+            std::optional<Notification> first = inbox->poll(); // taken by the wait or here: one of them has it
+            (void)test::run_until(
+                io, [&] { return ended.has_value(); }, 1s);
+            const bool wait_took_it = ended.has_value() && !*ended;
+            CHECK(wait_took_it != first.has_value());
+            if (wait_took_it) {
+                ended.reset();
+                inbox->async_wait([&](async_error_code ec, Notification) { ended = ec; });
+            }
+            p.b.qp = QueuePair(); // destroyed under the inbox
+            (void)test::run_until(
+                io, [&] { return ended.has_value(); }, 10s);
+            REQUIRE(ended.has_value());
+            CHECK(*ended == asio::error::operation_aborted);
+            CHECK(inbox->error());
+            CHECK_FALSE(inbox->poll());
+            inbox.reset(); // after its queue pair: nothing of the queue pair is touched
+            (void)test::run_until(
+                io, [] { return false; }, 50ms);
+        }
+    }
 }

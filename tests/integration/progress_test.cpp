@@ -14,6 +14,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -79,6 +81,43 @@ TEST_SUITE("progress without a loop on real RDMA" * doctest::skip(!test::rig_pre
         for (int i = 0; i < 1000; ++i) CHECK(gpuverbs::progress(io) == 0);
         const AsyncStatistics after = p.a.cq.async_statistics();
         CHECK(after.polls == before.polls); // an idle CQ is not even polled
+    }
+
+    TEST_CASE(
+        "operations started on another thread while this one calls progress(): each completes once, its handler on "
+        "the progress thread, every byte written (run under TSan too)") {
+        asio::io_context io(1);
+        // Not single_threaded: another thread starts operations (the rule: progress from one thread at a time).
+        const AsyncOptions shared{.mode = CompletionMode::polled};
+        test::Pair p(io.get_executor(), shared, 1 << 20);
+        for (std::size_t i = 0; i < 64 * 64; ++i) p.a.memory[i] = test::pattern(i, 21);
+        std::fill(p.b.memory.begin(), p.b.memory.begin() + 64 * 64, std::byte{0});
+        constexpr int n = 400;
+        const std::thread::id progress_thread = std::this_thread::get_id();
+        std::atomic<int> completed{0}, failed{0}, elsewhere{0};
+        std::thread starter([&] {
+            for (int i = 0; i < n; ++i) {
+                const std::size_t at = static_cast<std::size_t>(i % 64) * 64;
+                p.a.qp.async_write(p.a.mr.slice(at, 64), p.b.mr.remote(), at,
+                                   [&](boost::system::error_code ec, std::size_t bytes) {
+                                       if (ec || bytes != 64) failed.fetch_add(1);
+                                       if (std::this_thread::get_id() != progress_thread) elsewhere.fetch_add(1);
+                                       completed.fetch_add(1);
+                                   });
+                if (i % 50 == 0) std::this_thread::yield();
+            }
+        });
+        const auto [took, calls] = step_until(
+            io, [&] { return completed.load() == n; }, 60s);
+        starter.join();
+        (void)step_until(
+            io, [] { return false; }, 50ms); // a second completion of any would show here
+        CHECK(completed.load() == n);
+        CHECK(failed.load() == 0);
+        CHECK(elsewhere.load() == 0);
+        CHECK(std::equal(p.a.memory.begin(), p.a.memory.begin() + 64 * 64, p.b.memory.begin()));
+        MESSAGE(n << " writes started on another thread completed in " << took.count() << " ms over " << calls
+                  << " progress() calls");
     }
 
     TEST_CASE("a handler runs inside progress(), on the thread that called it; a deadline ends a transfer too") {

@@ -25,8 +25,8 @@ def wait_notification(context: Any, inbox: Any, op: Any) -> Any:
         heard = inbox.poll()
         if heard is not None:
             return heard
-        if op.done() and op.poll() and op.exception() is not None:
-            raise op.exception()
+        if op.poll():
+            op.result()  # raises the transfer's error if it failed before notifying
     raise AssertionError("no notification")
 
 
