@@ -526,6 +526,18 @@ void bind_transfers(py::module_& m) {
             "Returns the rail's index; describe() then carries its keys.")
         .def_property_readonly("rails", [](const PyKvPool& p) { return p.pool.rails(); })
         .def(
+            "remote_blocks",
+            [](const PyKvPool& p, const py::handle& ids,
+               std::optional<std::pair<std::uint32_t, std::uint32_t>> layers) {
+                const std::vector<std::uint32_t> v = block_ids(ids, "ids");
+                LayerRange range;
+                if (layers) range = LayerRange{layers->first, layers->second};
+                return RemoteBlocks{p.pool.remote_blocks(v, range)};
+            },
+            py::arg("ids"), py::arg("layers") = py::none(),
+            "Our blocks `ids` (both halves of each layer) as a peer addresses them: what BlockLeases.grant leases "
+            "to the reader of a request's blocks.")
+        .def(
             "rail",
             [](const std::shared_ptr<PyKvPool>& p, std::size_t index, const std::shared_ptr<Qp>& qp,
                const RemoteKvPool& remote) {

@@ -536,6 +536,47 @@ TransferRail KvPool::rail(std::size_t rail, QueuePair& qp, const RemoteKvPool& r
     return detail::or_code(ec, [&](detail::Status& s) { return rail_impl(rail, qp, remote, s); });
 }
 
+std::vector<RemoteBlock> KvPool::remote_blocks_impl(std::span<const std::uint32_t> ids, LayerRange layers,
+                                                    detail::Status& status) const {
+    const char* verb = "KvPool::remote_blocks";
+    auto refuse = [&](std::string what) {
+        status.fail(errc::invalid_argument, verb, std::move(what));
+        return std::vector<RemoteBlock>{};
+    };
+    if (regions_.empty()) return refuse("the KvPool is empty (create() refused it, or it was moved from)");
+    const KvLayout& l = layout_;
+    const std::uint32_t first = layers.first;
+    const std::uint64_t end = layers.count == UINT32_MAX ? l.layers : std::uint64_t{first} + layers.count;
+    if (layers.count == 0 || first >= l.layers || end > l.layers) {
+        return refuse("layers " + std::to_string(first) + " to " + std::to_string(end) +
+                      " (exclusive) are not within the pool's " + std::to_string(l.layers));
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= l.blocks) {
+            return refuse("id " + std::to_string(ids[i]) + " (index " + std::to_string(i) +
+                          ") is outside the pool of " + std::to_string(l.blocks) + " blocks");
+        }
+    }
+    std::vector<RemoteBlock> out;
+    out.reserve(ids.size() * l.halves * static_cast<std::size_t>(end - first));
+    for (std::uint32_t layer = first; layer < end; ++layer) {
+        const RemoteMemory tensor = regions_[l.tensor_of(layer)]->remote();
+        for (std::uint32_t half = 0; half < l.halves; ++half) {
+            for (const std::uint32_t id : ids) out.push_back({tensor, l.offset(layer, half, id), l.block_bytes});
+        }
+    }
+    return out;
+}
+
+std::vector<RemoteBlock> KvPool::remote_blocks(std::span<const std::uint32_t> ids, LayerRange layers) const {
+    return detail::or_throw([&](detail::Status& s) { return remote_blocks_impl(ids, layers, s); });
+}
+
+std::vector<RemoteBlock> KvPool::remote_blocks(std::span<const std::uint32_t> ids, LayerRange layers,
+                                               std::error_code& ec) const {
+    return detail::or_code(ec, [&](detail::Status& s) { return remote_blocks_impl(ids, layers, s); });
+}
+
 // --- plans by block id ---------------------------------------------------------
 
 TransferPlan KvPool::plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,

@@ -159,3 +159,39 @@ def test_prometheus_text_carries_a_queue_pairs_counters_and_the_ports_and_parses
     with pytest.raises(gv.Error) as bad:
         text.add_port(pair.a.device, 9)
     assert bad.value.code == gv.Errc.port_not_found and "port 9" in str(bad.value)
+
+
+def test_a_kv_pool_leases_a_requests_blocks_and_the_readers_notification_releases_them(pair):
+    # prefill (b) leases request 7's blocks of every layer to decode (a), which reads them by id and notifies.
+    context, a, b = pair.context, pair.a, pair.b
+    layers, blocks, block = 4, 64, 256
+    layout = gv.KvLayout.per_layer(layers, blocks, block)
+    rng = np.random.default_rng(5)
+    prefill = [rng.integers(0, 256, layout.tensor_bytes, dtype=np.uint8) for _ in range(layers)]
+    decode = [np.zeros(layout.tensor_bytes, dtype=np.uint8) for _ in range(layers)]
+    owner = gv.KvPool(layout, [b.pd.register(t, gv.Access.local_write | gv.Access.remote_read) for t in prefill])
+    reader_pool = gv.KvPool(layout, [a.pd.register(t, gv.Access.local_write) for t in decode])
+    inbox = gv.NotificationInbox(pair.qp_b, b.pd, slots=8)
+    request_ids = np.array([5, 9, 10, 33], dtype=np.uint32)
+    leased = owner.remote_blocks(request_ids)
+    assert len(leased) == 4 * layers * 2 and set(leased.lengths) == {block}
+    leases = gv.BlockLeases(ttl=30.0)
+    listed = leases.grant(leased, READER)
+    with pytest.raises(gv.Error) as busy:
+        leases.claim(owner.remote_blocks([9], layers=(2, 1)))  # one block of the request, layer 2
+    assert busy.value.code == gv.Errc.blocks_leased
+    leases.claim(owner.remote_blocks([11]))  # another request's block is free
+    with pytest.raises(gv.Error, match="id 64 \\(index 1\\) is outside the pool of 64 blocks"):
+        owner.remote_blocks([0, 64])
+
+    theirs = gv.RemoteKvPool.load(owner.describe())
+    plan = reader_pool.plan("read", np.arange(4), theirs, request_ids, pair.qp_a)
+    op = gv.transfer(pair.qp_a, plan, notify=listed.lease, notify_message=b"request-7")
+    heard = wait_notification(context, inbox, op)
+    assert heard.bytes == b"request-7"
+    leases.release(heard.immediate, READER)
+    leases.claim(leased)  # free to reuse now
+    assert op.wait(timeout=30) == plan.bytes
+    for layer in range(layers):
+        got, want = decode[layer].reshape(2, blocks, block), prefill[layer].reshape(2, blocks, block)
+        assert (got[:, :4] == want[:, request_ids]).all()

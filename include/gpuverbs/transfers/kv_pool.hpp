@@ -212,6 +212,16 @@ public:
     std::size_t add_rail(std::span<const MemoryRegion* const> regions);
     std::size_t add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec);
     std::size_t add_rail(std::span<const MemoryRegion* const> regions, std::error_code& ec, Diagnostics& diagnostics);
+    /// Our blocks `ids`, both halves of each layer in `layers`, as a peer
+    /// addresses them (rail 0's keys): one RemoteBlock per id, half and layer,
+    /// layer by layer. What BlockLeases::grant leases to the reader of a
+    /// request's blocks (BlockLeases::claim checks them before reuse).
+    /// Throws gpuverbs::Error (errc::invalid_argument) naming an id outside
+    /// the pool or layers outside it.
+    [[nodiscard]] std::vector<RemoteBlock> remote_blocks(std::span<const std::uint32_t> ids,
+                                                         LayerRange layers = {}) const;
+    [[nodiscard]] std::vector<RemoteBlock> remote_blocks(std::span<const std::uint32_t> ids, LayerRange layers,
+                                                         std::error_code& ec) const;
     /// Most rails a pool (and its metadata) carries.
     static constexpr std::size_t max_rails = 16;
 
@@ -259,6 +269,8 @@ private:
     std::size_t add_rail_impl(std::vector<MemoryRegion> owned, std::vector<const MemoryRegion*> regions,
                               detail::Status& status);
     TransferRail rail_impl(std::size_t rail, QueuePair& qp, const RemoteKvPool& remote, detail::Status& status) const;
+    std::vector<RemoteBlock> remote_blocks_impl(std::span<const std::uint32_t> ids, LayerRange layers,
+                                                detail::Status& status) const;
     TransferPlan plan_impl(TransferDirection direction, std::span<const std::uint32_t> local_ids,
                            const RemoteKvPool& remote, std::span<const std::uint32_t> remote_ids, LayerRange layers,
                            const TransferLimits& limits, detail::Status& status) const;
