@@ -183,6 +183,30 @@ struct Qp {
     Qp& operator=(const Qp&) = delete;
 };
 
+/// A KV pool over Python regions (gpuverbs.KvPool), holding every rail's.
+struct PyKvPool {
+    std::vector<std::shared_ptr<Region>> regions; ///< every rail's
+    KvPool pool;
+};
+
+/// One rail of a transfer that a KvPool planned (KvPool.rail): its queue pair
+/// and the keys that rail uses in place of rail 0's; the pool held (and so
+/// its regions) while the rail lives.
+struct Rail {
+    std::shared_ptr<Qp> qp;
+    std::shared_ptr<PyKvPool> pool;
+    TransferRail keys; ///< its qp is set when a transfer binds it
+};
+
+/// A RailGroup over Python rails: the group (not movable: held by pointer),
+/// and per rail what keeps its queue pair (and a KvPool rail's pool) alive.
+struct PyRailGroup {
+    std::shared_ptr<Context> context;
+    std::vector<std::shared_ptr<Qp>> qps; ///< per rail; null: missing for now
+    std::vector<std::shared_ptr<Rail>> keyed;
+    std::unique_ptr<RailGroup> group;
+};
+
 /// QueuePairOptions from the keyword arguments every queue-pair factory takes.
 inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
                                    std::uint32_t max_recv_sge, std::uint32_t max_inline_data) {

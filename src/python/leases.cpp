@@ -218,6 +218,12 @@ void bind_leases(py::module_& m) {
             [](Prometheus& self, const std::string& name, const Qp& qp) { self.text.add(name, qp.get()); },
             py::arg("name"), py::arg("qp"), "A queue pair's counters, labelled qp=\"name\".")
         .def(
+            "add_rail_group",
+            [](Prometheus& self, const std::string& name, PyRailGroup& group) { self.text.add(name, *group.group); },
+            py::arg("name"), py::arg("group"),
+            "A rail group's health, labelled group=\"name\", rail=\"k\": bytes, busy seconds, transfers, "
+            "failures, requests moved away and taken over, throughput, cooling.")
+        .def(
             "add_port",
             [](Prometheus& self, const Device& device, std::uint8_t port) {
                 std::error_code ec;

@@ -153,19 +153,43 @@ std::vector<std::uint32_t> block_ids(const py::handle& obj, const char* name) {
 }
 
 /// A pool over Python regions: they (and the objects they borrowed) live as long as it.
-struct PyKvPool {
-    std::vector<std::shared_ptr<Region>> regions; ///< every rail's
-    KvPool pool;
-};
 
-/// One rail of a transfer that a KvPool planned (KvPool.rail): its queue pair
-/// and the keys that rail uses in place of rail 0's; the pool held (and so
-/// its regions) while the rail lives.
-struct Rail {
-    std::shared_ptr<Qp> qp;
-    std::shared_ptr<PyKvPool> pool;
-    TransferRail keys; ///< its qp is set when a transfer binds it
-};
+/// A rail from Python: a QueuePair (the plan's keys), a TransferRail (a KvPool's rail), or None (missing).
+TransferRail rail_from(const py::handle& r, std::shared_ptr<Qp>& qp, std::shared_ptr<Rail>& keyed) {
+    if (r.is_none()) return TransferRail{};
+    if (py::isinstance<Rail>(r)) {
+        keyed = r.cast<std::shared_ptr<Rail>>();
+        qp = keyed->qp;
+        TransferRail t = keyed->keys;
+        t.qp = &qp->get();
+        return t;
+    }
+    if (py::isinstance<Qp>(r)) {
+        qp = r.cast<std::shared_ptr<Qp>>();
+        return TransferRail{&qp->get(), {}, {}};
+    }
+    throw py::type_error("a rail is a gpuverbs.QueuePair, a gpuverbs.TransferRail or None (missing for now)");
+}
+
+py::dict rail_health_dict(const RailHealth& h) {
+    py::dict d;
+    d["bytes_per_second"] = h.bytes_per_second;
+    d["transfers"] = h.transfers;
+    d["failures"] = h.failures;
+    d["bytes"] = h.bytes;
+    d["busy_seconds"] = std::chrono::duration<double>(h.busy).count();
+    d["requests_moved_away"] = h.requests_moved_away;
+    d["requests_taken_over"] = h.requests_taken_over;
+    d["cooling"] = h.cooling;
+    // time.monotonic()'s clock (steady_clock's on Linux); None when it never failed.
+    d["failed_at"] =
+        h.failed_at == std::chrono::steady_clock::time_point{}
+            ? py::object(py::none())
+            : py::object(py::float_(std::chrono::duration<double>(h.failed_at.time_since_epoch()).count()));
+    d["last_error"] = h.last_error ? h.last_error.message() : std::string();
+    d["last_failure"] = h.last_failure;
+    return d;
+}
 
 /// The regions of `regions` as the pool takes them: each tensor's own registration.
 std::vector<const MemoryRegion*> pool_regions(const std::vector<std::shared_ptr<Region>>& regions) {
@@ -236,6 +260,8 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
                                     std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch,
                                     std::optional<double> deadline, std::optional<double> timeout,
                                     std::optional<py::bytes> notify_message) {
+    std::shared_ptr<PyRailGroup> group;
+    if (py::isinstance<PyRailGroup>(rails)) group = rails.cast<std::shared_ptr<PyRailGroup>>();
     std::vector<std::shared_ptr<Qp>> qps;
     std::vector<std::shared_ptr<Rail>> keyed; // per rail: the KvPool rail's keys, or null (the plan's own)
     auto take = [&](const py::handle r) {
@@ -250,14 +276,17 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
             throw py::type_error("rails must hold gpuverbs.QueuePair or gpuverbs.TransferRail objects");
         }
     };
-    if (py::isinstance<Qp>(rails) || py::isinstance<Rail>(rails)) {
+    if (group) {
+        // The group's own rails.
+    } else if (py::isinstance<Qp>(rails) || py::isinstance<Rail>(rails)) {
         take(rails);
     } else if (py::isinstance<py::sequence>(rails)) {
         for (const py::handle r : py::reinterpret_borrow<py::sequence>(rails)) take(r);
     } else {
-        throw py::type_error("rails must be a gpuverbs.QueuePair, a gpuverbs.TransferRail or a list of them");
+        throw py::type_error(
+            "rails must be a gpuverbs.QueuePair, a gpuverbs.TransferRail, a list of them, or a gpuverbs.RailGroup");
     }
-    if (qps.empty()) throw py::value_error("rails is empty: give at least one QueuePair");
+    if (!group && qps.empty()) throw py::value_error("rails is empty: give at least one QueuePair");
     for (const auto& q : qps) {
         if (q->context != qps.front()->context) {
             throw py::value_error("rails: every rail's completion queue must be on the same gpuverbs.Context");
@@ -269,6 +298,7 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (deadline && timeout) throw py::value_error("give deadline or timeout, not both");
     if (timeout && !(*timeout >= 0)) throw py::value_error("timeout must be 0 or more seconds");
     if (deadline && !std::isfinite(*deadline)) throw py::value_error("deadline must be a time.monotonic() value");
+    const std::shared_ptr<Context> context = group ? group->context : qps.front()->context;
     std::vector<TransferRail> bound;
     bound.reserve(qps.size());
     for (std::size_t k = 0; k < qps.size(); ++k) {
@@ -276,8 +306,13 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
         rail.qp = &qps[k]->get();
         bound.push_back(std::move(rail));
     }
-    auto op = std::make_shared<Operation>(qps.front()->context, Operation::Kind::transfer, "async_transfer");
-    op->plan = plan;
+    auto op = std::make_shared<Operation>(context, Operation::Kind::transfer, "async_transfer");
+    if (group) {
+        // The plan and the group (whose rails it holds), until the transfer ends.
+        op->plan = std::make_shared<std::pair<std::shared_ptr<Plan>, std::shared_ptr<PyRailGroup>>>(plan, group);
+    } else {
+        op->plan = plan;
+    }
     op->regions = plan->regions;
     TransferOptions options;
     options.doorbell_batch = doorbell_batch;
@@ -299,8 +334,13 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
         options.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(std::min(*timeout, 1e9)));
     }
-    async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
-                   boost::asio::bind_cancellation_slot(op->slot(), FinishTransfer{op}));
+    if (group) {
+        async_transfer(*group->group, plan->plan, options,
+                       boost::asio::bind_cancellation_slot(op->slot(), FinishTransfer{op}));
+    } else {
+        async_transfer(std::span<const TransferRail>(bound), plan->plan, options,
+                       boost::asio::bind_cancellation_slot(op->slot(), FinishTransfer{op}));
+    }
     return op;
 }
 
@@ -504,6 +544,78 @@ void bind_transfers(py::module_& m) {
     py::class_<Rail, std::shared_ptr<Rail>>(m, "TransferRail",
                                             "A rail of a KvPool's transfer: a queue pair and that rail's keys.")
         .def_property_readonly("qp", [](const Rail& r) { return r.qp; });
+
+    record_fields(m, "RailHealth", rail_health_dict(RailHealth{}));
+    py::class_<PyRailGroup, std::shared_ptr<PyRailGroup>>(
+        m, "RailGroup",
+        "Rails that transfers share over time: striped by measured throughput, a failed rail left out until its "
+        "cooldown has passed, replace() for a reconnected one. Give it to transfer() as its rails.")
+        .def(py::init([](const py::sequence& rails, double cooldown, double smoothing, std::uint64_t min_measured_bytes,
+                         bool stripe_by_health) {
+                 if (!(cooldown >= 0) || cooldown > 1e6) throw py::value_error("cooldown must be 0 to 1e6 seconds");
+                 auto g = std::make_shared<PyRailGroup>();
+                 std::vector<TransferRail> bound;
+                 for (const py::handle r : rails) {
+                     g->qps.emplace_back();
+                     g->keyed.emplace_back();
+                     bound.push_back(rail_from(r, g->qps.back(), g->keyed.back()));
+                     if (g->qps.back()) {
+                         if (g->context && g->qps.back()->context != g->context) {
+                             throw py::value_error(
+                                 "rails: every rail's completion queue must be on the same gpuverbs.Context");
+                         }
+                         g->context = g->qps.back()->context;
+                     }
+                 }
+                 if (!g->context) throw py::value_error("rails: give at least one gpuverbs.QueuePair");
+                 RailGroupOptions o;
+                 o.cooldown = std::chrono::milliseconds(static_cast<std::int64_t>(cooldown * 1000.0));
+                 o.smoothing = smoothing;
+                 o.min_measured_bytes = min_measured_bytes;
+                 o.stripe_by_health = stripe_by_health;
+                 std::error_code ec;
+                 Diagnostics why;
+                 g->group.reset(new RailGroup(RailGroup::create(std::move(bound), o, ec, why))); // not movable
+                 if (ec) raise_error(ec, "RailGroup", why.detail());
+                 return g;
+             }),
+             py::arg("rails"), py::kw_only(), py::arg("cooldown") = 5.0, py::arg("smoothing") = 0.3,
+             py::arg("min_measured_bytes") = 1 << 20, py::arg("stripe_by_health") = true,
+             "rails: QueuePairs, KvPool TransferRails, or None for one missing for now (replace() it later).")
+        .def("__len__", [](const PyRailGroup& g) { return g.group->size(); })
+        .def(
+            "health",
+            [](const PyRailGroup& g, std::size_t k) {
+                if (k >= g.group->size()) {
+                    throw py::index_error("rail " + std::to_string(k) + ": the group has " +
+                                          std::to_string(g.group->size()));
+                }
+                return rail_health_dict(g.group->health(k));
+            },
+            py::arg("k"),
+            "What rail k did: bytes_per_second, transfers, failures, bytes, busy_seconds, requests_moved_away, "
+            "requests_taken_over, cooling, failed_at (time.monotonic(), or None), last_error, last_failure.")
+        .def(
+            "replace",
+            [](PyRailGroup& g, std::size_t k, const py::handle& rail) {
+                if (k >= g.group->size()) {
+                    throw py::index_error("rail " + std::to_string(k) + ": the group has " +
+                                          std::to_string(g.group->size()));
+                }
+                std::shared_ptr<Qp> qp;
+                std::shared_ptr<Rail> keyed;
+                TransferRail r = rail_from(rail, qp, keyed);
+                if (!qp) throw py::value_error("replace: give the rail's new QueuePair (or TransferRail)");
+                if (qp->context != g.context) {
+                    throw py::value_error("replace: the new rail's completion queue is on another gpuverbs.Context");
+                }
+                g.group->replace(k, std::move(r));
+                // The old queue pair is let go (unless Python still holds it): a transfer still using it fails over.
+                g.qps[k] = std::move(qp);
+                g.keyed[k] = std::move(keyed);
+            },
+            py::arg("k"), py::arg("rail"),
+            "Rail k is now this queue pair (reconnected after a failure): it takes part in the next transfer.");
 
     py::class_<PyKvPool, std::shared_ptr<PyKvPool>>(
         m, "KvPool", "A KV cache over registered regions (one per tensor, in layer order), named by block ids.")

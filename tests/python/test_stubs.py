@@ -141,7 +141,7 @@ def value(node: Optional[ast.expr]) -> Any:
 # (None: pybind11 says nothing about it: py::object, py::handle, py::buffer, a capsule.)
 SAME_TYPE: Dict[str, Optional[set[str]]] = {
     "object": None, "handle": None, "buffer": None, "capsule": None, "dict": {"Dict"}, "list": {"List", "array"},
-    "tuple": {"Tuple"}, "List": {"List", "Sequence"}}
+    "tuple": {"Tuple"}, "List": {"List", "Sequence"}, "sequence": {"Sequence", "List"}}
 
 
 def names_in(node: Optional[ast.expr]) -> set[str]:
@@ -297,7 +297,7 @@ def cpp_members(struct: str) -> List[str]:
 
 # How a Python form differs from its struct, each with why.
 OMITTED = {("PortAttributes", "native"): "the raw ibv_port_attr: Python has no type for it"}
-RENAMED = {("TransferReport::Rail", "busy"): "busy_seconds"}  # a duration, as a float of seconds
+RENAMED = {("TransferReport::Rail", "busy"): "busy_seconds", ("RailHealth", "busy"): "busy_seconds"}  # a duration, as a float of seconds
 ADDED = {("DeviceEvent", "description"), ("CmEvent", "description")}  # what describe() says
 FLATTENED = {("GpuRegistrationExplanation", "plan"): "GpuRegistrationPlan"}  # the plan's members, in the same dict
 
@@ -328,7 +328,7 @@ def test_every_struct_member_reaches_its_dict():
     forms = _core._struct_fields
     expected = {"PortAttributes", "DeviceInfo", "GidEntry", "DeviceEvent", "AsyncStatistics",
                 "RegistrationCacheStatistics", "TransferReport::Rail", "GpuMemory", "Check", "GpuDirectProbes",
-                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
+                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics", "RailHealth"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
     assert set(forms) == expected
     wrong = {s: (sorted(python_names(s) - set(keys)), sorted(set(keys) - python_names(s)))
              for s, keys in forms.items() if set(keys) != python_names(s)}

@@ -333,3 +333,59 @@ def test_a_reads_notification_reaches_the_owners_inbox_with_the_request_id():
     assert inbox.poll() is None
     with pytest.raises(gv.Error, match="notify_message has 65 bytes; a notification carries at most 64"):
         gv.transfer(pair.qp_a, plan, notify=1, notify_message=bytes(65)).wait(timeout=10)
+
+
+def test_a_rail_group_learns_leaves_a_failed_rail_out_and_takes_a_replaced_one_back(context, sides):
+    parser = pytest.importorskip("prometheus_client.parser")
+    from conftest import connect_pair
+    a, b = sides
+    qp0, peer0 = connect_pair(context, a, b, max_send_sge=4, max_send_wr=512)
+    qp1, peer1 = connect_pair(context, a, b, max_send_sge=4, max_send_wr=512)
+    blocks, block = 512, 4096
+    src = np.arange(blocks * block, dtype=np.uint32).astype(np.uint8)
+    dst = np.zeros(2 * blocks * block, dtype=np.uint8)  # every other block: nothing coalesces
+    src_mr, dst_mr = a.pd.register(src), b.pd.register(dst, RW)
+    plan = gv.TransferPlan("write", gv.LocalBlocks(src_mr, np.arange(blocks) * block, block),
+                           gv.RemoteBlocks(dst_mr.remote(), np.arange(blocks) * 2 * block, block), qp0)
+
+    def landed() -> bool:
+        return bool((dst.reshape(blocks, 2, block)[:, 0].reshape(-1) == src).all())
+    group = gv.RailGroup([qp0, qp1], cooldown=60.0)
+    assert len(group) == 2 and group.health(0)["transfers"] == 0 and group.health(0)["failed_at"] is None
+
+    assert gv.transfer(group, plan).wait(timeout=60) == plan.bytes
+    assert landed()
+    h0, h1 = group.health(0), group.health(1)
+    assert h0["transfers"] == 1 and h1["transfers"] == 1 and h0["bytes"] + h1["bytes"] == plan.bytes
+    assert h0["busy_seconds"] > 0 and not h0["cooling"]
+
+    # Rail 1 fails (the peer's end closed: nothing answers it): the transfer moves its requests to rail 0.
+    peer1.close()
+    dst[:] = 0
+    op = gv.transfer(group, plan)
+    assert op.wait(timeout=60) == plan.bytes
+    assert landed()
+    h1 = group.health(1)
+    assert h1["failures"] == 1 and h1["cooling"] and h1["failed_at"] is not None and h1["last_error"], h1
+    assert op.report.rails[1]["bytes"] == 0 or op.report.rails[1]["error"]
+    # Cooling: the next transfer leaves it out.
+    assert gv.transfer(group, plan).wait(timeout=60) == plan.bytes
+    assert group.health(1)["transfers"] == h1["transfers"] and group.health(0)["transfers"] == 3
+
+    # Reconnected: replace() brings it back at once.
+    qp1b, peer1b = connect_pair(context, a, b, max_send_sge=4, max_send_wr=512)
+    group.replace(1, qp1b)
+    assert not group.health(1)["cooling"] and group.health(1)["transfers"] == 0
+    dst[:] = 0
+    assert gv.transfer(group, plan).wait(timeout=60) == plan.bytes
+    assert landed() and group.health(1)["bytes"] > 0
+
+    text = gv.PrometheusText()
+    text.add_rail_group("kv", group)
+    samples = [s for f in parser.text_string_to_metric_families(text.text()) for s in f.samples]
+    assert {s.labels.get("rail") for s in samples if s.labels.get("group") == "kv"} == {"0", "1"}
+    with pytest.raises(IndexError, match="rail 2: the group has 2"):
+        group.health(2)
+    with pytest.raises(TypeError, match="a rail is a gpuverbs.QueuePair"):
+        gv.RailGroup([qp0, 3])
+    assert peer0 and peer1 and peer1b  # held to here
