@@ -21,6 +21,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -206,6 +208,24 @@ struct PyRailGroup {
     std::vector<std::shared_ptr<Rail>> keyed;
     std::unique_ptr<RailGroup> group;
 };
+
+/// time.monotonic() seconds and steady_clock's time points: one clock on Linux (CLOCK_MONOTONIC).
+inline double monotonic_seconds(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+inline std::chrono::steady_clock::time_point from_monotonic(double seconds) {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds)));
+}
+
+/// A duration argument given in seconds, as milliseconds; ValueError naming `name` unless finite and 0 or more.
+inline std::chrono::milliseconds checked_milliseconds(double seconds, const char* name) {
+    if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9) {
+        throw py::value_error(std::string(name) + " is " + std::to_string(seconds) +
+                              " s: give a finite number of seconds, 0 or more");
+    }
+    return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
+}
 
 /// QueuePairOptions from the keyword arguments every queue-pair factory takes.
 inline QueuePairOptions qp_options(std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,

@@ -3,25 +3,16 @@
 // between them (gpuverbs/transfers/leases.hpp, connections/wire.hpp), and
 // PrometheusText (observability/prometheus.hpp). Durations are seconds, as
 // everywhere in the package; refusals raise the library's gpuverbs.Error with
-// its words and code (LeaseNotYours is Errc.lease_not_yours, and so on).
+// its words and code (a release by another reader: .code is Errc.lease_not_yours).
 #include "binding.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <memory>
 
 namespace gpuverbs::python {
 
 namespace {
-
-std::chrono::milliseconds milliseconds(double seconds, const char* name) {
-    if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9) {
-        throw py::value_error(std::string(name) + " is " + std::to_string(seconds) +
-                              " s: give a finite number of seconds, 0 or more");
-    }
-    return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
-}
 
 py::dict lease_statistics_dict(const BlockLeasesStatistics& s) {
     py::dict d;
@@ -42,15 +33,6 @@ const char* scope_name(LeaseScope s) {
 struct Leases {
     std::unique_ptr<BlockLeases> table;
 };
-
-/// seconds on time.monotonic()'s clock (CLOCK_MONOTONIC, as steady_clock on Linux).
-double monotonic(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-std::chrono::steady_clock::time_point from_monotonic(double seconds) {
-    return std::chrono::steady_clock::time_point(
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds)));
-}
 
 } // namespace
 
@@ -97,8 +79,8 @@ void bind_leases(py::module_& m) {
         "granted to can release it; the owner reuses a block only when claim() finds no live lease on it.")
         .def(py::init([](double ttl, double grace) {
                  BlockLeasesOptions o;
-                 o.ttl = milliseconds(ttl, "ttl");
-                 o.grace = milliseconds(grace, "grace");
+                 o.ttl = checked_milliseconds(ttl, "ttl");
+                 o.grace = checked_milliseconds(grace, "grace");
                  std::error_code ec;
                  Diagnostics why;
                  auto out = std::make_shared<Leases>();
@@ -199,7 +181,7 @@ void bind_leases(py::module_& m) {
         .def_static(
             "deadline",
             [](const LeasedBlockList& list, double received) {
-                return monotonic(LeaseReader::deadline(list, from_monotonic(received)));
+                return monotonic_seconds(LeaseReader::deadline(list, from_monotonic(received)));
             },
             py::arg("list"), py::arg("received"),
             "The latest a transfer under the lease may end, on time.monotonic()'s clock: received + ttl "

@@ -182,10 +182,9 @@ py::dict rail_health_dict(const RailHealth& h) {
     d["requests_taken_over"] = h.requests_taken_over;
     d["cooling"] = h.cooling;
     // time.monotonic()'s clock (steady_clock's on Linux); None when it never failed.
-    d["failed_at"] =
-        h.failed_at == std::chrono::steady_clock::time_point{}
-            ? py::object(py::none())
-            : py::object(py::float_(std::chrono::duration<double>(h.failed_at.time_since_epoch()).count()));
+    d["failed_at"] = h.failed_at == std::chrono::steady_clock::time_point{}
+                         ? py::object(py::none())
+                         : py::object(py::float_(monotonic_seconds(h.failed_at)));
     d["last_error"] = h.last_error ? h.last_error.message() : std::string();
     d["last_failure"] = h.last_failure;
     return d;
@@ -261,23 +260,17 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
                                     std::optional<double> deadline, std::optional<double> timeout,
                                     std::optional<py::bytes> notify_message) {
     std::shared_ptr<PyRailGroup> group;
-    if (py::isinstance<PyRailGroup>(rails)) group = rails.cast<std::shared_ptr<PyRailGroup>>();
     std::vector<std::shared_ptr<Qp>> qps;
-    std::vector<std::shared_ptr<Rail>> keyed; // per rail: the KvPool rail's keys, or null (the plan's own)
+    std::vector<std::shared_ptr<Rail>> keyed; // per rail: a KvPool rail (its keys), or null (the plan's own)
+    std::vector<TransferRail> bound;
     auto take = [&](const py::handle r) {
-        if (py::isinstance<Rail>(r)) {
-            auto rail = r.cast<std::shared_ptr<Rail>>();
-            qps.push_back(rail->qp);
-            keyed.push_back(std::move(rail));
-        } else if (py::isinstance<Qp>(r)) {
-            qps.push_back(r.cast<std::shared_ptr<Qp>>());
-            keyed.emplace_back();
-        } else {
-            throw py::type_error("rails must hold gpuverbs.QueuePair or gpuverbs.TransferRail objects");
-        }
+        if (r.is_none()) throw py::type_error("rails must hold gpuverbs.QueuePair or gpuverbs.TransferRail objects");
+        qps.emplace_back();
+        keyed.emplace_back();
+        bound.push_back(rail_from(r, qps.back(), keyed.back()));
     };
-    if (group) {
-        // The group's own rails.
+    if (py::isinstance<PyRailGroup>(rails)) {
+        group = rails.cast<std::shared_ptr<PyRailGroup>>(); // its own rails
     } else if (py::isinstance<Qp>(rails) || py::isinstance<Rail>(rails)) {
         take(rails);
     } else if (py::isinstance<py::sequence>(rails)) {
@@ -299,13 +292,6 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     if (timeout && !(*timeout >= 0)) throw py::value_error("timeout must be 0 or more seconds");
     if (deadline && !std::isfinite(*deadline)) throw py::value_error("deadline must be a time.monotonic() value");
     const std::shared_ptr<Context> context = group ? group->context : qps.front()->context;
-    std::vector<TransferRail> bound;
-    bound.reserve(qps.size());
-    for (std::size_t k = 0; k < qps.size(); ++k) {
-        TransferRail rail = keyed[k] ? keyed[k]->keys : TransferRail{};
-        rail.qp = &qps[k]->get();
-        bound.push_back(std::move(rail));
-    }
     auto op = std::make_shared<Operation>(context, Operation::Kind::transfer, "async_transfer");
     if (group) {
         // The plan and the group (whose rails it holds), until the transfer ends.
@@ -324,12 +310,8 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
         message = std::string(*notify_message);
         options.notify_message = std::as_bytes(std::span(message));
     }
-    // time.monotonic() is CLOCK_MONOTONIC, steady_clock's clock on Linux.
     using Clock = std::chrono::steady_clock;
-    if (deadline) {
-        options.deadline =
-            Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*deadline)));
-    }
+    if (deadline) options.deadline = from_monotonic(*deadline);
     if (timeout) {
         options.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(std::min(*timeout, 1e9)));
@@ -552,7 +534,6 @@ void bind_transfers(py::module_& m) {
         "cooldown has passed, replace() for a reconnected one. Give it to transfer() as its rails.")
         .def(py::init([](const py::sequence& rails, double cooldown, double smoothing, std::uint64_t min_measured_bytes,
                          bool stripe_by_health) {
-                 if (!(cooldown >= 0) || cooldown > 1e6) throw py::value_error("cooldown must be 0 to 1e6 seconds");
                  auto g = std::make_shared<PyRailGroup>();
                  std::vector<TransferRail> bound;
                  for (const py::handle r : rails) {
@@ -569,7 +550,7 @@ void bind_transfers(py::module_& m) {
                  }
                  if (!g->context) throw py::value_error("rails: give at least one gpuverbs.QueuePair");
                  RailGroupOptions o;
-                 o.cooldown = std::chrono::milliseconds(static_cast<std::int64_t>(cooldown * 1000.0));
+                 o.cooldown = checked_milliseconds(cooldown, "cooldown");
                  o.smoothing = smoothing;
                  o.min_measured_bytes = min_measured_bytes;
                  o.stripe_by_health = stripe_by_health;
