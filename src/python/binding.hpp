@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -218,6 +219,14 @@ inline std::chrono::steady_clock::time_point from_monotonic(double seconds) {
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds)));
 }
 
+/// A Python bytes' contents (held in a std::string) as bytes, and bytes back.
+inline std::span<const std::byte> bytes_of(const std::string& s) {
+    return std::as_bytes(std::span(s.data(), s.size()));
+}
+inline py::bytes to_py(std::span<const std::byte> b) {
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
 /// A duration argument given in seconds, as milliseconds; ValueError naming `name` unless finite and 0 or more.
 inline std::chrono::milliseconds checked_milliseconds(double seconds, const char* name) {
     if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9) {
@@ -336,5 +345,6 @@ void bind_transfers(py::module_& m);
 void bind_connections(py::module_& m);
 void bind_gpu(py::module_& m);
 void bind_leases(py::module_& m); ///< leases on blocks, and the Prometheus text
+void bind_mesh(py::module_& m);   ///< rendezvous (Redis, PMIx) and the Mesh
 
 } // namespace gpuverbs::python

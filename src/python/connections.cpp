@@ -18,14 +18,6 @@ Milliseconds millis(double seconds) {
     return Milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
-std::span<const std::byte> bytes_of(const std::string& s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-
-py::bytes to_py(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
 /// A connected TCP socket for the bootstrap, with the io_context its calls run on.
 struct Channel {
     std::shared_ptr<boost::asio::io_context> io;

@@ -26,4 +26,5 @@ PYBIND11_MODULE(_core, m) {
     python::bind_connections(m);
     python::bind_gpu(m);
     python::bind_leases(m);
+    python::bind_mesh(m);
 }

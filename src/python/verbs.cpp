@@ -69,6 +69,28 @@ py::dict gid_dict(const GidEntry& g) {
     return d;
 }
 
+/// QueuePair.failure's dict: every member of QueuePairFailure, with the cause
+/// as its enumerator's name, `since` on time.monotonic()'s clock, the status
+/// as its message and describe()'s words.
+py::dict failure_dict(const QueuePairFailure& f) {
+    using Cause = QueuePairFailure::Cause;
+    const char* cause = "completion_failed";
+    switch (f.cause) {
+        case Cause::completion_failed: cause = "completion_failed"; break;
+        case Cause::moved_to_error: cause = "moved_to_error"; break;
+        case Cause::provider_reports_error: cause = "provider_reports_error"; break;
+        case Cause::port_down: cause = "port_down"; break;
+        case Cause::stalled: cause = "stalled"; break;
+    }
+    py::dict d;
+    d["cause"] = cause;
+    d["since"] = monotonic_seconds(f.since);
+    d["status"] = f.status ? f.status.message() : std::string();
+    d["port"] = f.port;
+    d["description"] = f.describe();
+    return d;
+}
+
 py::dict statistics_dict(const AsyncStatistics& s) {
     py::dict d;
     d["submitted"] = s.submitted;
@@ -142,6 +164,7 @@ void bind_verbs(py::module_& m) {
     record_fields(m, "PortAttributes", port_dict(PortAttributes{}));
     record_fields(m, "DeviceInfo", device_info_dict(DeviceInfo{}));
     record_fields(m, "GidEntry", gid_dict(GidEntry{}));
+    record_fields(m, "QueuePairFailure", failure_dict(QueuePairFailure{}));
     record_fields(m, "DeviceEvent", event_dict(DeviceEvent{}));
     record_fields(m, "AsyncStatistics", statistics_dict(AsyncStatistics{}));
 
@@ -349,6 +372,16 @@ void bind_queue_pairs(py::module_& m) {
             "remote_access", [](const Qp& q) { return static_cast<unsigned>(q.get().remote_access()); },
             "What the peer was granted through this queue pair (gpuverbs.Access flags).")
         .def_property_readonly("context", [](const Qp& q) { return q.context; })
+        .def_property_readonly(
+            "failure",
+            [](const Qp& q) -> std::optional<py::dict> {
+                const std::optional<QueuePairFailure> f = q.get().failure();
+                if (!f) return std::nullopt;
+                return failure_dict(*f);
+            },
+            "None while the queue pair works; once it failed, why and since when: cause "
+            "('completion_failed', 'moved_to_error', 'provider_reports_error', 'port_down', 'stalled'), since "
+            "(time.monotonic()), status, port and a description in words.")
         .def(
             "close",
             [](Qp& q) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -183,10 +184,17 @@ def test_refused_requests_and_failed_completions_raise_the_librarys_words(pair):
     assert caught.value.code == gv.Errc.misaligned_atomic
 
     no_rights = gv.RemoteMemory(dst.remote().address, 64, dst.rkey + 1)
+    assert pair.qp_a.failure is None
     with pytest.raises(gv.CompletionError) as caught:
         pair.qp_a.write(src, no_rights).wait(timeout=10)
     assert caught.value.category == "work completion"
     assert caught.value.verb == "async_write"
+    # The queue pair says why it no longer works, and since when.
+    failure = pair.qp_a.failure
+    assert failure is not None and failure["cause"] == "completion_failed", failure
+    assert "remote access error" in failure["status"], failure
+    assert 0 <= time.monotonic() - failure["since"] < 10, failure
+    assert "a work completion failed" in failure["description"], failure
 
     with pytest.raises(ValueError, match=r"remote_offset must not be negative \(got -1\)"):
         pair.qp_a.write(src, dst.remote(), -1)

@@ -298,11 +298,11 @@ def cpp_members(struct: str) -> List[str]:
 # How a Python form differs from its struct, each with why.
 OMITTED = {("PortAttributes", "native"): "the raw ibv_port_attr: Python has no type for it"}
 RENAMED = {("TransferReport::Rail", "busy"): "busy_seconds", ("RailHealth", "busy"): "busy_seconds"}  # a duration, as a float of seconds
-ADDED = {("DeviceEvent", "description"), ("CmEvent", "description")}  # what describe() says
+ADDED = {("DeviceEvent", "description"), ("CmEvent", "description"), ("QueuePairFailure", "description")}  # what describe() says
 FLATTENED = {("GpuRegistrationExplanation", "plan"): "GpuRegistrationPlan"}  # the plan's members, in the same dict
 
 # Structs bound as classes of the same name (their members are attributes) rather than turned into dicts.
-CLASSES = ("Endpoint", "Received", "RemoteMemory", "TransferReport", "Notification", "LeasedBlockList")
+CLASSES = ("Endpoint", "Received", "RemoteMemory", "TransferReport", "Notification", "LeasedBlockList", "MeshPeer")
 # A struct whose list is bound as one class: one attribute per member, each a sequence over the list.
 LISTS = {"RemoteBlock": "RemoteBlocks"}
 
@@ -328,7 +328,7 @@ def test_every_struct_member_reaches_its_dict():
     forms = _core._struct_fields
     expected = {"PortAttributes", "DeviceInfo", "GidEntry", "DeviceEvent", "AsyncStatistics",
                 "RegistrationCacheStatistics", "TransferReport::Rail", "GpuMemory", "Check", "GpuDirectProbes",
-                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics", "RailHealth"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
+                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics", "RailHealth", "QueuePairFailure"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
     assert set(forms) == expected
     wrong = {s: (sorted(python_names(s) - set(keys)), sorted(set(keys) - python_names(s)))
              for s, keys in forms.items() if set(keys) != python_names(s)}
