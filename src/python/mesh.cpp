@@ -161,11 +161,12 @@ void bind_mesh(py::module_& m) {
         m, "Mesh",
         "A queue pair to every peer of a rendezvous, each granting what the regions allow, connected all at "
         "once (connect_all), on demand (peer) or without waiting (offer, complete_offers).")
-        .def(py::init([](const py::object& rendezvous, std::shared_ptr<ProtectionDomain> pd, std::shared_ptr<Cq> cq,
-                         std::vector<std::shared_ptr<Region>> regions, const std::string& name, double timeout,
-                         std::optional<unsigned> remote_access, std::uint32_t max_send_wr, std::uint32_t max_recv_wr,
-                         std::uint32_t max_send_sge, std::uint32_t max_recv_sge, std::uint32_t max_inline_data,
-                         std::uint8_t retry_count, std::uint8_t rnr_retry_count) {
+        .def(py::init([](const py::object& rendezvous, const std::shared_ptr<ProtectionDomain>& pd,
+                         const std::shared_ptr<Cq>& cq, std::vector<std::shared_ptr<Region>> regions,
+                         const std::string& name, double timeout, std::optional<unsigned> remote_access,
+                         std::uint32_t max_send_wr, std::uint32_t max_recv_wr, std::uint32_t max_send_sge,
+                         std::uint32_t max_recv_sge, std::uint32_t max_inline_data, std::uint8_t retry_count,
+                         std::uint8_t rnr_retry_count) {
                  MeshOptions o;
                  o.name = name;
                  o.timeout = checked_milliseconds(timeout, "Mesh: timeout");
