@@ -1,0 +1,442 @@
+// The device queue's ring (issue 37): how a producer — a GPU thread, or a CPU
+// thread in the rig's tests — hands requests (put, put_signal, signal, fence)
+// to the host proxy that posts them on our rails. One header for both
+// compilers: nvcc compiles the producer into kernels, the host compiler the
+// proxy's reader and a CPU producer, so both halves agree on every byte
+// (tests/unit/device_queue_ring_test.cpp checks the layout; the GPU half's
+// test compiles this same file).
+//
+// The protocol, and why (docs/gpu-initiated.md has the fences in full):
+//
+// - 64-byte descriptors in host memory the GPU reaches through a mapping
+//   (cudaHostAlloc ... Mapped). A GPU store to it is a posted PCIe write: the
+//   producer never waits for it, and the proxy reads it from its own cache.
+// - Eight 8-byte words, each stamped in its top byte with the lap that wrote
+//   it: an aligned 8-byte store arrives whole, so a descriptor whose eight
+//   stamps all name the reader's lap (and whose last word holds the position
+//   itself) is complete. No fence and no separate sequence store between a
+//   descriptor's words: the stamps make a torn or stale descriptor visible to
+//   the reader, which waits for it to complete. (A fence is still needed
+//   between the data a put sends and its descriptor: gpuverbs::device::put
+//   issues it; see the document.)
+// - Reservation by compare-and-swap on a counter next to the producers (GPU
+//   memory for a kernel), granted only where the slots are free: a producer
+//   never holds a slot it cannot fill, so a reader never waits on a hole left
+//   by a producer that gave up at its deadline. A warp reserves for all its
+//   active lanes at once.
+// - Credits: the reader's proxy stores how many positions have completed (the
+//   request's source may be reused then) into host memory; producers keep the
+//   last value they saw next to the counter and read the host word across
+//   PCIe only when the ring looks full, so a ring that keeps up costs no PCIe
+//   read per push.
+// - An error word in host memory, written by the proxy (a peer failed, the
+//   queue closed): every wait reads it, so none outlives the queue.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define GPUVERBS_HOST_DEVICE __host__ __device__
+#else
+#define GPUVERBS_HOST_DEVICE
+#endif
+
+#if defined(__CUDA_ARCH__)
+#include <cuda/atomic>
+#else
+#include <atomic>
+#include <chrono>
+#endif
+
+namespace gpuverbs::device_queue {
+
+/// What a descriptor asks the proxy to do.
+enum class Op : std::uint8_t {
+    put = 1,        ///< write bytes of a local window to a peer's window
+    put_signal = 2, ///< a put, then the signal, ordered after the put's bytes at the peer
+    signal = 3,     ///< set or add to a 64-bit word of a peer's window
+    fence = 4,      ///< later puts to the peer are ordered after earlier ones (IBV_SEND_FENCE)
+};
+
+/// How a signal changes its word at the peer.
+enum class SignalOp : std::uint8_t { set = 0, add = 1 };
+
+/// How a bounded wait ended.
+enum class WaitResult : std::uint32_t {
+    done = 0,
+    timed_out = 1,    ///< its deadline passed first
+    peer_failed = 2,  ///< the proxy reported the peer (every rail to it) failed
+    queue_closed = 3, ///< the proxy closed the queue
+};
+
+/// The error word's values (written by the proxy, read by every wait).
+enum class QueueError : std::uint32_t { none = 0, peer_failed = 2, closed = 3 };
+
+/// One request, unpacked. Windows are small ids the host registered (the
+/// producer never sees an rkey), offsets and lengths are bytes.
+struct Request {
+    Op op = Op::put;
+    SignalOp signal_op = SignalOp::set;
+    std::uint16_t peer = 0;
+    std::uint16_t src_window = 0;
+    std::uint16_t dst_window = 0;
+    std::uint16_t signal_window = 0;
+    std::uint64_t src_offset = 0;
+    std::uint64_t dst_offset = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t signal_offset = 0;
+    std::uint64_t signal_value = 0;
+};
+
+inline constexpr std::size_t descriptor_bytes = 64;
+inline constexpr std::size_t descriptor_words = 8;
+/// Offsets, lengths and signal values carry 56 bits (the top byte is the stamp).
+inline constexpr std::uint64_t payload_mask = (std::uint64_t{1} << 56) - 1;
+inline constexpr std::uint32_t max_log2_capacity = 24;
+
+struct alignas(descriptor_bytes) Descriptor {
+    std::uint64_t word[descriptor_words];
+};
+static_assert(sizeof(Descriptor) == descriptor_bytes);
+
+/// The stamp of every word written in `position`'s lap: never 0 (zeroed
+/// memory is no descriptor), and different from the lap before it.
+GPUVERBS_HOST_DEVICE constexpr std::uint64_t stamp(std::uint64_t position, std::uint32_t log2_capacity) {
+    return ((((position >> log2_capacity) & 0x7f) | 0x80)) << 56;
+}
+
+/// The eight words of `r` at `position`.
+GPUVERBS_HOST_DEVICE constexpr void encode(const Request& r, std::uint64_t position, std::uint32_t log2_capacity,
+                                           std::uint64_t (&out)[descriptor_words]) {
+    const std::uint64_t s = stamp(position, log2_capacity);
+    out[0] = s | (std::uint64_t{static_cast<std::uint8_t>(r.op)} << 48) |
+             (std::uint64_t{static_cast<std::uint8_t>(r.signal_op)} << 40) | (std::uint64_t{r.peer} << 16) |
+             std::uint64_t{r.signal_window};
+    out[1] = s | (std::uint64_t{r.src_window} << 16) | std::uint64_t{r.dst_window};
+    out[2] = s | (r.src_offset & payload_mask);
+    out[3] = s | (r.dst_offset & payload_mask);
+    out[4] = s | (r.bytes & payload_mask);
+    out[5] = s | (r.signal_offset & payload_mask);
+    out[6] = s | (r.signal_value & payload_mask);
+    out[7] = s | (position & payload_mask);
+}
+
+/// What a reader makes of eight words it read at `position`.
+enum class Decoded : std::uint8_t {
+    complete,   ///< every word carries this lap's stamp and the position: `out` is the request
+    incomplete, ///< some word is still the previous lap's (not written yet, or in flight)
+    corrupt,    ///< stamped for this lap, yet not what a producer writes (the position or the op is wrong)
+};
+
+GPUVERBS_HOST_DEVICE constexpr Decoded decode(const std::uint64_t (&in)[descriptor_words], std::uint64_t position,
+                                              std::uint32_t log2_capacity, Request& out) {
+    const std::uint64_t s = stamp(position, log2_capacity);
+    for (std::uint64_t w : in) {
+        if ((w & ~payload_mask) != s) return Decoded::incomplete;
+    }
+    if ((in[7] & payload_mask) != (position & payload_mask)) return Decoded::corrupt;
+    const auto op = static_cast<std::uint8_t>(in[0] >> 48);
+    if (op < static_cast<std::uint8_t>(Op::put) || op > static_cast<std::uint8_t>(Op::fence)) return Decoded::corrupt;
+    out.op = static_cast<Op>(op);
+    out.signal_op = static_cast<SignalOp>((in[0] >> 40) & 0xff);
+    out.peer = static_cast<std::uint16_t>(in[0] >> 16);
+    out.signal_window = static_cast<std::uint16_t>(in[0]);
+    out.src_window = static_cast<std::uint16_t>(in[1] >> 16);
+    out.dst_window = static_cast<std::uint16_t>(in[1]);
+    out.src_offset = in[2] & payload_mask;
+    out.dst_offset = in[3] & payload_mask;
+    out.bytes = in[4] & payload_mask;
+    out.signal_offset = in[5] & payload_mask;
+    out.signal_value = in[6] & payload_mask;
+    return Decoded::complete;
+}
+
+/// The producers' words: where a kernel pushes, in GPU memory (or host memory
+/// for a CPU producer). Apart from the proxy's words: their cache lines never
+/// bounce between the producers and the reader.
+struct alignas(128) ProducerWords {
+    std::uint64_t reserved = 0;    ///< positions granted so far
+    std::uint64_t credit_seen = 0; ///< the highest credit a producer read
+};
+
+/// The proxy's words, in host memory the producers reach through a mapping.
+struct alignas(128) ProxyWords {
+    std::uint64_t credit = 0; ///< positions whose requests completed: slots below credit + capacity are free
+    std::uint32_t error = 0;  ///< QueueError
+    std::uint32_t reserved_ = 0;
+};
+
+/// A queue as a producer and the reader see it: plain pointers, copied by
+/// value into a kernel's arguments. The memory is the owner's (the host
+/// DeviceQueue, or a test).
+struct QueueView {
+    Descriptor* slots = nullptr;       ///< 2^log2_capacity descriptors (host memory, mapped)
+    ProducerWords* producer = nullptr; ///< next to the producers
+    ProxyWords* proxy = nullptr;       ///< host memory, mapped
+    std::uint32_t log2_capacity = 0;
+
+    [[nodiscard]] GPUVERBS_HOST_DEVICE constexpr std::uint64_t capacity() const {
+        return std::uint64_t{1} << log2_capacity;
+    }
+};
+
+// --- memory access, per compiler ------------------------------------------------
+//
+// The GPU side uses system-scope atomics (the proxy is another agent across
+// PCIe); the host side std::atomic_ref. Relaxed where the stamps carry the
+// ordering; acquire/release where a word publishes other memory (credits: the
+// source may be reused; the error word).
+namespace detail {
+
+#if defined(__CUDA_ARCH__)
+template <class T>
+__device__ inline T load_acquire(T* p) {
+    return cuda::atomic_ref<T, cuda::thread_scope_system>(*p).load(cuda::memory_order_acquire);
+}
+template <class T>
+__device__ inline T load_relaxed(T* p) {
+    return cuda::atomic_ref<T, cuda::thread_scope_system>(*p).load(cuda::memory_order_relaxed);
+}
+template <class T>
+__device__ inline void store_relaxed(T* p, T v) {
+    cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
+}
+/// The producers' counter is only ever touched by GPU threads: device scope.
+__device__ inline bool compare_exchange(std::uint64_t* p, std::uint64_t& expected, std::uint64_t desired) {
+    return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).compare_exchange_strong(
+        expected, desired, cuda::memory_order_relaxed);
+}
+__device__ inline std::uint64_t load_producer(std::uint64_t* p) {
+    return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_relaxed);
+}
+/// Fire and forget: atomicMax with its result unused compiles to a reduction
+/// (RED), which the thread does not wait for; fetch_max would cost a round
+/// trip to L2 at the end of every wait.
+__device__ inline void raise_credit_seen(std::uint64_t* p, std::uint64_t v) {
+    static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
+    (void)atomicMax(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+}
+/// Nanoseconds on the GPU's global timer (the deadlines' clock on the GPU).
+__device__ inline std::uint64_t now_ns() {
+    std::uint64_t t = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ inline void pause() {
+    __nanosleep(64);
+}
+#else
+template <class T>
+inline T load_acquire(T* p) {
+    return std::atomic_ref<T>(*p).load(std::memory_order_acquire);
+}
+template <class T>
+inline T load_relaxed(T* p) {
+    return std::atomic_ref<T>(*p).load(std::memory_order_relaxed);
+}
+template <class T>
+inline void store_relaxed(T* p, T v) {
+    std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
+}
+inline bool compare_exchange(std::uint64_t* p, std::uint64_t& expected, std::uint64_t desired) {
+    return std::atomic_ref<std::uint64_t>(*p).compare_exchange_strong(expected, desired, std::memory_order_relaxed);
+}
+inline std::uint64_t load_producer(std::uint64_t* p) {
+    return std::atomic_ref<std::uint64_t>(*p).load(std::memory_order_relaxed);
+}
+inline void raise_credit_seen(std::uint64_t* p, std::uint64_t v) {
+    std::atomic_ref<std::uint64_t> seen(*p);
+    std::uint64_t now = seen.load(std::memory_order_relaxed);
+    while (now < v && !seen.compare_exchange_weak(now, v, std::memory_order_relaxed)) {
+    }
+}
+/// Nanoseconds on the host's steady clock (the deadlines' clock on the host).
+inline std::uint64_t now_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+}
+inline void pause() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+#endif
+
+} // namespace detail
+
+// --- the producer ---------------------------------------------------------------
+
+/// The error word as a wait's result (done while there is none).
+GPUVERBS_HOST_DEVICE inline WaitResult queue_state(const QueueView& q) {
+    const std::uint32_t e = detail::load_acquire(&q.proxy->error);
+    if (e == static_cast<std::uint32_t>(QueueError::peer_failed)) return WaitResult::peer_failed;
+    if (e == static_cast<std::uint32_t>(QueueError::closed)) return WaitResult::queue_closed;
+    return WaitResult::done;
+}
+
+/// Grants `count` consecutive positions whose slots are free, first in
+/// `first`: done, or why not by `deadline_ns` (nothing is reserved then).
+/// The fast path is one compare-and-swap on the producers' counter; the
+/// proxy's credit is read (across PCIe, for a kernel) only when the ring
+/// looks full.
+GPUVERBS_HOST_DEVICE inline WaitResult reserve(const QueueView& q, std::uint32_t count, std::uint64_t deadline_ns,
+                                               std::uint64_t& first) {
+    std::uint64_t at = detail::load_producer(&q.producer->reserved);
+    for (;;) {
+        const std::uint64_t seen = detail::load_producer(&q.producer->credit_seen);
+        if (at + count <= seen + q.capacity()) {
+            if (detail::compare_exchange(&q.producer->reserved, at, at + count)) {
+                first = at;
+                return WaitResult::done;
+            }
+            continue; // `at` now holds the counter's value: try again from there
+        }
+        // Looks full: ask the proxy, and whether the queue still works.
+        const std::uint64_t credit = detail::load_acquire(&q.proxy->credit);
+        if (credit > seen) {
+            detail::raise_credit_seen(&q.producer->credit_seen, credit);
+            continue;
+        }
+        if (const WaitResult state = queue_state(q); state != WaitResult::done) return state;
+        if (detail::now_ns() >= deadline_ns) return WaitResult::timed_out;
+        detail::pause();
+        at = detail::load_producer(&q.producer->reserved);
+    }
+}
+
+/// Writes `r` into its reserved slot. The stamps publish it: no fence here
+/// (see the file's comment for the one a put's data needs).
+GPUVERBS_HOST_DEVICE inline void write(const QueueView& q, std::uint64_t position, const Request& r) {
+    std::uint64_t words[descriptor_words];
+    encode(r, position, q.log2_capacity, words);
+    std::uint64_t* slot = q.slots[position & (q.capacity() - 1)].word;
+    for (std::size_t i = 0; i < descriptor_words; ++i) detail::store_relaxed(slot + i, words[i]);
+}
+
+/// Reserves one slot and writes `r` there; `position` tells where (for quiet_until).
+GPUVERBS_HOST_DEVICE inline WaitResult push(const QueueView& q, const Request& r, std::uint64_t deadline_ns,
+                                            std::uint64_t& position) {
+    const WaitResult got = reserve(q, 1, deadline_ns, position);
+    if (got == WaitResult::done) write(q, position, r);
+    return got;
+}
+
+namespace detail {
+/// The proxy's credit and error words in one read: on the GPU each read of
+/// host memory is a PCIe round trip (1.2 us on the lent H100), so a wait
+/// reads both in one 16-byte load rather than paying two.
+GPUVERBS_HOST_DEVICE inline void load_credit_and_error(ProxyWords* w, std::uint64_t& credit, std::uint32_t& error) {
+#if defined(__CUDA_ARCH__)
+    std::uint64_t second = 0;
+    asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(credit), "=l"(second) : "l"(w) : "memory");
+    error = static_cast<std::uint32_t>(second); // little-endian: the error word is the low half
+#else
+    credit = load_relaxed(&w->credit);
+    error = load_relaxed(&w->error);
+#endif
+}
+static_assert(offsetof(ProxyWords, credit) == 0 && offsetof(ProxyWords, error) == 8);
+} // namespace detail
+
+/// Waits until every request up to and including `position` completed (its
+/// source may be reused), or why not by `deadline_ns`.
+GPUVERBS_HOST_DEVICE inline WaitResult quiet_until(const QueueView& q, std::uint64_t position,
+                                                   std::uint64_t deadline_ns) {
+#if defined(__CUDA_ARCH__)
+    for (std::uint32_t i = 1;; ++i) {
+        std::uint64_t credit = 0;
+        std::uint32_t error = 0;
+        detail::load_credit_and_error(q.proxy, credit, error);
+        if (credit > position) {
+            cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+            detail::raise_credit_seen(&q.producer->credit_seen, credit);
+            return WaitResult::done;
+        }
+        if (error != 0) return queue_state(q);
+        // Reads back to back (naps between them measured no better: benchmarks/device_queue_bench
+        // compares the ways); the clock only now and then.
+        if (i % 8 == 0 && detail::now_ns() >= deadline_ns) return WaitResult::timed_out;
+    }
+#else
+    for (;;) {
+        const std::uint64_t credit = detail::load_acquire(&q.proxy->credit);
+        if (credit > position) {
+            detail::raise_credit_seen(&q.producer->credit_seen, credit);
+            return WaitResult::done;
+        }
+        if (const WaitResult state = queue_state(q); state != WaitResult::done) return state;
+        if (detail::now_ns() >= deadline_ns) return WaitResult::timed_out;
+        detail::pause();
+    }
+#endif
+}
+
+/// Waits until every request reserved so far (by any producer) completed.
+GPUVERBS_HOST_DEVICE inline WaitResult quiet(const QueueView& q, std::uint64_t deadline_ns) {
+    const std::uint64_t reserved = detail::load_producer(&q.producer->reserved);
+    if (reserved == 0) return queue_state(q);
+    return quiet_until(q, reserved - 1, deadline_ns);
+}
+
+/// Waits until the 64-bit word at `signal` (local memory a peer's signals
+/// land in) reaches at least `value`, or why not by `deadline_ns`.
+GPUVERBS_HOST_DEVICE inline WaitResult wait_signal(const QueueView& q, std::uint64_t* signal, std::uint64_t value,
+                                                   std::uint64_t deadline_ns) {
+    for (;;) {
+#if defined(__CUDA_ARCH__)
+        // The signal is local memory (fast to poll); the error word is across PCIe: read it once per 64 polls.
+        for (int i = 0; i < 64; ++i) {
+            if (detail::load_acquire(signal) >= value) return WaitResult::done;
+        }
+#endif
+        if (detail::load_acquire(signal) >= value) return WaitResult::done;
+        if (const WaitResult state = queue_state(q); state != WaitResult::done) return state;
+        if (detail::now_ns() >= deadline_ns) return WaitResult::timed_out;
+        detail::pause();
+    }
+}
+
+// --- the reader (the proxy's side) ------------------------------------------------
+
+#if !defined(__CUDA_ARCH__)
+/// Takes descriptors in order from one queue. One thread per reader. It
+/// returns credits only as `complete` says: the proxy calls it once the
+/// requests below a position have completed.
+class RingReader {
+public:
+    explicit RingReader(const QueueView& q) noexcept : q_(q) {}
+
+    /// The next request if its descriptor is complete: Decoded::complete (and
+    /// `out`), incomplete (nothing yet, or still in flight), or corrupt (a
+    /// descriptor no producer wrote: the queue cannot go on).
+    Decoded try_take(Request& out) noexcept {
+        std::uint64_t words[descriptor_words];
+        std::uint64_t* slot = q_.slots[next_ & (q_.capacity() - 1)].word;
+        for (std::size_t i = 0; i < descriptor_words; ++i) words[i] = detail::load_relaxed(slot + i);
+        const Decoded d = decode(words, next_, q_.log2_capacity, out);
+        if (d == Decoded::complete) {
+            std::atomic_thread_fence(std::memory_order_acquire);
+            ++next_;
+        }
+        return d;
+    }
+    /// Positions taken so far.
+    [[nodiscard]] std::uint64_t taken() const noexcept { return next_; }
+    /// Every request below `position` completed: their slots go back to the producers.
+    void complete(std::uint64_t position) noexcept {
+        std::atomic_ref<std::uint64_t>(q_.proxy->credit).store(position, std::memory_order_release);
+    }
+    /// Tells every producer's wait that the queue ends (QueueError).
+    void fail(QueueError e) noexcept {
+        std::atomic_ref<std::uint32_t>(q_.proxy->error).store(static_cast<std::uint32_t>(e), std::memory_order_release);
+    }
+
+private:
+    QueueView q_;
+    std::uint64_t next_ = 0;
+};
+#endif
+
+} // namespace gpuverbs::device_queue

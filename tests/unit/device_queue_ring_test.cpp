@@ -1,0 +1,255 @@
+// The device queue's ring without a GPU: the same header the GPU half
+// compiles, driven by CPU producer threads into one reader. Every descriptor is
+// checked (position and contents), the ring wraps many times, a torn or stale
+// descriptor is never taken, and every wait ends with its code by its deadline
+// when the reader stops, fails the peer or closes the queue.
+#include "gpuverbs/device_queue/ring.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+// In the ring's own namespace, not with a using-directive: the unit tests
+// compile in batches, where this file's names must not reach the others'.
+namespace gpuverbs::device_queue {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A queue in plain host memory, as a CPU producer uses it.
+struct HostQueue {
+    explicit HostQueue(std::uint32_t log2_capacity)
+        : slots(std::size_t{1} << log2_capacity),
+          producer(std::make_unique<ProducerWords>()),
+          proxy(std::make_unique<ProxyWords>()) {
+        view.slots = slots.data();
+        view.producer = producer.get();
+        view.proxy = proxy.get();
+        view.log2_capacity = log2_capacity;
+    }
+    std::vector<Descriptor> slots;
+    std::unique_ptr<ProducerWords> producer;
+    std::unique_ptr<ProxyWords> proxy;
+    QueueView view;
+};
+
+std::uint64_t in_ns(std::chrono::nanoseconds d) {
+    return detail::now_ns() + static_cast<std::uint64_t>(d.count());
+}
+
+/// What producer `thread` sends as its `n`th request: every field derived from both.
+Request request_of(std::uint16_t thread, std::uint64_t n) {
+    Request r;
+    r.op = static_cast<Op>(1 + n % 4);
+    r.signal_op = static_cast<SignalOp>(n % 2);
+    r.peer = thread;
+    r.src_window = static_cast<std::uint16_t>(n * 3);
+    r.dst_window = static_cast<std::uint16_t>(n * 5 + thread);
+    r.signal_window = static_cast<std::uint16_t>(n ^ thread);
+    r.src_offset = n * 64;
+    r.dst_offset = (n << 20) + thread;
+    r.bytes = n % 65537;
+    r.signal_offset = n * 8;
+    r.signal_value = n; // the producer's own count: the reader checks each producer's order by it
+    return r;
+}
+
+bool same(const Request& a, const Request& b) {
+    return a.op == b.op && a.signal_op == b.signal_op && a.peer == b.peer && a.src_window == b.src_window &&
+           a.dst_window == b.dst_window && a.signal_window == b.signal_window && a.src_offset == b.src_offset &&
+           a.dst_offset == b.dst_offset && a.bytes == b.bytes && a.signal_offset == b.signal_offset &&
+           a.signal_value == b.signal_value;
+}
+
+} // namespace
+
+TEST_SUITE("device queue ring") {
+    TEST_CASE("a descriptor is 64 bytes of eight stamped words that decode to the request encoded") {
+        CHECK(sizeof(Descriptor) == 64);
+        CHECK(alignof(Descriptor) == 64);
+        CHECK(sizeof(ProducerWords) == 128);
+        CHECK(sizeof(ProxyWords) == 128);
+        Request r = request_of(7, 123456);
+        r.src_offset = payload_mask;
+        r.signal_value = payload_mask - 1;
+        std::uint64_t words[descriptor_words];
+        encode(r, 5000, 10, words);
+        Request back;
+        REQUIRE(decode(words, 5000, 10, back) == Decoded::complete);
+        CHECK(same(r, back));
+        for (std::uint64_t w : words) CHECK((w >> 56) == (((5000 >> 10) & 0x7f) | 0x80));
+        // Offsets beyond 56 bits cannot be carried: they are cut, never spill into the stamp.
+        r.dst_offset = ~std::uint64_t{0};
+        encode(r, 5000, 10, words);
+        REQUIRE(decode(words, 5000, 10, back) == Decoded::complete);
+        CHECK(back.dst_offset == payload_mask);
+    }
+
+    TEST_CASE("stamps are never zero and differ from the lap before, so zeroed and stale slots are no descriptor") {
+        for (std::uint64_t lap = 0; lap < 1000; ++lap) {
+            const std::uint64_t position = lap << 8;
+            CHECK(stamp(position, 8) != 0);
+            CHECK(stamp(position, 8) != stamp(position - 256, 8));
+        }
+        std::uint64_t zero[descriptor_words] = {};
+        Request out;
+        CHECK(decode(zero, 0, 8, out) == Decoded::incomplete);
+        // The slot still holds the previous lap's descriptor: not this position's.
+        std::uint64_t old[descriptor_words];
+        encode(request_of(1, 1), 3, 8, old);
+        CHECK(decode(old, 3 + 256, 8, out) == Decoded::incomplete);
+    }
+
+    TEST_CASE("a descriptor whose words are half this lap's and half the last is incomplete, then complete") {
+        std::uint64_t before[descriptor_words], after[descriptor_words];
+        encode(request_of(2, 9), 17, 4, before);      // lap 1 of a 16-slot ring
+        encode(request_of(3, 10), 17 + 16, 4, after); // the same slot one lap later
+        Request out;
+        for (std::size_t written = 0; written < descriptor_words; ++written) {
+            std::uint64_t slot[descriptor_words];
+            for (std::size_t i = 0; i < descriptor_words; ++i) slot[i] = i < written ? after[i] : before[i];
+            CHECK(decode(slot, 17 + 16, 4, out) == Decoded::incomplete);
+            // Any one word written out of order: still incomplete.
+            slot[descriptor_words - 1 - written] = after[descriptor_words - 1 - written];
+            if (written + 1 < descriptor_words) CHECK(decode(slot, 17 + 16, 4, out) == Decoded::incomplete);
+        }
+        CHECK(decode(after, 17 + 16, 4, out) == Decoded::complete);
+        CHECK(same(out, request_of(3, 10)));
+    }
+
+    TEST_CASE("a stamped descriptor at the wrong position or with no such operation is corrupt") {
+        std::uint64_t words[descriptor_words];
+        encode(request_of(1, 2), 40, 4, words);
+        Request out;
+        // Position 40 and 40 + 2 * 128 * 16 share a stamp (the lap counter wraps at 128): only the position word tells.
+        CHECK(decode(words, 40 + 2 * 128 * 16, 4, out) == Decoded::corrupt);
+        words[0] = (words[0] & ~(std::uint64_t{0xff} << 48)) | (std::uint64_t{9} << 48);
+        CHECK(decode(words, 40, 4, out) == Decoded::corrupt);
+    }
+
+    TEST_CASE("four CPU producers push 800,000 descriptors through a 1024-slot ring, every one checked") {
+        HostQueue q(10);
+        constexpr std::uint16_t producers = 4;
+        constexpr std::uint64_t each = 200'000;
+        std::atomic<int> failed_pushes{0};
+        std::vector<std::thread> threads;
+        for (std::uint16_t t = 0; t < producers; ++t) {
+            threads.emplace_back([&, t] {
+                for (std::uint64_t n = 0; n < each; ++n) {
+                    std::uint64_t position = 0;
+                    if (push(q.view, request_of(t, n), in_ns(30s), position) != WaitResult::done) ++failed_pushes;
+                }
+            });
+        }
+        RingReader reader(q.view);
+        std::vector<std::uint64_t> next(producers, 0);
+        std::uint64_t corrupt = 0, out_of_order = 0, wrong = 0;
+        const auto give_up = std::chrono::steady_clock::now() + 120s;
+        while (reader.taken() < producers * each && std::chrono::steady_clock::now() < give_up) {
+            Request r;
+            const Decoded d = reader.try_take(r);
+            if (d == Decoded::incomplete) {
+                std::this_thread::yield(); // more threads than cores here: let the producers run
+                continue;
+            }
+            if (d == Decoded::corrupt) {
+                ++corrupt;
+                break;
+            }
+            if (r.peer >= producers) {
+                ++wrong;
+                continue;
+            }
+            if (r.signal_value != next[r.peer]) ++out_of_order;
+            if (!same(r, request_of(r.peer, r.signal_value))) ++wrong;
+            next[r.peer] = r.signal_value + 1;
+            // Credits in batches of 32, as a proxy returns them once its requests complete.
+            if (reader.taken() % 32 == 0) reader.complete(reader.taken());
+        }
+        reader.complete(reader.taken());
+        for (auto& t : threads) t.join();
+        CHECK(reader.taken() == producers * each);
+        CHECK(corrupt == 0);
+        CHECK(wrong == 0);
+        CHECK(out_of_order == 0);
+        CHECK(failed_pushes == 0);
+        for (std::uint16_t t = 0; t < producers; ++t) CHECK(next[t] == each);
+        CHECK(q.producer->reserved == producers * each);
+        CHECK(q.producer->reserved / q.view.capacity() >= 780); // wrapped the ring 781 times
+    }
+
+    TEST_CASE("a full ring whose reader stopped ends a push with timed out by its deadline, reserving nothing") {
+        HostQueue q(4);
+        std::uint64_t position = 0;
+        for (int i = 0; i < 16; ++i) REQUIRE(push(q.view, request_of(0, i), in_ns(1s), position) == WaitResult::done);
+        const auto start = std::chrono::steady_clock::now();
+        CHECK(push(q.view, request_of(0, 16), in_ns(50ms), position) == WaitResult::timed_out);
+        const auto took = std::chrono::steady_clock::now() - start;
+        CHECK(took >= 50ms);
+        CHECK(took < 2s);
+        CHECK(q.producer->reserved == 16); // no hole for the reader to wait on
+        CHECK(quiet(q.view, in_ns(20ms)) == WaitResult::timed_out);
+        // The reader takes and completes four: four pushes fit again, and quiet_until sees the first done.
+        RingReader reader(q.view);
+        Request r;
+        for (int i = 0; i < 4; ++i) REQUIRE(reader.try_take(r) == Decoded::complete);
+        reader.complete(4);
+        CHECK(quiet_until(q.view, 3, in_ns(1s)) == WaitResult::done);
+        for (int i = 0; i < 4; ++i) CHECK(push(q.view, request_of(0, 16 + i), in_ns(1s), position) == WaitResult::done);
+        CHECK(position == 19);
+        CHECK(push(q.view, request_of(0, 20), in_ns(10ms), position) == WaitResult::timed_out);
+    }
+
+    TEST_CASE("every wait ends with the proxy's word: a peer failed, the queue closed") {
+        HostQueue q(4);
+        std::uint64_t position = 0;
+        for (int i = 0; i < 16; ++i) REQUIRE(push(q.view, request_of(0, i), in_ns(1s), position) == WaitResult::done);
+        std::uint64_t signal = 0;
+        RingReader reader(q.view);
+        std::thread proxy([&] {
+            std::this_thread::sleep_for(20ms);
+            reader.fail(QueueError::peer_failed);
+        });
+        const auto start = std::chrono::steady_clock::now();
+        CHECK(push(q.view, request_of(0, 16), in_ns(30s), position) == WaitResult::peer_failed);
+        CHECK(std::chrono::steady_clock::now() - start < 10s);
+        proxy.join();
+        CHECK(quiet(q.view, in_ns(30s)) == WaitResult::peer_failed);
+        CHECK(wait_signal(q.view, &signal, 1, in_ns(30s)) == WaitResult::peer_failed);
+        reader.fail(QueueError::closed);
+        CHECK(quiet(q.view, in_ns(30s)) == WaitResult::queue_closed);
+        CHECK(wait_signal(q.view, &signal, 1, in_ns(30s)) == WaitResult::queue_closed);
+    }
+
+    TEST_CASE("wait_signal ends done once the word reaches the value, timed out while it does not") {
+        HostQueue q(4);
+        std::uint64_t signal = 0;
+        CHECK(wait_signal(q.view, &signal, 1, in_ns(10ms)) == WaitResult::timed_out);
+        std::thread peer([&] {
+            std::this_thread::sleep_for(10ms);
+            std::atomic_ref<std::uint64_t>(signal).store(3, std::memory_order_release);
+        });
+        CHECK(wait_signal(q.view, &signal, 3, in_ns(30s)) == WaitResult::done);
+        peer.join();
+        CHECK(wait_signal(q.view, &signal, 2, in_ns(0ms)) == WaitResult::done);
+    }
+
+    TEST_CASE("a warp-sized reservation is granted whole or not at all") {
+        HostQueue q(5); // 32 slots
+        std::uint64_t first = 0;
+        REQUIRE(reserve(q.view, 20, in_ns(1s), first) == WaitResult::done);
+        CHECK(first == 0);
+        CHECK(reserve(q.view, 13, in_ns(10ms), first) == WaitResult::timed_out);
+        CHECK(q.producer->reserved == 20);
+        REQUIRE(reserve(q.view, 12, in_ns(1s), first) == WaitResult::done);
+        CHECK(first == 20);
+    }
+}
+
+} // namespace gpuverbs::device_queue
