@@ -5,6 +5,8 @@
 // when the reader stops, fails the peer or closes the queue.
 #include "gpuverbs/device_queue/ring.hpp"
 
+#include "host_ring.hpp"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -22,25 +24,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// A queue in plain host memory, as a CPU producer uses it.
-struct HostQueue {
-    explicit HostQueue(std::uint32_t log2_capacity)
-        : slots(std::size_t{1} << log2_capacity),
-          producer(std::make_unique<ProducerWords>()),
-          proxy(std::make_unique<ProxyWords>()) {
-        view.slots = slots.data();
-        view.producer = producer.get();
-        view.proxy = proxy.get();
-        view.log2_capacity = log2_capacity;
-    }
-    std::vector<Descriptor> slots;
-    std::unique_ptr<ProducerWords> producer;
-    std::unique_ptr<ProxyWords> proxy;
-    QueueView view;
-};
+using HostQueue = test::HostRing;
 
 std::uint64_t in_ns(std::chrono::nanoseconds d) {
-    return detail::now_ns() + static_cast<std::uint64_t>(d.count());
+    return test::ring_deadline(d);
 }
 
 /// What producer `thread` sends as its `n`th request: every field derived from both.

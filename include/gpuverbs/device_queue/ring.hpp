@@ -68,10 +68,11 @@ enum class WaitResult : std::uint32_t {
     timed_out = 1,    ///< its deadline passed first
     peer_failed = 2,  ///< the proxy reported the peer (every rail to it) failed
     queue_closed = 3, ///< the proxy closed the queue
+    refused = 4, ///< the proxy refused a request (an unknown peer or window, a range outside it) and closed the queue
 };
 
 /// The error word's values (written by the proxy, read by every wait).
-enum class QueueError : std::uint32_t { none = 0, peer_failed = 2, closed = 3 };
+enum class QueueError : std::uint32_t { none = 0, peer_failed = 2, closed = 3, refused = 4 };
 
 /// One request, unpacked. Windows are small ids the host registered (the
 /// producer never sees an rkey), offsets and lengths are bytes.
@@ -273,6 +274,7 @@ GPUVERBS_HOST_DEVICE inline WaitResult queue_state(const QueueView& q) {
     const std::uint32_t e = detail::load_acquire(&q.proxy->error);
     if (e == static_cast<std::uint32_t>(QueueError::peer_failed)) return WaitResult::peer_failed;
     if (e == static_cast<std::uint32_t>(QueueError::closed)) return WaitResult::queue_closed;
+    if (e == static_cast<std::uint32_t>(QueueError::refused)) return WaitResult::refused;
     return WaitResult::done;
 }
 
@@ -412,24 +414,29 @@ public:
     /// `out`), incomplete (nothing yet, or still in flight), or corrupt (a
     /// descriptor no producer wrote: the queue cannot go on).
     Decoded try_take(Request& out) noexcept {
+        const Decoded d = peek(out);
+        if (d == Decoded::complete) ++next_;
+        return d;
+    }
+    /// The next request without taking it (the proxy looks before it knows there is room to post it).
+    Decoded peek(Request& out) const noexcept {
         std::uint64_t words[descriptor_words];
         std::uint64_t* slot = q_.slots[next_ & (q_.capacity() - 1)].word;
         for (std::size_t i = 0; i < descriptor_words; ++i) words[i] = detail::load_relaxed(slot + i);
         const Decoded d = decode(words, next_, q_.log2_capacity, out);
-        if (d == Decoded::complete) {
-            std::atomic_thread_fence(std::memory_order_acquire);
-            ++next_;
-        }
+        if (d == Decoded::complete) std::atomic_thread_fence(std::memory_order_acquire);
         return d;
     }
+    /// Takes the request peek() returned complete.
+    void advance() noexcept { ++next_; }
     /// Positions taken so far.
     [[nodiscard]] std::uint64_t taken() const noexcept { return next_; }
     /// Every request below `position` completed: their slots go back to the producers.
-    void complete(std::uint64_t position) noexcept {
+    void complete(std::uint64_t position) noexcept { // NOLINT(readability-make-member-function-const): writes the queue
         std::atomic_ref<std::uint64_t>(q_.proxy->credit).store(position, std::memory_order_release);
     }
     /// Tells every producer's wait that the queue ends (QueueError).
-    void fail(QueueError e) noexcept {
+    void fail(QueueError e) noexcept { // NOLINT(readability-make-member-function-const): writes the queue
         std::atomic_ref<std::uint32_t>(q_.proxy->error).store(static_cast<std::uint32_t>(e), std::memory_order_release);
     }
 
