@@ -6,11 +6,12 @@
 // descriptors a producer thread pushes into a ring (ring.hpp, the header a
 // kernel uses) and posts them itself, one signaled request per descriptor.
 //
-//   gpuverbs_device_queue_proxy_bench loop|proxy [--ops N]
+//   gpuverbs_device_queue_proxy_bench loop|proxy|proxy_single [--ops N]
 //
 // Prints "FORM: N puts in S s (R puts/s)"; under callgrind
 // (--collect-atstart=no) only the measured part is counted: the loop, or the
-// proxy's progress() calls (the producer's pushes are the kernel's work).
+// proxy's progress() calls on one thread (proxy_single: the pushes between
+// them, the kernel's work, are not counted).
 #include <gpuverbs/gpuverbs.hpp>
 
 #if __has_include(<valgrind/callgrind.h>)
@@ -145,6 +146,46 @@ double through_proxy(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& c
     return s;
 }
 
+/// The proxy on this thread alone: push what fits (not counted: the kernel's work), then one progress()
+/// (counted). What callgrind measures per descriptor; two threads under valgrind, which runs one at a
+/// time, would count the proxy's spinning while the producer waits for its turn.
+double proxy_single(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& counters) {
+    std::vector<dq::Descriptor> slots(1024);
+    dq::ProducerWords producer;
+    dq::ProxyWords proxy_words;
+    const dq::QueueView q{slots.data(), &producer, &proxy_words, 10};
+    gv::DeviceQueueProxy proxy(q, e.pd0, e.cq0);
+    proxy.add_window(1, e.src_mr);
+    proxy.add_peer(0, e.qa, {{1, e.dst_mr.remote()}});
+    std::uint64_t pushed = 0;
+    const auto start = Clock::now();
+    while (proxy.counters().completed < ops && proxy.failure().empty()) {
+        while (pushed < ops && pushed < proxy.counters().completed + q.capacity()) {
+            dq::Request r;
+            r.op = dq::Op::put;
+            r.src_window = 1;
+            r.src_offset = offset_of(pushed);
+            r.dst_window = 1;
+            r.dst_offset = offset_of(pushed);
+            r.bytes = payload;
+            std::uint64_t position = 0;
+            if (dq::push(q, r, dq::detail::now_ns() + 30'000'000'000ULL, position) != dq::WaitResult::done)
+                std::abort();
+            ++pushed;
+        }
+        CALLGRIND_TOGGLE_COLLECT;
+        proxy.progress();
+        CALLGRIND_TOGGLE_COLLECT;
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!proxy.failure().empty()) {
+        std::fprintf(stderr, "proxy failed: %s\n", proxy.failure().c_str());
+        std::exit(1);
+    }
+    counters = proxy.counters();
+    return s;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -171,6 +212,12 @@ int main(int argc, char** argv) {
             static_cast<unsigned long long>(ops), s, ops / s, static_cast<unsigned long long>(c.chains),
             static_cast<double>(c.descriptors) / static_cast<double>(c.chains),
             static_cast<unsigned long long>(c.queue_full));
+    } else if (form == "proxy_single") {
+        gv::DeviceQueueProxyCounters c;
+        const double s = proxy_single(e, ops, c);
+        std::printf("proxy_single: %llu puts in %.3f s (%.0f puts/s); %llu chains, %llu passes (%llu idle)\n",
+                    static_cast<unsigned long long>(ops), s, ops / s, static_cast<unsigned long long>(c.chains),
+                    static_cast<unsigned long long>(c.passes), static_cast<unsigned long long>(c.idle_passes));
     } else {
         std::fprintf(stderr, "unknown form %s\n", form.c_str());
         return 2;

@@ -5,6 +5,7 @@
 #include "gpuverbs/data_path/send_batch.hpp"
 #include "gpuverbs/data_path/work_request.hpp"
 
+#include <algorithm>
 #include <array>
 
 namespace gpuverbs {
@@ -18,6 +19,16 @@ namespace {
 /// words, one per slot (the slot's request is the only one using it until its
 /// credit returns).
 constexpr std::size_t scratch_words_per_slot = 1;
+
+/// A signaled request's context: its descriptor's position, and above it how
+/// many descriptors (ending at that position) its completion covers.
+constexpr unsigned count_shift = 48;
+constexpr std::uint64_t position_mask = (std::uint64_t{1} << count_shift) - 1;
+
+/// Work requests a descriptor becomes.
+std::size_t requests_of(const dq::Request& r) {
+    return r.op == dq::Op::put_signal ? 2 : (r.op == dq::Op::fence ? 0 : 1);
+}
 
 std::string words_of(const dq::Request& r) {
     return "peer " + std::to_string(r.peer) + ", source window " + std::to_string(r.src_window) + " at " +
@@ -46,13 +57,31 @@ DeviceQueueProxy::~DeviceQueueProxy() {
 }
 
 void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region) {
+    if (windows_.size() <= id) windows_.resize(std::size_t{id} + 1);
     windows_[id] = &region;
 }
 
-void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, RemoteWindows windows) {
+void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+    if (peers_.size() <= peer) peers_.resize(std::size_t{peer} + 1);
     Peer& p = peers_[peer];
     p.qp = &qp;
-    p.windows = std::move(windows);
+    p.windows.clear();
+    for (const auto& [id, memory] : windows) {
+        if (p.windows.size() <= id) p.windows.resize(std::size_t{id} + 1);
+        p.windows[id] = memory;
+    }
+}
+
+DeviceQueueProxy::Peer* DeviceQueueProxy::peer(std::uint16_t id) noexcept {
+    return id < peers_.size() && peers_[id].qp != nullptr ? &peers_[id] : nullptr;
+}
+
+const MemoryRegion* DeviceQueueProxy::window(std::uint16_t id) const noexcept {
+    return id < windows_.size() ? windows_[id] : nullptr;
+}
+
+const RemoteMemory* DeviceQueueProxy::Peer::window(std::uint16_t id) const noexcept {
+    return id < windows.size() && windows[id] ? &*windows[id] : nullptr;
 }
 
 void DeviceQueueProxy::close() noexcept {
@@ -74,11 +103,15 @@ void DeviceQueueProxy::reap() {
         for (std::size_t i = 0; i < n; ++i) {
             const Completion& c = got[i];
             if (!c.ok()) {
-                fail(dq::QueueError::peer_failed, "the request at position " + std::to_string(c.context) +
+                fail(dq::QueueError::peer_failed, "the request at position " +
+                                                      std::to_string(c.context & position_mask) +
                                                       " failed: " + std::error_code(c.status).message());
                 continue;
             }
-            done_[c.context & (queue_.capacity() - 1)] = 1;
+            // The chain's signaled request covers its descriptors: `count` positions ending at this one.
+            const std::uint64_t position = c.context & position_mask;
+            const std::uint64_t count = std::max<std::uint64_t>(c.context >> count_shift, 1);
+            for (std::uint64_t k = 0; k < count; ++k) done_[(position - k) & (queue_.capacity() - 1)] = 1;
         }
         if (ec) fail(dq::QueueError::peer_failed, "polling the completion queue failed: " + ec.message());
         if (n < got.size()) break;
@@ -94,11 +127,10 @@ void DeviceQueueProxy::reap() {
         reader_.complete(credit_);
     }
     const std::size_t oldest = credit_ & (queue_.capacity() - 1);
-    if (credit_ < reader_.taken() && Clock::now() - posted_[oldest] > options_.request_timeout) {
+    if (credit_ < reader_.taken() && now_ - posted_[oldest] > options_.request_timeout) {
         // The provider may never complete it (rxe with retry_count 7 retries forever): move the queue pair
         // to error so that its requests flush, and say why.
-        const auto peer = peers_.find(peer_of_[oldest]);
-        if (peer != peers_.end()) (void)peer->second.qp->force_error();
+        if (Peer* stuck = peer(peer_of_[oldest])) (void)stuck->qp->force_error();
         fail(dq::QueueError::peer_failed, "the request at position " + std::to_string(credit_) + " to peer " +
                                               std::to_string(peer_of_[oldest]) + " did not complete within " +
                                               std::to_string(options_.request_timeout.count()) +
@@ -108,38 +140,54 @@ void DeviceQueueProxy::reap() {
 
 bool DeviceQueueProxy::take_and_post() {
     std::uint32_t taken = 0;
-    // One chain per run of descriptors for the same peer: a peer change posts the chain so far.
     while (taken < options_.batch && !failed_) {
         dq::Request r;
-        if (!peek(r)) break;
-        const auto peer_at = peers_.find(r.peer);
-        if (peer_at == peers_.end()) {
+        if (!peek(r, 0)) break;
+        Peer* to = peer(r.peer);
+        if (to == nullptr) {
             fail(dq::QueueError::refused,
                  "a request names peer " + std::to_string(r.peer) + ", which has no queue pair (" + words_of(r) + ")");
             break;
         }
-        Peer& peer = peer_at->second;
-        SendBatch chain = peer.qp->batch();
+        if (r.op == dq::Op::fence) { // no request of its own: the next one to the peer waits for those before
+            to->fence_next = true;
+            const std::uint64_t position = reader_.taken();
+            done_[position & (queue_.capacity() - 1)] = 1;
+            posted_[position & (queue_.capacity() - 1)] = now_;
+            reader_.advance();
+            ++counters_.descriptors;
+            ++taken;
+            continue;
+        }
+        // A chain of this peer's descriptors, one doorbell; only its last request is signaled, and its
+        // completion covers them all (a queue pair completes in order; a failure completes on its own).
+        const std::uint64_t first = reader_.taken();
+        const std::uint64_t room = to->qp->capabilities().max_send_wr - to->qp->outstanding_sends();
+        SendBatch chain = to->qp->batch();
         std::size_t in_chain = 0;
-        bool more = true;
-        while (more && taken < options_.batch && !failed_) {
-            // Room for this descriptor's requests (two at most) in the send queue and the chain.
-            const std::size_t needs = r.op == dq::Op::put_signal ? 2 : (r.op == dq::Op::fence ? 0 : 1);
-            if (in_chain + needs > SendBatch::max_requests) break;
-            if (peer.qp->outstanding_sends() + in_chain + needs > peer.qp->capabilities().max_send_wr) {
+        for (;;) {
+            const std::size_t needs = requests_of(r);
+            if (in_chain + needs > room) { // only for a chain's first: the look-ahead below ends it before
                 ++counters_.queue_full;
                 taken = options_.batch; // nothing more this pass: the send queue is full
                 break;
             }
-            if (!add(r, peer, chain)) break;
+            dq::Request next;
+            const bool last = taken + 1 >= options_.batch || !peek(next, 1) || next.peer != r.peer ||
+                              next.op == dq::Op::fence ||
+                              in_chain + needs + requests_of(next) > SendBatch::max_requests ||
+                              in_chain + needs + requests_of(next) > room;
+            const std::uint64_t position = reader_.taken();
+            if (!add(r, *to, chain, last ? position - first + 1 : 0)) break;
             in_chain += needs;
             ++taken;
-            more = peek(r) && r.peer == peer_at->first;
+            if (last) break;
+            r = next;
         }
         if (in_chain > 0) {
             if (const std::error_code ec = chain.post()) {
                 fail(dq::QueueError::peer_failed,
-                     "posting to peer " + std::to_string(peer_at->first) + "'s queue pair failed: " + ec.message());
+                     "posting to peer " + std::to_string(r.peer) + "'s queue pair failed: " + ec.message());
                 return false;
             }
             ++counters_.chains;
@@ -148,81 +196,98 @@ bool DeviceQueueProxy::take_and_post() {
     return !failed_;
 }
 
-bool DeviceQueueProxy::peek(dq::Request& r) {
-    const dq::Decoded d = reader_.peek(r);
-    if (d == dq::Decoded::corrupt) {
+bool DeviceQueueProxy::peek(dq::Request& r, std::uint64_t ahead) {
+    // The descriptor a chain's look-ahead decoded is the next chain's first: not decoded twice.
+    const std::uint64_t at = reader_.taken() + ahead;
+    if (looked_ahead_ && looked_at_ == at) {
+        r = look_;
+        return true;
+    }
+    const dq::Decoded d = reader_.peek(r, ahead);
+    if (d == dq::Decoded::complete && ahead > 0) {
+        look_ = r;
+        looked_at_ = at;
+        looked_ahead_ = true;
+    }
+    if (d == dq::Decoded::corrupt && ahead == 0) {
         fail(dq::QueueError::refused, "the descriptor at position " + std::to_string(reader_.taken()) +
                                           " is corrupt (stamped for its lap, yet not what a producer writes)");
     }
     return d == dq::Decoded::complete;
 }
 
-bool DeviceQueueProxy::add(const dq::Request& r, Peer& peer, SendBatch& chain) {
+bool DeviceQueueProxy::add(const dq::Request& r, Peer& to, SendBatch& chain, std::uint64_t covers) {
     const std::uint64_t position = reader_.taken();
     const std::size_t slot = position & (queue_.capacity() - 1);
-    SendOptions last;
-    last.context = position;
-    last.fence = peer.fence_next;
-    std::error_code ec;
-    if (r.op == dq::Op::fence) {
-        // No request of its own: the next one to the peer waits for the ones before it.
-        peer.fence_next = true;
-        done_[slot] = 1;
+    // Every request carries its descriptor's position (a failure completes with it); the chain's last
+    // is signaled and carries how many descriptors its completion covers.
+    SendOptions own;
+    own.context = position;
+    own.signaled = false;
+    own.fence = to.fence_next;
+    SendOptions last = own;
+    if (covers > 0) {
+        last.signaled = true;
+        last.context = position | (covers << count_shift);
     }
+    std::error_code ec;
     if (r.op == dq::Op::put || r.op == dq::Op::put_signal) {
-        const auto src = windows_.find(r.src_window);
-        const auto dst = peer.windows.find(r.dst_window);
-        if (src == windows_.end() || dst == peer.windows.end() || r.bytes > UINT32_MAX ||
-            r.src_offset > src->second->length() || r.bytes > src->second->length() - r.src_offset) {
+        const MemoryRegion* src = window(r.src_window);
+        const RemoteMemory* dst = to.window(r.dst_window);
+        if (src == nullptr || dst == nullptr || r.bytes > UINT32_MAX || r.src_offset > src->length() ||
+            r.bytes > src->length() - r.src_offset) {
             fail(dq::QueueError::refused,
                  "a put names a window it has not, or a range outside it (" + words_of(r) + ")");
             return false;
         }
-        SendOptions put = last;
-        if (r.op == dq::Op::put_signal) put.signaled = false; // the signal's completion covers it
-        ec = chain.add(
-            WorkRequest::write(src->second->slice(r.src_offset, r.bytes), dst->second, r.dst_offset).options(put));
-        peer.fence_next = false;
+        ec = chain.add(WorkRequest::write(src->slice(r.src_offset, r.bytes), *dst, r.dst_offset)
+                           .options(r.op == dq::Op::put ? last : own));
+        own.fence = false;
     }
     if (!ec && (r.op == dq::Op::signal || r.op == dq::Op::put_signal)) {
-        const auto sig = peer.windows.find(r.signal_window);
-        if (sig == peer.windows.end()) {
+        const RemoteMemory* sig = to.window(r.signal_window);
+        if (sig == nullptr) {
             fail(dq::QueueError::refused, "a signal names window " + std::to_string(r.signal_window) + ", which peer " +
                                               std::to_string(r.peer) + " has not (" + words_of(r) + ")");
             return false;
         }
-        SendOptions s = last;
         const LocalBuffer word = scratch_region_.slice(slot * scratch_words_per_slot * sizeof(std::uint64_t), 8);
         if (r.signal_op == dq::SignalOp::add) {
-            ec = chain.add(WorkRequest::fetch_add(word, sig->second, r.signal_offset, r.signal_value).options(s));
+            ec = chain.add(WorkRequest::fetch_add(word, *sig, r.signal_offset, r.signal_value).options(last));
         } else {
             // Set: an inline 8-byte write (the value is copied when posted).
             scratch_[slot * scratch_words_per_slot] = r.signal_value;
+            SendOptions s = last;
             s.inline_data = true;
-            ec = chain.add(WorkRequest::write(word, sig->second, r.signal_offset).options(s));
+            ec = chain.add(WorkRequest::write(word, *sig, r.signal_offset).options(s));
         }
-        peer.fence_next = false;
     }
     if (ec) {
         fail(dq::QueueError::refused,
              "the proxy could not make a request of a descriptor (" + words_of(r) + "): " + ec.message());
         return false;
     }
-    posted_[slot] = Clock::now();
+    to.fence_next = false;
+    posted_[slot] = now_;
     peer_of_[slot] = r.peer;
     reader_.advance();
     ++counters_.descriptors;
-    counters_.requests += r.op == dq::Op::put_signal ? 2 : (r.op == dq::Op::fence ? 0 : 1);
+    counters_.requests += requests_of(r);
     return true;
 }
 
 std::size_t DeviceQueueProxy::progress() {
     if (failed_) return 0;
+    ++counters_.passes;
+    now_ = Clock::now(); // one clock read per pass: the posted times and the timeout's check
+    const std::uint64_t completed = counters_.completed;
     reap();
     if (failed_) return 0;
     const std::uint64_t before = reader_.taken();
     (void)take_and_post();
-    return static_cast<std::size_t>(reader_.taken() - before);
+    const auto taken = static_cast<std::size_t>(reader_.taken() - before);
+    if (taken == 0 && counters_.completed == completed) ++counters_.idle_passes;
+    return taken;
 }
 
 } // namespace gpuverbs

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,8 @@ struct DeviceQueueProxyCounters {
     std::uint64_t requests = 0;    ///< work requests posted (a put_signal is two)
     std::uint64_t completed = 0;   ///< descriptors completed (their credit returned)
     std::uint64_t queue_full = 0;  ///< passes that left descriptors in the ring: a send queue had no room
+    std::uint64_t passes = 0;      ///< progress() calls
+    std::uint64_t idle_passes = 0; ///< … that found nothing to take and nothing completed
 };
 
 /// A peer's windows: id → the peer's memory as its queue pair reaches it.
@@ -69,7 +72,7 @@ public:
     void add_window(std::uint16_t id, const MemoryRegion& region);
     /// A peer, its queue pair (with max_inline_data >= 8 for signals that set)
     /// and its windows: puts write into them, signals land in them.
-    void add_peer(std::uint16_t peer, QueuePair& qp, RemoteWindows windows);
+    void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
 
     /// One pass, never blocking: reaps completions and returns credits in
     /// order, fails the queue on a failed completion or a request past its
@@ -87,18 +90,23 @@ public:
 private:
     struct Peer {
         QueuePair* qp = nullptr;
-        RemoteWindows windows;
+        std::vector<std::optional<RemoteMemory>> windows; ///< by id (ids are small)
         bool fence_next = false;
+        [[nodiscard]] const RemoteMemory* window(std::uint16_t id) const noexcept;
     };
+    [[nodiscard]] Peer* peer(std::uint16_t id) noexcept;
+    [[nodiscard]] const MemoryRegion* window(std::uint16_t id) const noexcept;
     void reap();
     void fail(device_queue::QueueError error, std::string words) noexcept;
     /// Takes up to `batch` descriptors and posts them, a chain per run of one
     /// peer's; false when the queue failed.
     bool take_and_post();
-    /// The next complete descriptor (a corrupt one fails the queue).
-    bool peek(device_queue::Request& r);
-    /// Adds the requests of `r` to `chain` and takes it; false when refused (the queue failed).
-    bool add(const device_queue::Request& r, Peer& peer, SendBatch& chain);
+    /// The complete descriptor `ahead` after the next (a corrupt next one fails the queue).
+    bool peek(device_queue::Request& r, std::uint64_t ahead);
+    /// Adds the requests of `r` to `chain` and takes it, its last signaled when
+    /// `covers` (the descriptors its completion covers) is not 0; false when
+    /// refused (the queue failed).
+    bool add(const device_queue::Request& r, Peer& to, SendBatch& chain, std::uint64_t covers);
 
     device_queue::QueueView queue_;
     device_queue::RingReader reader_;
@@ -106,13 +114,19 @@ private:
     CompletionQueue* cq_;
     std::vector<std::uint64_t> scratch_;
     MemoryRegion scratch_region_;
-    std::map<std::uint16_t, const MemoryRegion*> windows_;
-    std::map<std::uint16_t, Peer> peers_;
+    std::vector<const MemoryRegion*> windows_; ///< by id
+    std::vector<Peer> peers_;                  ///< by id; qp null: none
     /// Per slot: completed (1) or not, when posted, and to which peer.
     std::vector<std::uint8_t> done_;
     std::vector<std::chrono::steady_clock::time_point> posted_;
     std::vector<std::uint16_t> peer_of_;
     std::uint64_t credit_ = 0;
+    /// The last look-ahead's descriptor (complete, at looked_at_): a complete
+    /// descriptor never changes until its slot's credit returns.
+    device_queue::Request look_{};
+    std::uint64_t looked_at_ = 0;
+    bool looked_ahead_ = false;
+    std::chrono::steady_clock::time_point now_{}; ///< read once per pass
     bool failed_ = false;
     std::string failure_;
     DeviceQueueProxyCounters counters_;
