@@ -74,6 +74,18 @@ std::uint64_t offset_of(std::uint64_t i) {
     return (i * 64) % (1 << 20);
 }
 
+/// The `i`th put: 64 bytes from window 1 to the peer's window 1, at the loop's offsets.
+dq::Request put_of(std::uint64_t i) {
+    dq::Request r;
+    r.op = dq::Op::put;
+    r.src_window = 1;
+    r.src_offset = offset_of(i);
+    r.dst_window = 1;
+    r.dst_offset = offset_of(i);
+    r.bytes = payload;
+    return r;
+}
+
 double host_loop(Ends& e, std::uint64_t ops) {
     const gv::RemoteMemory peer = e.dst_mr.remote();
     std::array<gv::Completion, 64> got;
@@ -119,15 +131,8 @@ double through_proxy(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& c
         while (!started.load(std::memory_order_acquire)) {
         }
         for (std::uint64_t i = 0; i < ops; ++i) {
-            dq::Request r;
-            r.op = dq::Op::put;
-            r.src_window = 1;
-            r.src_offset = offset_of(i);
-            r.dst_window = 1;
-            r.dst_offset = offset_of(i);
-            r.bytes = payload;
             std::uint64_t position = 0;
-            if (dq::push(q, r, dq::detail::now_ns() + 30'000'000'000ULL, position) != dq::WaitResult::done)
+            if (dq::push(q, put_of(i), dq::detail::now_ns() + 30'000'000'000ULL, position) != dq::WaitResult::done)
                 std::abort();
         }
     });
@@ -161,15 +166,8 @@ double proxy_single(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& co
     const auto start = Clock::now();
     while (proxy.counters().completed < ops && proxy.failure().empty()) {
         while (pushed < ops && pushed < proxy.counters().completed + q.capacity()) {
-            dq::Request r;
-            r.op = dq::Op::put;
-            r.src_window = 1;
-            r.src_offset = offset_of(pushed);
-            r.dst_window = 1;
-            r.dst_offset = offset_of(pushed);
-            r.bytes = payload;
             std::uint64_t position = 0;
-            if (dq::push(q, r, dq::detail::now_ns() + 30'000'000'000ULL, position) != dq::WaitResult::done)
+            if (dq::push(q, put_of(pushed), dq::detail::now_ns() + 30'000'000'000ULL, position) != dq::WaitResult::done)
                 std::abort();
             ++pushed;
         }

@@ -57,6 +57,23 @@ private:
     std::thread thread_;
 };
 
+/// A ring and a proxy draining it onto side a's queue pair, towards side b's
+/// blocks (window 1): the set-up of the fault tests.
+struct ProxiedRing {
+    ProxiedRing(Pair& pair, std::uint32_t log2_capacity, std::chrono::milliseconds request_timeout)
+        : ring(log2_capacity), proxy(ring.view, pair.a.pd, pair.a.cq, options(request_timeout)) {
+        proxy.add_window(1, pair.a.mr);
+        proxy.add_peer(0, pair.a.qp, {{1, pair.b.mr.remote(0, signals_at)}});
+    }
+    static DeviceQueueProxyOptions options(std::chrono::milliseconds request_timeout) {
+        DeviceQueueProxyOptions o;
+        o.request_timeout = request_timeout;
+        return o;
+    }
+    HostRing ring;
+    DeviceQueueProxy proxy;
+};
+
 dq::Request put(std::uint64_t i) {
     dq::Request r;
     r.op = dq::Op::put;
@@ -125,12 +142,9 @@ TEST_SUITE("device queue proxy on real RDMA") {
     TEST_CASE(
         "the peer's queue pair destroyed mid-stream ends the producer's quiet with peer failed within the bound") {
         Pair pair(signals_at + 4096, proxy_qp_options());
-        HostRing ring(10);
-        DeviceQueueProxyOptions options;
-        options.request_timeout = 1000ms;
-        DeviceQueueProxy proxy(ring.view, pair.a.pd, pair.a.cq, options);
-        proxy.add_window(1, pair.a.mr);
-        proxy.add_peer(0, pair.a.qp, {{1, pair.b.mr.remote(0, signals_at)}});
+        ProxiedRing rig(pair, 10, 1000ms);
+        HostRing& ring = rig.ring;
+        DeviceQueueProxy& proxy = rig.proxy;
         ProxyThread running(proxy);
         std::uint64_t position = 0;
         for (std::uint64_t i = 0; i < 64; ++i) {
@@ -161,12 +175,9 @@ TEST_SUITE("device queue proxy on real RDMA") {
         ConnectOptions forever;
         forever.retry_count = 7;
         Pair pair(signals_at + 4096, proxy_qp_options(), forever);
-        HostRing ring(10);
-        DeviceQueueProxyOptions options;
-        options.request_timeout = 1000ms;
-        DeviceQueueProxy proxy(ring.view, pair.a.pd, pair.a.cq, options);
-        proxy.add_window(1, pair.a.mr);
-        proxy.add_peer(0, pair.a.qp, {{1, pair.b.mr.remote(0, signals_at)}});
+        ProxiedRing rig(pair, 10, 1000ms);
+        HostRing& ring = rig.ring;
+        DeviceQueueProxy& proxy = rig.proxy;
         ProxyThread running(proxy);
         pair.b.qp = QueuePair();
         std::uint64_t position = 0;
@@ -190,10 +201,9 @@ TEST_SUITE("device queue proxy on real RDMA") {
         Pair pair(signals_at + 4096, proxy_qp_options());
         std::uint64_t position = 0;
         {
-            HostRing ring(6);
-            DeviceQueueProxy proxy(ring.view, pair.a.pd, pair.a.cq);
-            proxy.add_window(1, pair.a.mr);
-            proxy.add_peer(0, pair.a.qp, {{1, pair.b.mr.remote(0, signals_at)}});
+            ProxiedRing rig(pair, 6, DeviceQueueProxyOptions{}.request_timeout);
+            HostRing& ring = rig.ring;
+            DeviceQueueProxy& proxy = rig.proxy;
             ProxyThread running(proxy);
             dq::Request bad = put(0);
             bad.src_window = 9;

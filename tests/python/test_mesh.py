@@ -43,8 +43,8 @@ class Redis:
         self.log = tmp / "redis.log"
         self.process = subprocess.Popen(["redis-server", str(conf)], stdout=self.log.open("w"),
                                         stderr=subprocess.STDOUT)
-        env = dict(os.environ, GPUVERBS_TEST_REDIS_PASSWORD=self.password)
-        os.environ.update(env)
+        # The members (child processes) and this process read it from there, by name.
+        os.environ["GPUVERBS_TEST_REDIS_PASSWORD"] = self.password
         deadline = time.monotonic() + 10
         while True:
             try:

@@ -6,6 +6,7 @@
 #include "gpuverbs/device_queue/ring.hpp"
 
 #include "host_ring.hpp"
+#include "ring_requests.hpp"
 
 #include <doctest/doctest.h>
 
@@ -30,29 +31,8 @@ std::uint64_t in_ns(std::chrono::nanoseconds d) {
     return test::ring_deadline(d);
 }
 
-/// What producer `thread` sends as its `n`th request: every field derived from both.
-Request request_of(std::uint16_t thread, std::uint64_t n) {
-    Request r;
-    r.op = static_cast<Op>(1 + n % 4);
-    r.signal_op = static_cast<SignalOp>(n % 2);
-    r.peer = thread;
-    r.src_window = static_cast<std::uint16_t>(n * 3);
-    r.dst_window = static_cast<std::uint16_t>(n * 5 + thread);
-    r.signal_window = static_cast<std::uint16_t>(n ^ thread);
-    r.src_offset = n * 64;
-    r.dst_offset = (n << 20) + thread;
-    r.bytes = n % 65537;
-    r.signal_offset = n * 8;
-    r.signal_value = n; // the producer's own count: the reader checks each producer's order by it
-    return r;
-}
-
-bool same(const Request& a, const Request& b) {
-    return a.op == b.op && a.signal_op == b.signal_op && a.peer == b.peer && a.src_window == b.src_window &&
-           a.dst_window == b.dst_window && a.signal_window == b.signal_window && a.src_offset == b.src_offset &&
-           a.dst_offset == b.dst_offset && a.bytes == b.bytes && a.signal_offset == b.signal_offset &&
-           a.signal_value == b.signal_value;
-}
+using test::request_of;
+using test::same;
 
 } // namespace
 

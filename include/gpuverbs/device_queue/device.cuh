@@ -57,13 +57,9 @@ __device__ inline void fence_data() {
     __threadfence_system();
 }
 
-/// Writes `bytes` of local window `src_window` at `src_offset` to the peer's
-/// window `dst_window` at `dst_offset`. Returns once the request is in the
-/// ring (the source may be reused after quiet()).
-__device__ inline WaitResult put(const QueueView& q, std::uint16_t peer, std::uint16_t dst_window,
-                                 std::uint64_t dst_offset, std::uint16_t src_window, std::uint64_t src_offset,
-                                 std::uint64_t bytes, std::uint64_t timeout_ns, bool data_fenced = false) {
-    if (!data_fenced) fence_data();
+namespace detail {
+__device__ inline Request put_request(std::uint16_t peer, std::uint16_t dst_window, std::uint64_t dst_offset,
+                                      std::uint16_t src_window, std::uint64_t src_offset, std::uint64_t bytes) {
     Request r;
     r.op = device_queue::Op::put;
     r.peer = peer;
@@ -72,7 +68,18 @@ __device__ inline WaitResult put(const QueueView& q, std::uint16_t peer, std::ui
     r.src_window = src_window;
     r.src_offset = src_offset;
     r.bytes = bytes;
-    return push(q, r, timeout_ns);
+    return r;
+}
+} // namespace detail
+
+/// Writes `bytes` of local window `src_window` at `src_offset` to the peer's
+/// window `dst_window` at `dst_offset`. Returns once the request is in the
+/// ring (the source may be reused after quiet()).
+__device__ inline WaitResult put(const QueueView& q, std::uint16_t peer, std::uint16_t dst_window,
+                                 std::uint64_t dst_offset, std::uint16_t src_window, std::uint64_t src_offset,
+                                 std::uint64_t bytes, std::uint64_t timeout_ns, bool data_fenced = false) {
+    if (!data_fenced) fence_data();
+    return push(q, detail::put_request(peer, dst_window, dst_offset, src_window, src_offset, bytes), timeout_ns);
 }
 
 /// A put, then a signal (set or add `value` at the peer's `signal_window` +
@@ -83,14 +90,8 @@ __device__ inline WaitResult put_signal(const QueueView& q, std::uint16_t peer, 
                                         std::uint64_t value, SignalOp op, std::uint64_t timeout_ns,
                                         bool data_fenced = false) {
     if (!data_fenced) fence_data();
-    Request r;
+    Request r = detail::put_request(peer, dst_window, dst_offset, src_window, src_offset, bytes);
     r.op = device_queue::Op::put_signal;
-    r.peer = peer;
-    r.dst_window = dst_window;
-    r.dst_offset = dst_offset;
-    r.src_window = src_window;
-    r.src_offset = src_offset;
-    r.bytes = bytes;
     r.signal_window = signal_window;
     r.signal_offset = signal_offset;
     r.signal_value = value;

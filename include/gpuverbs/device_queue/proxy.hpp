@@ -12,6 +12,11 @@
 //   proxy.add_peer(0, qp, {{1, their_blocks}, {2, their_signals}});
 //   while (running) proxy.progress();                        // a thread of its own, or an Asio loop
 //
+// Lifetimes: the ring's memory, the windows' regions, the peers' queue pairs
+// and the CQ must outlive the proxy. Thread safety: one thread at a time calls
+// its members (progress() included; the rig's tests run it on a thread of its
+// own under TSan); producers push from any thread, through the ring alone.
+//
 // Not yet (see docs/gpu-initiated.md): several rails per peer with failover,
 // the Prometheus text, an Asio-driven form.
 #pragma once

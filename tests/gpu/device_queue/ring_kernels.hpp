@@ -6,6 +6,7 @@
 #pragma once
 
 #include "gpuverbs/device_queue/ring.hpp"
+#include "ring_requests.hpp" // request_of, same: what the producers push and the reader checks
 
 #include <cstdint>
 #include <string>
@@ -14,31 +15,6 @@ namespace gpuverbs::test::ring {
 
 using device_queue::QueueView;
 using device_queue::Request;
-
-/// What producer thread `thread` pushes as its `n`th request: every field from
-/// both, so the reader checks each descriptor's contents and each thread's order.
-GPUVERBS_HOST_DEVICE inline Request request_of(std::uint32_t thread, std::uint64_t n) {
-    Request r;
-    r.op = static_cast<device_queue::Op>(1 + n % 4);
-    r.signal_op = static_cast<device_queue::SignalOp>(n % 2);
-    r.peer = static_cast<std::uint16_t>(thread);
-    r.src_window = static_cast<std::uint16_t>(n * 3);
-    r.dst_window = static_cast<std::uint16_t>(n * 5 + thread);
-    r.signal_window = static_cast<std::uint16_t>(n ^ thread);
-    r.src_offset = n * 64;
-    r.dst_offset = (n << 20) + thread;
-    r.bytes = n % 65537;
-    r.signal_offset = n * 8;
-    r.signal_value = n;
-    return r;
-}
-
-GPUVERBS_HOST_DEVICE inline bool same(const Request& a, const Request& b) {
-    return a.op == b.op && a.signal_op == b.signal_op && a.peer == b.peer && a.src_window == b.src_window &&
-           a.dst_window == b.dst_window && a.signal_window == b.signal_window && a.src_offset == b.src_offset &&
-           a.dst_offset == b.dst_offset && a.bytes == b.bytes && a.signal_offset == b.signal_offset &&
-           a.signal_value == b.signal_value;
-}
 
 /// A ring in CUDA memory: slots and the proxy's words in mapped pinned host
 /// memory, the producers' words in GPU memory. `device` is what kernels get,
