@@ -4,9 +4,14 @@
 #include "gpuverbs/data_path/data_path.hpp"
 #include "gpuverbs/data_path/send_batch.hpp"
 #include "gpuverbs/data_path/work_request.hpp"
+#include "gpuverbs/detail/transfers/transfer_fsm.hpp"
+#include "gpuverbs/error.hpp"
+
+#include <infiniband/verbs.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 
 namespace gpuverbs {
 
@@ -30,6 +35,10 @@ std::size_t requests_of(const dq::Request& r) {
     return r.op == dq::Op::put_signal ? 2 : (r.op == dq::Op::fence ? 0 : 1);
 }
 
+bool adds(const dq::Request& r) {
+    return (r.op == dq::Op::signal || r.op == dq::Op::put_signal) && r.signal_op == dq::SignalOp::add;
+}
+
 std::string words_of(const dq::Request& r) {
     return "peer " + std::to_string(r.peer) + ", source window " + std::to_string(r.src_window) + " at " +
            std::to_string(r.src_offset) + ", destination window " + std::to_string(r.dst_window) + " at " +
@@ -43,44 +52,107 @@ DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionD
     : queue_(queue),
       reader_(queue),
       options_(options),
-      cq_(&cq),
-      scratch_(queue.capacity() * scratch_words_per_slot),
-      scratch_region_(pd, std::as_writable_bytes(std::span(scratch_)), Access::local_write),
       done_(queue.capacity()),
       posted_(queue.capacity()),
-      peer_of_(queue.capacity()) {
+      peer_of_(queue.capacity()),
+      rail_of_(queue.capacity()) {
     if (options_.batch == 0) options_.batch = 1;
+    add_device(pd, cq);
 }
 
 DeviceQueueProxy::~DeviceQueueProxy() {
     close();
 }
 
+void DeviceQueueProxy::add_device(const ProtectionDomain& pd, CompletionQueue& cq) {
+    if (std::find(cqs_.begin(), cqs_.end(), &cq) == cqs_.end()) cqs_.push_back(&cq);
+    for (const auto& l : locals_) {
+        if (l->pd == pd.native_handle()) return;
+    }
+    auto l = std::make_unique<Local>();
+    l->pd = pd.native_handle();
+    l->cq = &cq;
+    l->scratch.resize(queue_.capacity() * scratch_words_per_slot);
+    l->scratch_region = MemoryRegion(pd, std::as_writable_bytes(std::span(l->scratch)), Access::local_write);
+    locals_.push_back(std::move(l));
+}
+
 void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region) {
-    if (windows_.size() <= id) windows_.resize(std::size_t{id} + 1);
-    windows_[id] = &region;
+    for (const auto& l : locals_) {
+        if (region.native_handle() != nullptr && l->pd == region.native_handle()->pd) {
+            if (l->windows.size() <= id) l->windows.resize(std::size_t{id} + 1);
+            l->windows[id] = &region;
+            return;
+        }
+    }
+    throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_window",
+                "window " + std::to_string(id) +
+                    " is registered in a protection domain the proxy has not: give its device to the "
+                    "constructor or to add_device() first");
+}
+
+DeviceQueueProxy::Local& DeviceQueueProxy::local_of(const QueuePair& qp, const char* verb) {
+    if (qp.native_handle() != nullptr) {
+        for (const auto& l : locals_) {
+            if (l->pd == qp.native_handle()->pd) return *l;
+        }
+    }
+    throw Error(make_error_code(errc::invalid_argument), verb,
+                qp ? "the queue pair's protection domain is not one the proxy has: give its device to the "
+                     "constructor or to add_device() first"
+                   : "the queue pair is empty");
+}
+
+DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, const RemoteWindows& windows, const char* verb) {
+    Rail rail;
+    rail.qp = &qp;
+    rail.local = &local_of(qp, verb);
+    for (const auto& [id, memory] : windows) {
+        if (rail.windows.size() <= id) rail.windows.resize(std::size_t{id} + 1);
+        rail.windows[id] = memory;
+    }
+    return rail;
 }
 
 void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+    Rail rail = make_rail(qp, windows, "DeviceQueueProxy::add_peer");
     if (peers_.size() <= peer) peers_.resize(std::size_t{peer} + 1);
     Peer& p = peers_[peer];
-    p.qp = &qp;
-    p.windows.clear();
-    for (const auto& [id, memory] : windows) {
-        if (p.windows.size() <= id) p.windows.resize(std::size_t{id} + 1);
-        p.windows[id] = memory;
+    p.rails.clear();
+    p.rails.push_back(std::move(rail));
+    p.active = 0;
+}
+
+void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+    if (this->peer(peer) == nullptr) {
+        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_rail",
+                    "peer " + std::to_string(peer) + " was not added: add_peer() gives its first rail");
     }
+    if (peers_[peer].rails.size() >= unposted) {
+        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_rail",
+                    "peer " + std::to_string(peer) + " has " + std::to_string(unposted) + " rails already");
+    }
+    peers_[peer].rails.push_back(make_rail(qp, windows, "DeviceQueueProxy::add_rail"));
+}
+
+std::vector<DeviceQueueRailState> DeviceQueueProxy::rails() const {
+    std::vector<DeviceQueueRailState> out;
+    for (std::size_t p = 0; p < peers_.size(); ++p) {
+        for (std::size_t k = 0; k < peers_[p].rails.size(); ++k) {
+            const Rail& r = peers_[p].rails[k];
+            out.push_back(DeviceQueueRailState{static_cast<std::uint16_t>(p), static_cast<std::uint32_t>(k),
+                                               r.qp->qp_num(), k == peers_[p].active && !r.failed, r.failed,
+                                               r.failure});
+        }
+    }
+    return out;
 }
 
 DeviceQueueProxy::Peer* DeviceQueueProxy::peer(std::uint16_t id) noexcept {
-    return id < peers_.size() && peers_[id].qp != nullptr ? &peers_[id] : nullptr;
+    return id < peers_.size() && !peers_[id].rails.empty() ? &peers_[id] : nullptr;
 }
 
-const MemoryRegion* DeviceQueueProxy::window(std::uint16_t id) const noexcept {
-    return id < windows_.size() ? windows_[id] : nullptr;
-}
-
-const RemoteMemory* DeviceQueueProxy::Peer::window(std::uint16_t id) const noexcept {
+const RemoteMemory* DeviceQueueProxy::Rail::window(std::uint16_t id) const noexcept {
     return id < windows.size() && windows[id] ? &*windows[id] : nullptr;
 }
 
@@ -95,26 +167,75 @@ void DeviceQueueProxy::fail(dq::QueueError error, std::string words) noexcept {
     reader_.fail(error);
 }
 
+void DeviceQueueProxy::count_chain(std::size_t descriptors) noexcept {
+    ++counters_.chains;
+    counters_.chained += descriptors;
+    ++counters_.chain_lengths[std::min<std::size_t>(std::bit_width(descriptors - 1), 7)];
+}
+
+void DeviceQueueProxy::on_completion(const Completion& c) {
+    const std::uint64_t position = c.context & position_mask;
+    // Which rail: only needed once a rail failed (its late completions are not its retry's) or for a failure.
+    std::uint16_t peer_id = 0;
+    std::size_t rail = 0;
+    bool known = !any_rail_failed_ && c.ok();
+    if (!known) {
+        for (std::size_t p = 0; p < peers_.size() && !known; ++p) {
+            for (std::size_t k = 0; k < peers_[p].rails.size(); ++k) {
+                if (peers_[p].rails[k].qp->qp_num() == c.qp_num) {
+                    peer_id = static_cast<std::uint16_t>(p);
+                    rail = k;
+                    known = true;
+                    break;
+                }
+            }
+        }
+        if (!known) return; // not one of our queue pairs'
+    }
+    if (!c.ok()) {
+        Rail& r = peers_[peer_id].rails[rail];
+        if (r.failed) return; // its flushes, after the failure that counted
+        const std::string words = "the request at position " + std::to_string(position) + " to peer " +
+                                  std::to_string(peer_id) + " (rail " + std::to_string(rail) +
+                                  ") failed: " + c.status.message();
+        const auto kind = detail::classify_stream_failure(c.status.code(), c.status.raw(), false, false);
+        if (kind == detail::StreamFailure::request) {
+            fail(dq::QueueError::refused, words + " (as wrong on any rail)");
+        } else {
+            fail_rail(peer_id, rail, words);
+        }
+        return;
+    }
+    // The chain's signaled request covers its descriptors: `count` positions ending at this one.
+    const std::uint64_t count = std::max<std::uint64_t>(c.context >> count_shift, 1);
+    const std::size_t mask = queue_.capacity() - 1;
+    const auto took = now_ - posted_[position & mask];
+    const double seconds = std::chrono::duration<double>(took).count();
+    std::size_t bucket = 0;
+    for (double bound = 1e-5; bucket < 6 && seconds > bound; bound *= 10) ++bucket;
+    ++counters_.completion_times[bucket];
+    counters_.completion_seconds += seconds;
+    for (std::uint64_t k = 0; k < count; ++k) {
+        const std::uint64_t at = position - k;
+        const std::size_t slot = at & mask;
+        if (any_rail_failed_ &&
+            (at < credit_ || at >= reader_.taken() || peer_of_[slot] != peer_id || rail_of_[slot] != rail)) {
+            continue; // moved to another rail (or long done): not this completion's
+        }
+        done_[slot] = 1;
+    }
+}
+
 void DeviceQueueProxy::reap() {
     std::array<Completion, 64> got;
-    std::error_code ec;
-    for (;;) {
-        const std::size_t n = cq_->poll(got, ec);
-        for (std::size_t i = 0; i < n; ++i) {
-            const Completion& c = got[i];
-            if (!c.ok()) {
-                fail(dq::QueueError::peer_failed, "the request at position " +
-                                                      std::to_string(c.context & position_mask) +
-                                                      " failed: " + std::error_code(c.status).message());
-                continue;
-            }
-            // The chain's signaled request covers its descriptors: `count` positions ending at this one.
-            const std::uint64_t position = c.context & position_mask;
-            const std::uint64_t count = std::max<std::uint64_t>(c.context >> count_shift, 1);
-            for (std::uint64_t k = 0; k < count; ++k) done_[(position - k) & (queue_.capacity() - 1)] = 1;
+    for (CompletionQueue* cq : cqs_) {
+        std::error_code ec;
+        for (;;) {
+            const std::size_t n = cq->poll(got, ec);
+            for (std::size_t i = 0; i < n && !failed_; ++i) on_completion(got[i]);
+            if (ec) fail(dq::QueueError::peer_failed, "polling a completion queue failed: " + ec.message());
+            if (n < got.size() || failed_) break;
         }
-        if (ec) fail(dq::QueueError::peer_failed, "polling the completion queue failed: " + ec.message());
-        if (n < got.size()) break;
     }
     // Credits in order: a slot goes back only when every one before it did.
     const std::uint64_t before = credit_;
@@ -126,19 +247,124 @@ void DeviceQueueProxy::reap() {
         counters_.completed += credit_ - before;
         reader_.complete(credit_);
     }
+}
+
+void DeviceQueueProxy::check_timeout() {
     const std::size_t oldest = credit_ & (queue_.capacity() - 1);
-    if (credit_ < reader_.taken() && now_ - posted_[oldest] > options_.request_timeout) {
-        // The provider may never complete it (rxe with retry_count 7 retries forever): move the queue pair
-        // to error so that its requests flush, and say why.
-        if (Peer* stuck = peer(peer_of_[oldest])) (void)stuck->qp->force_error();
-        fail(dq::QueueError::peer_failed, "the request at position " + std::to_string(credit_) + " to peer " +
-                                              std::to_string(peer_of_[oldest]) + " did not complete within " +
-                                              std::to_string(options_.request_timeout.count()) +
-                                              " ms: the peer or the link is gone");
+    if (credit_ >= reader_.taken() || now_ - posted_[oldest] <= options_.request_timeout) return;
+    // The provider may never complete it (rxe with retry_count 7 retries forever): the rail goes to error
+    // so that its requests flush, and the peer's go on its next rail. One waiting to be posted again
+    // for as long blames the rail that had no room for it.
+    const std::uint16_t peer_id = peer_of_[oldest];
+    const std::size_t rail = rail_of_[oldest] == unposted ? peers_[peer_id].active : rail_of_[oldest];
+    fail_rail(peer_id, rail,
+              "the request at position " + std::to_string(credit_) + " to peer " + std::to_string(peer_id) + " (rail " +
+                  std::to_string(rail) + ") did not complete within " +
+                  std::to_string(options_.request_timeout.count()) + " ms: the peer or the link is gone");
+}
+
+void DeviceQueueProxy::fail_rail(std::uint16_t peer_id, std::size_t rail, std::string words) {
+    Peer& p = peers_[peer_id];
+    Rail& r = p.rails[rail];
+    if (r.failed || failed_) return;
+    r.failed = true;
+    r.failure = words;
+    any_rail_failed_ = true;
+    ++counters_.rail_failures;
+    (void)r.qp->force_error();    // its requests flush; nothing is left retrying on the wire
+    if (rail != p.active) return; // a standby rail: none of the peer's requests is on it
+    std::size_t next = rail;
+    for (std::size_t k = 1; k <= p.rails.size(); ++k) {
+        const std::size_t candidate = (rail + k) % p.rails.size();
+        if (!p.rails[candidate].failed) {
+            next = candidate;
+            break;
+        }
     }
+    if (next == rail) {
+        std::string all = "every rail to peer " + std::to_string(peer_id) + " failed:";
+        for (std::size_t k = 0; k < p.rails.size(); ++k)
+            all += " rail " + std::to_string(k) + ": " + p.rails[k].failure + ";";
+        all.pop_back();
+        fail(dq::QueueError::peer_failed, std::move(all));
+        return;
+    }
+    // The peer's requests not known to have completed go again on the next rail, in order.
+    p.active = next;
+    p.retry.clear();
+    const std::size_t mask = queue_.capacity() - 1;
+    for (std::uint64_t at = credit_; at < reader_.taken(); ++at) {
+        const std::size_t slot = at & mask;
+        if (done_[slot] != 0 || peer_of_[slot] != peer_id) continue;
+        dq::Request r2;
+        const dq::Decoded d = reader_.peek(r2, at - reader_.taken()); // a slot is not rewritten before its credit
+        if (d != dq::Decoded::complete) {
+            fail(dq::QueueError::refused,
+                 "the descriptor at position " + std::to_string(at) + " changed before its credit returned");
+            return;
+        }
+        if (adds(r2) && rail_of_[slot] != unposted) {
+            fail(dq::QueueError::peer_failed,
+                 words + "; a signal that adds was in flight on it (position " + std::to_string(at) +
+                     "): it may have landed or not, and posting it again could count it twice (signals that "
+                     "set fail over)");
+            return;
+        }
+        rail_of_[slot] = unposted;
+        posted_[slot] = now_; // its bound starts again
+        p.retry.push_back(at);
+    }
+    any_retry_ = any_retry_ || !p.retry.empty();
+}
+
+void DeviceQueueProxy::post_retries() {
+    bool left = false;
+    for (std::size_t id = 0; id < peers_.size() && !failed_; ++id) {
+        Peer& p = peers_[id];
+        if (p.retry.empty()) continue;
+        Rail& rail = p.rails[p.active];
+        const std::uint64_t room = rail.qp->capabilities().max_send_wr - rail.qp->outstanding_sends();
+        SendBatch chain = rail.qp->batch();
+        std::size_t in_chain = 0;
+        std::size_t descriptors = 0;
+        std::array<std::uint64_t, SendBatch::max_requests> positions{};
+        while (!p.retry.empty()) {
+            const std::uint64_t at = p.retry.front();
+            dq::Request r;
+            (void)reader_.peek(r, at - reader_.taken());
+            const std::size_t needs = requests_of(r);
+            if (in_chain + needs > room || in_chain + needs > SendBatch::max_requests) break;
+            // Each on its own completion: the retried positions are not consecutive.
+            if (!add(r, at, p, chain, 1)) return;
+            in_chain += needs;
+            positions[descriptors++] = at;
+            p.retry.pop_front();
+        }
+        if (in_chain > 0) {
+            counters_.reposted += descriptors;
+            if (const std::error_code ec = chain.post()) {
+                // Nothing of the chain went: none of it is in flight.
+                for (std::size_t k = 0; k < descriptors; ++k) {
+                    rail_of_[positions[k] & (queue_.capacity() - 1)] = unposted;
+                }
+                fail_rail(static_cast<std::uint16_t>(id), p.active,
+                          "posting to peer " + std::to_string(id) + " (rail " + std::to_string(p.active) +
+                              ") was refused: " + ec.message());
+                left = true; // fail_rail refilled the list for the next rail
+                continue;
+            }
+            count_chain(descriptors);
+        }
+        left = left || !p.retry.empty();
+    }
+    any_retry_ = left;
 }
 
 bool DeviceQueueProxy::take_and_post() {
+    if (any_retry_) {
+        post_retries();
+        if (failed_) return false;
+    }
     std::uint32_t taken = 0;
     while (taken < options_.batch && !failed_) {
         dq::Request r;
@@ -149,11 +375,13 @@ bool DeviceQueueProxy::take_and_post() {
                  "a request names peer " + std::to_string(r.peer) + ", which has no queue pair (" + words_of(r) + ")");
             break;
         }
-        if (r.op == dq::Op::fence) { // no request of its own: the next one to the peer waits for those before
+        if (!to->retry.empty()) break; // the peer's earlier requests go first (next pass)
+        if (r.op == dq::Op::fence) {   // no request of its own: the next one to the peer waits for those before
             to->fence_next = true;
             const std::uint64_t position = reader_.taken();
             done_[position & (queue_.capacity() - 1)] = 1;
             posted_[position & (queue_.capacity() - 1)] = now_;
+            peer_of_[position & (queue_.capacity() - 1)] = r.peer;
             reader_.advance();
             ++counters_.descriptors;
             ++taken;
@@ -161,9 +389,10 @@ bool DeviceQueueProxy::take_and_post() {
         }
         // A chain of this peer's descriptors, one doorbell; only its last request is signaled, and its
         // completion covers them all (a queue pair completes in order; a failure completes on its own).
+        Rail& rail = to->rails[to->active];
         const std::uint64_t first = reader_.taken();
-        const std::uint64_t room = to->qp->capabilities().max_send_wr - to->qp->outstanding_sends();
-        SendBatch chain = to->qp->batch();
+        const std::uint64_t room = rail.qp->capabilities().max_send_wr - rail.qp->outstanding_sends();
+        SendBatch chain = rail.qp->batch();
         std::size_t in_chain = 0;
         for (;;) {
             const std::size_t needs = requests_of(r);
@@ -178,7 +407,9 @@ bool DeviceQueueProxy::take_and_post() {
                               in_chain + needs + requests_of(next) > SendBatch::max_requests ||
                               in_chain + needs + requests_of(next) > room;
             const std::uint64_t position = reader_.taken();
-            if (!add(r, *to, chain, last ? position - first + 1 : 0)) break;
+            if (!add(r, position, *to, chain, last ? position - first + 1 : 0)) break;
+            reader_.advance();
+            ++counters_.descriptors;
             in_chain += needs;
             ++taken;
             if (last) break;
@@ -186,11 +417,18 @@ bool DeviceQueueProxy::take_and_post() {
         }
         if (in_chain > 0) {
             if (const std::error_code ec = chain.post()) {
-                fail(dq::QueueError::peer_failed,
-                     "posting to peer " + std::to_string(r.peer) + "'s queue pair failed: " + ec.message());
-                return false;
+                // Its queue pair is in error (the provider's, or ours): a path failure; the chain's
+                // descriptors go on the next rail with the peer's other unfinished ones.
+                for (std::uint64_t at = first; at < reader_.taken(); ++at) { // nothing of it went
+                    rail_of_[at & (queue_.capacity() - 1)] = unposted;
+                }
+                const std::size_t failed_rail = to->active;
+                fail_rail(r.peer, failed_rail,
+                          "posting to peer " + std::to_string(r.peer) + " (rail " + std::to_string(failed_rail) +
+                              ") was refused: " + ec.message());
+                return !failed_;
             }
-            ++counters_.chains;
+            count_chain(static_cast<std::size_t>(reader_.taken() - first));
         }
     }
     return !failed_;
@@ -216,9 +454,11 @@ bool DeviceQueueProxy::peek(dq::Request& r, std::uint64_t ahead) {
     return d == dq::Decoded::complete;
 }
 
-bool DeviceQueueProxy::add(const dq::Request& r, Peer& to, SendBatch& chain, std::uint64_t covers) {
-    const std::uint64_t position = reader_.taken();
+bool DeviceQueueProxy::add(const dq::Request& r, std::uint64_t position, Peer& to, SendBatch& chain,
+                           std::uint64_t covers) {
     const std::size_t slot = position & (queue_.capacity() - 1);
+    Rail& rail = to.rails[to.active];
+    Local& local = *rail.local;
     // Every request carries its descriptor's position (a failure completes with it); the chain's last
     // is signaled and carries how many descriptors its completion covers.
     SendOptions own;
@@ -232,12 +472,12 @@ bool DeviceQueueProxy::add(const dq::Request& r, Peer& to, SendBatch& chain, std
     }
     std::error_code ec;
     if (r.op == dq::Op::put || r.op == dq::Op::put_signal) {
-        const MemoryRegion* src = window(r.src_window);
-        const RemoteMemory* dst = to.window(r.dst_window);
+        const MemoryRegion* src = r.src_window < local.windows.size() ? local.windows[r.src_window] : nullptr;
+        const RemoteMemory* dst = rail.window(r.dst_window);
         if (src == nullptr || dst == nullptr || r.bytes > UINT32_MAX || r.src_offset > src->length() ||
             r.bytes > src->length() - r.src_offset) {
-            fail(dq::QueueError::refused,
-                 "a put names a window it has not, or a range outside it (" + words_of(r) + ")");
+            fail(dq::QueueError::refused, "a put names a window it has not, or a range outside it (" + words_of(r) +
+                                              ", rail " + std::to_string(to.active) + ")");
             return false;
         }
         ec = chain.add(WorkRequest::write(src->slice(r.src_offset, r.bytes), *dst, r.dst_offset)
@@ -245,18 +485,18 @@ bool DeviceQueueProxy::add(const dq::Request& r, Peer& to, SendBatch& chain, std
         own.fence = false;
     }
     if (!ec && (r.op == dq::Op::signal || r.op == dq::Op::put_signal)) {
-        const RemoteMemory* sig = to.window(r.signal_window);
+        const RemoteMemory* sig = rail.window(r.signal_window);
         if (sig == nullptr) {
             fail(dq::QueueError::refused, "a signal names window " + std::to_string(r.signal_window) + ", which peer " +
                                               std::to_string(r.peer) + " has not (" + words_of(r) + ")");
             return false;
         }
-        const LocalBuffer word = scratch_region_.slice(slot * scratch_words_per_slot * sizeof(std::uint64_t), 8);
+        const LocalBuffer word = local.scratch_region.slice(slot * scratch_words_per_slot * sizeof(std::uint64_t), 8);
         if (r.signal_op == dq::SignalOp::add) {
             ec = chain.add(WorkRequest::fetch_add(word, *sig, r.signal_offset, r.signal_value).options(last));
         } else {
             // Set: an inline 8-byte write (the value is copied when posted).
-            scratch_[slot * scratch_words_per_slot] = r.signal_value;
+            local.scratch[slot * scratch_words_per_slot] = r.signal_value;
             SendOptions s = last;
             s.inline_data = true;
             ec = chain.add(WorkRequest::write(word, *sig, r.signal_offset).options(s));
@@ -270,8 +510,7 @@ bool DeviceQueueProxy::add(const dq::Request& r, Peer& to, SendBatch& chain, std
     to.fence_next = false;
     posted_[slot] = now_;
     peer_of_[slot] = r.peer;
-    reader_.advance();
-    ++counters_.descriptors;
+    rail_of_[slot] = static_cast<std::uint8_t>(to.active);
     counters_.requests += requests_of(r);
     return true;
 }
@@ -282,7 +521,9 @@ std::size_t DeviceQueueProxy::progress() {
     now_ = Clock::now(); // one clock read per pass: the posted times and the timeout's check
     const std::uint64_t completed = counters_.completed;
     reap();
+    if (!failed_) check_timeout();
     if (failed_) return 0;
+    if (reader_.taken() - credit_ == queue_.capacity()) ++counters_.ring_full;
     const std::uint64_t before = reader_.taken();
     (void)take_and_post();
     const auto taken = static_cast<std::size_t>(reader_.taken() - before);

@@ -1,20 +1,29 @@
 // The device queue's NIC half on real RDMA (issue 37): a CPU thread pushes
 // through the same ring header a kernel uses (ring.hpp), the proxy drains it
-// onto a queue pair on rxe, and the peer's memory is checked byte for byte.
-// Faults: the peer's queue pair destroyed mid-stream, and a request naming a
-// window nobody registered — the producer's wait ends with the right code
-// within the proxy's bound.
+// onto queue pairs on rxe, and the peer's memory is checked byte for byte.
+// Faults: the peer's queue pair destroyed mid-stream, a provider that never
+// completes, a request naming a window nobody registered — the producer's
+// wait ends with the right code within the proxy's bound — and, over the
+// rig's two wires, a rail struck mid-stream (queue pair destroyed, link down,
+// every packet dropped), whose requests move to the other rail without the
+// producer noticing.
 #include "gpuverbs/device_queue/proxy.hpp"
 
 #include "host_ring.hpp"
+#include "rig_faults.hpp"
 #include "rig_pair.hpp"
+#include "rig_rails.hpp"
 
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 namespace gpuverbs::test {
 
@@ -84,6 +93,117 @@ dq::Request put(std::uint64_t i) {
     r.dst_offset = i * block;
     r.bytes = block;
     return r;
+}
+
+/// One wire of the rig with no executor (the proxy polls its CQs): a queue
+/// pair on each side, each side's memory registered on its device.
+struct ProxyWire {
+    Device d0, d1;
+    ProtectionDomain pd0, pd1;
+    CompletionQueue cq0, cq1;
+    MemoryRegion mr0, mr1;
+    QueuePair qp0, qp1;
+    ProxyWire(const char* a, const char* b, std::span<std::byte> m0, std::span<std::byte> m1,
+              const ConnectOptions& connect)
+        : d0(Device::open(a)),
+          d1(Device::open(b)),
+          pd0(d0),
+          pd1(d1),
+          cq0(d0, 1024),
+          cq1(d1, 1024),
+          mr0(pd0, m0, Access::local_write | Access::remote_write | Access::remote_atomic),
+          mr1(pd1, m1, Access::local_write | Access::remote_write | Access::remote_atomic) {
+        PreparedQueuePair a0(pd0, cq0, cq0, proxy_qp_options()), b1(pd1, cq1, cq1, proxy_qp_options());
+        std::tie(qp0, qp1) = connect_advertised(a0, mr0, b1, mr1, connect);
+    }
+    RemoteWindows windows() const { return {{1, mr1.remote(0, signals_at)}, {2, mr1.remote(signals_at, 4096)}}; }
+};
+
+/// What strikes the rail that carries the requests, once they flow.
+enum class RailStrike {
+    queue_pair, ///< the peer's queue pair on it is destroyed
+    link,       ///< its link goes down (setup-rxe rail-down: the rxe2 wire)
+    silence,    ///< every packet on it is dropped, and the provider retries forever (drop-on: the rxe0 wire)
+    both_links, ///< both wires' links go down: no rail is left
+};
+
+/// Two rails to one peer: the wire the strike hits carries the requests first
+/// (rail 0), the other takes over (rail 1).
+struct TwoRails {
+    std::vector<std::byte> m0, m1;
+    ProxyWire rxe0_wire, rxe2_wire;
+    ProxyWire& first;
+    ProxyWire& second;
+    HostRing ring;
+    DeviceQueueProxy proxy;
+    TwoRails(RailStrike strike, std::chrono::milliseconds request_timeout, const ConnectOptions& connect)
+        : m0(signals_at + 4096),
+          m1(signals_at + 4096),
+          rxe0_wire("rxe0", "rxe1", m0, m1, connect),
+          rxe2_wire("rxe2", "rxe3", m0, m1, connect),
+          first(strike == RailStrike::link ? rxe2_wire : rxe0_wire),
+          second(strike == RailStrike::link ? rxe0_wire : rxe2_wire),
+          ring(10),
+          proxy(ring.view, first.pd0, first.cq0, ProxiedRing::options(request_timeout)) {
+        for (std::size_t i = 0; i < m0.size(); ++i) m0[i] = pattern(i);
+        proxy.add_device(second.pd0, second.cq0);
+        proxy.add_window(1, first.mr0);
+        proxy.add_window(1, second.mr0);
+        proxy.add_peer(0, first.qp0, first.windows());
+        proxy.add_rail(0, second.qp0, second.windows());
+    }
+    [[nodiscard]] std::size_t wrong(std::size_t puts) const {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < puts; ++i) {
+            const std::size_t src = ((i * 7) % blocks) * block;
+            if (std::memcmp(m1.data() + i * block, m0.data() + src, block) != 0) ++n;
+        }
+        return n;
+    }
+    [[nodiscard]] std::uint64_t* signal_word(std::size_t k) {
+        return reinterpret_cast<std::uint64_t*>(m1.data() + signals_at) + k;
+    }
+};
+
+/// Strikes `r`'s first rail as `strike` says; the guards heal it.
+void strike_rail(TwoRails& r, RailStrike strike, std::vector<std::unique_ptr<Heal>>& heals) {
+    switch (strike) {
+        case RailStrike::queue_pair: r.first.qp1 = QueuePair(); break;
+        case RailStrike::link:
+            heals.push_back(std::make_unique<Heal>("rail-up"));
+            REQUIRE(fault("rail-down") == 0);
+            break;
+        case RailStrike::silence:
+            heals.push_back(std::make_unique<Heal>("drop-off"));
+            REQUIRE(fault("drop-on") == 0);
+            break;
+        case RailStrike::both_links:
+            heals.push_back(std::make_unique<Heal>("rail-up"));
+            heals.push_back(std::make_unique<Heal>("link-up"));
+            REQUIRE(fault("rail-down") == 0);
+            REQUIRE(fault("link-down") == 0);
+            break;
+    }
+}
+
+dq::Request set_signal(std::uint64_t word, std::uint64_t value) {
+    dq::Request r;
+    r.op = dq::Op::signal;
+    r.signal_window = 2;
+    r.signal_offset = word * 8;
+    r.signal_value = value;
+    r.signal_op = dq::SignalOp::set;
+    return r;
+}
+
+const char* strike_name(RailStrike s) {
+    switch (s) {
+        case RailStrike::queue_pair: return "the peer's queue pair destroyed";
+        case RailStrike::link: return "its link down";
+        case RailStrike::silence: return "every packet dropped, the provider retrying forever";
+        case RailStrike::both_links: return "both links down";
+    }
+    return "?";
 }
 
 } // namespace
@@ -222,6 +342,154 @@ TEST_SUITE("device queue proxy on real RDMA") {
         second.progress();
         CHECK(dq::quiet(other.view, ring_deadline(1s)) == dq::WaitResult::refused);
         CHECK(second.failure().find("a request names peer 3, which has no queue pair") != std::string::npos);
+    }
+
+    TEST_CASE("a rail struck mid-stream: its requests move to the other rail and the producer never notices") {
+        const auto wire = second_wire();
+        if (!wire) return;
+        for (const RailStrike strike : {RailStrike::queue_pair, RailStrike::link, RailStrike::silence}) {
+            CAPTURE(strike_name(strike));
+            // Silence: rxe retries forever with retry_count 7, so only the proxy's own bound ends the rail.
+            ConnectOptions connect;
+            if (strike == RailStrike::silence) connect.retry_count = 7;
+            TwoRails r(strike, 1000ms, connect);
+            std::vector<std::unique_ptr<Heal>> heals;
+            std::uint64_t position = 0;
+            std::chrono::steady_clock::duration took{};
+            {
+                ProxyThread running(r.proxy);
+                for (std::uint64_t i = 0; i < 256; ++i) {
+                    REQUIRE(dq::push(r.ring.view, put(i), ring_deadline(30s), position) == dq::WaitResult::done);
+                }
+                REQUIRE(dq::push(r.ring.view, set_signal(0, 256), ring_deadline(30s), position) ==
+                        dq::WaitResult::done);
+                strike_rail(r, strike, heals);
+                const auto start = std::chrono::steady_clock::now();
+                // The rest, each 256 followed by a signal that sets how many have landed.
+                for (std::uint64_t i = 256; i < blocks; ++i) {
+                    REQUIRE(dq::push(r.ring.view, put(i), ring_deadline(30s), position) == dq::WaitResult::done);
+                    if ((i + 1) % 256 == 0) {
+                        REQUIRE(dq::push(r.ring.view, set_signal(0, i + 1), ring_deadline(30s), position) ==
+                                dq::WaitResult::done);
+                    }
+                }
+                CHECK(dq::quiet(r.ring.view, ring_deadline(30s)) == dq::WaitResult::done);
+                took = std::chrono::steady_clock::now() - start;
+                CHECK(dq::wait_signal(r.ring.view, r.signal_word(0), blocks, ring_deadline(10s)) ==
+                      dq::WaitResult::done);
+            }
+            INFO("proxy: " << r.proxy.failure());
+            CHECK(r.proxy.failure().empty());
+            CHECK(r.wrong(blocks) == 0);
+            const DeviceQueueProxyCounters& c = r.proxy.counters();
+            CHECK(c.rail_failures == 1);
+            CHECK(c.reposted > 0);
+            CHECK(c.completed == c.descriptors);
+            const std::vector<DeviceQueueRailState> rails = r.proxy.rails();
+            REQUIRE(rails.size() == 2);
+            CHECK(rails[0].failed);
+            CHECK_FALSE(rails[0].active);
+            CHECK(rails[1].active);
+            CHECK_FALSE(rails[1].failed);
+            CHECK(r.first.qp0.failure().has_value()); // moved to error: nothing left retrying on it
+            if (strike == RailStrike::silence) {
+                CHECK(rails[0].failure.find("did not complete within 1000 ms") != std::string::npos);
+            }
+            // The bound: the transport's retries (about half a second) or the proxy's 1 s, then the rest.
+            CHECK(took < 20s);
+            MESSAGE(std::string(strike_name(strike))
+                    << ": " << c.reposted << " descriptors posted again on rail 1, the last " << blocks
+                    << " puts quiet after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                    << " ms; rail 0: " << rails[0].failure);
+        }
+    }
+
+    TEST_CASE("every rail struck: the producer's quiet ends peer failed within the bound, naming each rail") {
+        const auto wire = second_wire();
+        if (!wire) return;
+        TwoRails r(RailStrike::both_links, 1000ms, ConnectOptions{});
+        std::vector<std::unique_ptr<Heal>> heals;
+        ProxyThread running(r.proxy);
+        std::uint64_t position = 0;
+        for (std::uint64_t i = 0; i < 64; ++i) {
+            REQUIRE(dq::push(r.ring.view, put(i), ring_deadline(30s), position) == dq::WaitResult::done);
+        }
+        REQUIRE(dq::quiet(r.ring.view, ring_deadline(30s)) == dq::WaitResult::done);
+        strike_rail(r, RailStrike::both_links, heals);
+        const auto start = std::chrono::steady_clock::now();
+        dq::WaitResult last = dq::WaitResult::done;
+        for (std::uint64_t i = 64; i < blocks && last == dq::WaitResult::done; ++i) {
+            last = dq::push(r.ring.view, put(i), ring_deadline(30s), position);
+        }
+        const dq::WaitResult quiet = dq::quiet(r.ring.view, ring_deadline(30s));
+        const auto took = std::chrono::steady_clock::now() - start;
+        CHECK(quiet == dq::WaitResult::peer_failed);
+        CHECK((last == dq::WaitResult::done || last == dq::WaitResult::peer_failed));
+        // Each rail: the transport's retries or the proxy's 1 s, one after the other.
+        CHECK(took < 15s);
+        INFO("proxy: " << r.proxy.failure());
+        CHECK(r.proxy.failure().find("every rail to peer 0 failed: rail 0: ") != std::string::npos);
+        CHECK(r.proxy.failure().find("; rail 1: ") != std::string::npos);
+        CHECK(r.proxy.counters().rail_failures == 2);
+        MESSAGE("both links down: quiet ended peer_failed after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms; " << r.proxy.failure());
+    }
+
+    TEST_CASE("a signal that adds, in flight on a failed rail, is not posted twice: peer failed, saying why") {
+        const auto wire = second_wire();
+        if (!wire) return;
+        TwoRails r(RailStrike::queue_pair, 1000ms, ConnectOptions{});
+        std::vector<std::unique_ptr<Heal>> heals;
+        ProxyThread running(r.proxy);
+        strike_rail(r, RailStrike::queue_pair, heals);
+        std::uint64_t position = 0;
+        dq::Request adds = put(0);
+        adds.op = dq::Op::put_signal;
+        adds.signal_window = 2;
+        adds.signal_offset = 0;
+        adds.signal_value = 1;
+        adds.signal_op = dq::SignalOp::add;
+        REQUIRE(dq::push(r.ring.view, adds, ring_deadline(30s), position) == dq::WaitResult::done);
+        CHECK(dq::quiet(r.ring.view, ring_deadline(30s)) == dq::WaitResult::peer_failed);
+        INFO("proxy: " << r.proxy.failure());
+        CHECK(r.proxy.failure().find("a signal that adds was in flight on it (position 0): it may have landed or "
+                                     "not, and posting it again could count it twice") != std::string::npos);
+        CHECK(*r.signal_word(0) == 0); // the peer's queue pair was gone: it did not land
+    }
+
+    TEST_CASE("rails and windows the proxy cannot use are refused in words") {
+        Pair pair(signals_at + 4096, proxy_qp_options());
+        Pair other(4096, proxy_qp_options());
+        HostRing ring(4);
+        DeviceQueueProxy proxy(ring.view, pair.a.pd, pair.a.cq);
+        const std::error_code unknown_peer = thrown_code([&] { proxy.add_rail(0, pair.a.qp, {}); });
+        CHECK(unknown_peer == errc::invalid_argument);
+        try {
+            proxy.add_rail(0, pair.a.qp, {});
+        } catch (const Error& e) {
+            CHECK(e.detail() == "peer 0 was not added: add_peer() gives its first rail");
+        }
+        try {
+            proxy.add_window(1, other.a.mr);
+            FAIL("a window of another protection domain was taken");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::invalid_argument);
+            CHECK(e.detail() ==
+                  "window 1 is registered in a protection domain the proxy has not: give its device "
+                  "to the constructor or to add_device() first");
+        }
+        try {
+            proxy.add_peer(0, other.a.qp, {});
+            FAIL("a queue pair of another protection domain was taken");
+        } catch (const Error& e) {
+            CHECK(e.code() == errc::invalid_argument);
+            CHECK(e.detail().find("the queue pair's protection domain is not one the proxy has") == 0);
+        }
+        // Given its device, both are taken.
+        proxy.add_device(other.a.pd, other.a.cq);
+        proxy.add_window(1, other.a.mr);
+        proxy.add_peer(0, other.a.qp, {});
+        CHECK(proxy.rails().size() == 1);
     }
 
     TEST_CASE("a closed proxy ends every wait queue closed") {

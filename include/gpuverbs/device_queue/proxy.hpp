@@ -3,22 +3,30 @@
 // requests into, and posts them on queue pairs: a batch of descriptors for one
 // peer becomes one chain (one doorbell). It returns a request's credit only
 // once its RDMA operation completed (the source may be reused then), and owns
-// every bound: a request the NIC does not complete within
-// `request_timeout` fails the queue (QueueError::peer_failed), which every
-// producer's wait reads.
+// every bound: a request the NIC does not complete within `request_timeout`
+// fails its rail, which every producer's wait reads once no rail is left.
 //
 //   gpuverbs::DeviceQueueProxy proxy(ring, pd, cq);
 //   proxy.add_window(1, source_region);                      // what puts read
 //   proxy.add_peer(0, qp, {{1, their_blocks}, {2, their_signals}});
-//   while (running) proxy.progress();                        // a thread of its own, or an Asio loop
+//   proxy.add_device(pd_b, cq_b);                            // a second NIC…
+//   proxy.add_window(1, source_region_on_b);                 // … the same memory registered on it
+//   proxy.add_rail(0, qp_b, {{1, their_blocks_b}, {2, their_signals_b}}); // takes over if qp fails
+//   while (running) proxy.progress();                        // a thread of its own, or drive_device_queue()
+//
+// Failover: a rail whose request fails on the path (retries exhausted, a
+// flush, the link down, a refused post) or does not complete in time is put
+// in error, and the peer's requests not known to have completed are posted
+// again, in order, on its next rail: the producer does not notice. A put
+// posted again writes its bytes again, and a signal that sets sets its value
+// again; a signal that *adds* cannot be posted twice without risking counting
+// it twice, so one in flight on a failed rail ends the queue peer_failed,
+// saying so (use set signals where failover must be invisible).
 //
 // Lifetimes: the ring's memory, the windows' regions, the peers' queue pairs
-// and the CQ must outlive the proxy. Thread safety: one thread at a time calls
+// and the CQs must outlive the proxy. Thread safety: one thread at a time calls
 // its members (progress() included; the rig's tests run it on a thread of its
 // own under TSan); producers push from any thread, through the ring alone.
-//
-// Not yet (see docs/gpu-initiated.md): several rails per peer with failover,
-// the Prometheus text, an Asio-driven form.
 #pragma once
 
 #include "gpuverbs/data_path/send_batch.hpp"
@@ -28,10 +36,13 @@
 #include "gpuverbs/verbs/protection_domain.hpp"
 #include "gpuverbs/verbs/queue_pair.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,13 +60,33 @@ struct DeviceQueueProxyOptions {
 
 /// What the proxy did (monotonic counts).
 struct DeviceQueueProxyCounters {
-    std::uint64_t descriptors = 0; ///< taken from the ring
-    std::uint64_t chains = 0;      ///< ibv_post_send calls (doorbells)
-    std::uint64_t requests = 0;    ///< work requests posted (a put_signal is two)
-    std::uint64_t completed = 0;   ///< descriptors completed (their credit returned)
-    std::uint64_t queue_full = 0;  ///< passes that left descriptors in the ring: a send queue had no room
-    std::uint64_t passes = 0;      ///< progress() calls
-    std::uint64_t idle_passes = 0; ///< … that found nothing to take and nothing completed
+    std::uint64_t descriptors = 0;   ///< taken from the ring
+    std::uint64_t chains = 0;        ///< ibv_post_send calls (doorbells)
+    std::uint64_t requests = 0;      ///< work requests posted (a put_signal is two)
+    std::uint64_t completed = 0;     ///< descriptors completed (their credit returned)
+    std::uint64_t queue_full = 0;    ///< passes that left descriptors in the ring: a send queue had no room
+    std::uint64_t passes = 0;        ///< progress() calls
+    std::uint64_t idle_passes = 0;   ///< … that found nothing to take and nothing completed
+    std::uint64_t ring_full = 0;     ///< … that found every slot taken and not completed: producers wait for credit
+    std::uint64_t rail_failures = 0; ///< rails found failed (a path error, a refused post, the request timeout)
+    std::uint64_t reposted = 0;      ///< descriptors posted again on another rail after theirs failed
+    /// Chains by descriptors: 1, 2, 3–4, 5–8, 9–16, 17–32, 33–64, more.
+    std::array<std::uint64_t, 8> chain_lengths{};
+    std::uint64_t chained = 0; ///< descriptors posted in chains (the histogram's sum)
+    /// Chains by time from post to completion, seen once per pass: ≤ 10 µs,
+    /// 100 µs, 1 ms, 10 ms, 100 ms, 1 s, more.
+    std::array<std::uint64_t, 7> completion_times{};
+    double completion_seconds = 0; ///< their sum
+};
+
+/// A rail of a peer as the proxy sees it (DeviceQueueProxy::rails()).
+struct DeviceQueueRailState {
+    std::uint16_t peer = 0;
+    std::uint32_t rail = 0; ///< in the order added: 0 is add_peer's
+    std::uint32_t qp_num = 0;
+    bool active = false; ///< it carries the peer's new requests
+    bool failed = false;
+    std::string failure; ///< why, in words (empty while it works)
 };
 
 /// A peer's windows: id → the peer's memory as its queue pair reaches it.
@@ -73,11 +104,26 @@ public:
     /// Closes the queue (producers' waits end queue_closed).
     ~DeviceQueueProxy();
 
-    /// A local window that puts read from.
+    /// Another NIC the proxy posts from (a rail on another device): its
+    /// protection domain (the proxy registers its scratch words there) and the
+    /// send CQ of its queue pairs, which progress() polls too.
+    void add_device(const ProtectionDomain& pd, CompletionQueue& cq);
+    /// A local window that puts read from, as registered in one of the
+    /// proxy's protection domains; add it once per device that has a rail
+    /// (the same memory registered on each). Throws gpuverbs::Error
+    /// (errc::invalid_argument) for a region of a protection domain the proxy
+    /// has not.
     void add_window(std::uint16_t id, const MemoryRegion& region);
-    /// A peer, its queue pair (with max_inline_data >= 8 for signals that set)
-    /// and its windows: puts write into them, signals land in them.
+    /// A peer and its first rail: a queue pair (with max_inline_data >= 8 for
+    /// signals that set, its PD one of the proxy's) and the peer's windows as
+    /// it reaches them: puts write into them, signals land in them. Replaces
+    /// the peer's rails if it had any.
     void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
+    /// Another rail to `peer` (added before): it takes the peer's requests
+    /// over when the rails before it failed. Throws gpuverbs::Error
+    /// (errc::invalid_argument) for an unknown peer or a queue pair of a
+    /// protection domain the proxy has not.
+    void add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
 
     /// One pass, never blocking: reaps completions and returns credits in
     /// order, fails the queue on a failed completion or a request past its
@@ -89,43 +135,80 @@ public:
     void close() noexcept;
 
     [[nodiscard]] const DeviceQueueProxyCounters& counters() const noexcept { return counters_; }
+    /// Every rail of every peer, and what the proxy knows of it.
+    [[nodiscard]] std::vector<DeviceQueueRailState> rails() const;
     /// Why the queue failed, in words (empty while it works).
     [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
 
 private:
-    struct Peer {
+    /// A protection domain the proxy posts from: its scratch words (a signal
+    /// that adds lands its old value in its slot's word; one that sets is
+    /// sent inline from it), its CQ and the local windows registered in it.
+    struct Local {
+        ibv_pd* pd = nullptr;
+        CompletionQueue* cq = nullptr;
+        std::vector<std::uint64_t> scratch;
+        MemoryRegion scratch_region;
+        std::vector<const MemoryRegion*> windows; ///< by id
+    };
+    struct Rail {
         QueuePair* qp = nullptr;
+        Local* local = nullptr;
         std::vector<std::optional<RemoteMemory>> windows; ///< by id (ids are small)
-        bool fence_next = false;
+        bool failed = false;
+        std::string failure;
         [[nodiscard]] const RemoteMemory* window(std::uint16_t id) const noexcept;
     };
+    struct Peer {
+        std::vector<Rail> rails; ///< none: not added
+        std::size_t active = 0;  ///< the rail new requests go on
+        /// Positions to post again on the active rail, in order, before any
+        /// new request to the peer (their rail failed).
+        std::deque<std::uint64_t> retry;
+        bool fence_next = false;
+    };
+    /// The slot's rail while it waits in a peer's retry list.
+    static constexpr std::uint8_t unposted = 0xff;
+
     [[nodiscard]] Peer* peer(std::uint16_t id) noexcept;
-    [[nodiscard]] const MemoryRegion* window(std::uint16_t id) const noexcept;
+    [[nodiscard]] Local& local_of(const QueuePair& qp, const char* verb);
+    Rail make_rail(QueuePair& qp, const RemoteWindows& windows, const char* verb);
     void reap();
+    void on_completion(const Completion& c);
+    /// The rail `rail` of `peer` failed (words: why): it goes to error and the
+    /// peer's unfinished requests move to its next rail, or the queue fails.
+    void fail_rail(std::uint16_t peer, std::size_t rail, std::string words);
+    void check_timeout();
     void fail(device_queue::QueueError error, std::string words) noexcept;
     /// Takes up to `batch` descriptors and posts them, a chain per run of one
     /// peer's; false when the queue failed.
     bool take_and_post();
+    /// Posts what peers' retry lists hold, as room allows.
+    void post_retries();
     /// The complete descriptor `ahead` after the next (a corrupt next one fails the queue).
     bool peek(device_queue::Request& r, std::uint64_t ahead);
-    /// Adds the requests of `r` to `chain` and takes it, its last signaled when
-    /// `covers` (the descriptors its completion covers) is not 0; false when
-    /// refused (the queue failed).
-    bool add(const device_queue::Request& r, Peer& to, SendBatch& chain, std::uint64_t covers);
+    /// Adds the requests of `r` (at `position`) to `chain` on the peer's
+    /// active rail, its last signaled when `covers` (the descriptors its
+    /// completion covers) is not 0; false when refused (the queue failed).
+    bool add(const device_queue::Request& r, std::uint64_t position, Peer& to, SendBatch& chain, std::uint64_t covers);
+    void count_chain(std::size_t descriptors) noexcept;
 
     device_queue::QueueView queue_;
     device_queue::RingReader reader_;
     DeviceQueueProxyOptions options_;
-    CompletionQueue* cq_;
-    std::vector<std::uint64_t> scratch_;
-    MemoryRegion scratch_region_;
-    std::vector<const MemoryRegion*> windows_; ///< by id
-    std::vector<Peer> peers_;                  ///< by id; qp null: none
-    /// Per slot: completed (1) or not, when posted, and to which peer.
+    std::vector<std::unique_ptr<Local>> locals_; ///< [0]: the constructor's
+    std::vector<CompletionQueue*> cqs_;          ///< each once
+    std::vector<Peer> peers_;                    ///< by id
+    /// Per slot: completed (1) or not, when posted, to which peer, on which of its rails.
     std::vector<std::uint8_t> done_;
     std::vector<std::chrono::steady_clock::time_point> posted_;
     std::vector<std::uint16_t> peer_of_;
+    std::vector<std::uint8_t> rail_of_;
     std::uint64_t credit_ = 0;
+    /// Once a rail failed, completions are checked against the slot's rail
+    /// (a failed rail's late completions are not the retry's).
+    bool any_rail_failed_ = false;
+    bool any_retry_ = false;
     /// The last look-ahead's descriptor (complete, at looked_at_): a complete
     /// descriptor never changes until its slot's credit returns.
     device_queue::Request look_{};
