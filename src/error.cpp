@@ -63,6 +63,9 @@ public:
             case errc::stale_metadata:
                 return "the pool metadata is older than the one already loaded from that peer (a record from before "
                        "the peer's pool was made again)";
+            case errc::device_queue_failed:
+                return "the device queue's proxy failed the queue (DeviceQueueProxy::failure() says why: a peer "
+                       "with no rail left, or a request it refused)";
             case errc::queue_pair_in_error:
                 return "the queue pair is in the error state (QueuePair::failure() says since when and why): "
                        "nothing more can be posted on it; connect a new queue pair (or reset this one and "

@@ -76,6 +76,9 @@ enum class errc {
     lease_not_yours, ///< the lease was granted to another reader: only that reader may release it
     // KV-cache pools (kv_pool.hpp).
     stale_metadata, ///< pool metadata older than the one already loaded from that peer (a restarted peer's old record)
+    // The device queue (device_queue/proxy.hpp).
+    device_queue_failed, ///< the proxy failed the queue: a peer with no rail left, or a request it refused (its
+                         ///< failure())
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

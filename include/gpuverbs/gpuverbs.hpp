@@ -8,6 +8,7 @@
 #include "gpuverbs/data_path/data_path.hpp"
 #include "gpuverbs/data_path/send_batch.hpp"
 #include "gpuverbs/data_path/work_request.hpp"
+#include "gpuverbs/device_queue/drive.hpp"
 #include "gpuverbs/device_queue/proxy.hpp"
 #include "gpuverbs/error.hpp"
 #include "gpuverbs/gpu/doctor.hpp"

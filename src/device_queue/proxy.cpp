@@ -163,6 +163,7 @@ void DeviceQueueProxy::close() noexcept {
 void DeviceQueueProxy::fail(dq::QueueError error, std::string words) noexcept {
     if (failed_) return;
     failed_ = true;
+    error_ = error;
     failure_ = std::move(words);
     reader_.fail(error);
 }
@@ -268,7 +269,7 @@ void DeviceQueueProxy::fail_rail(std::uint16_t peer_id, std::size_t rail, std::s
     Rail& r = p.rails[rail];
     if (r.failed || failed_) return;
     r.failed = true;
-    r.failure = words;
+    r.failure = std::move(words);
     any_rail_failed_ = true;
     ++counters_.rail_failures;
     (void)r.qp->force_error();    // its requests flush; nothing is left retrying on the wire
@@ -305,7 +306,7 @@ void DeviceQueueProxy::fail_rail(std::uint16_t peer_id, std::size_t rail, std::s
         }
         if (adds(r2) && rail_of_[slot] != unposted) {
             fail(dq::QueueError::peer_failed,
-                 words + "; a signal that adds was in flight on it (position " + std::to_string(at) +
+                 r.failure + "; a signal that adds was in flight on it (position " + std::to_string(at) +
                      "): it may have landed or not, and posting it again could count it twice (signals that "
                      "set fail over)");
             return;

@@ -1,5 +1,7 @@
 // PrometheusText (observability/prometheus.hpp).
 #include "gpuverbs/observability/prometheus.hpp"
+
+#include "gpuverbs/device_queue/proxy.hpp"
 #include "gpuverbs/transfers/rail_group.hpp"
 #include "gpuverbs/verbs/device.hpp"
 #include "gpuverbs/verbs/queue_pair.hpp"
@@ -178,6 +180,69 @@ void PrometheusText::add(std::string_view name, RailGroup& group) {
                "Moving estimate of the rail's throughput while busy (0: not measured)", labels, h.bytes_per_second);
         sample("gpuverbs_rail_cooling", "gauge", "1 while the rail is left out of new transfers after a failure",
                labels, h.cooling ? 1 : 0);
+    }
+}
+
+void PrometheusText::histogram(const std::string& family, const char* help, const std::string& labels,
+                               const std::vector<std::string>& bounds, const std::uint64_t* counts, double sum) {
+    Family& f = families_[family];
+    if (f.type.empty()) {
+        f.type = "histogram";
+        f.help = help;
+    }
+    std::uint64_t cumulative = 0;
+    for (std::size_t k = 0; k <= bounds.size(); ++k) {
+        cumulative += counts[k];
+        const std::string le = k < bounds.size() ? bounds[k] : "+Inf";
+        std::string line = family;
+        line += "_bucket{";
+        line += labels;
+        line += ",";
+        line += label("le", le);
+        line += "} ";
+        line += number(static_cast<double>(cumulative));
+        f.samples.push_back(std::move(line));
+    }
+    f.samples.push_back(family + "_sum{" + labels + "} " + number(sum));
+    f.samples.push_back(family + "_count{" + labels + "} " + number(static_cast<double>(cumulative)));
+}
+
+void PrometheusText::add(std::string_view name, const DeviceQueueProxy& proxy) {
+    const DeviceQueueProxyCounters& c = proxy.counters();
+    const std::string queue = label("queue", name);
+    const auto counter = [&](const char* family, const char* help, std::uint64_t value) {
+        sample(family, "counter", help, queue, static_cast<double>(value));
+    };
+    counter("gpuverbs_device_queue_descriptors_total", "Descriptors the proxy took from the ring", c.descriptors);
+    counter("gpuverbs_device_queue_completed_total",
+            "Descriptors whose requests completed (their credit returned to the producers)", c.completed);
+    counter("gpuverbs_device_queue_requests_total", "Work requests the proxy posted (a put_signal is two)", c.requests);
+    counter("gpuverbs_device_queue_doorbells_total", "Chains the proxy posted (one ibv_post_send each)", c.chains);
+    counter("gpuverbs_device_queue_passes_total", "progress() calls", c.passes);
+    counter("gpuverbs_device_queue_idle_passes_total", "progress() calls that found nothing to take or reap",
+            c.idle_passes);
+    counter("gpuverbs_device_queue_send_queue_full_total",
+            "Passes that left descriptors in the ring because a send queue had no room", c.queue_full);
+    counter("gpuverbs_device_queue_ring_full_passes_total",
+            "Passes that found every slot taken and not completed: producers wait for credit", c.ring_full);
+    counter("gpuverbs_device_queue_rail_failures_total",
+            "Rails found failed (a path error, a refused post, the request timeout)", c.rail_failures);
+    counter("gpuverbs_device_queue_reposted_total",
+            "Descriptors posted again on another rail after theirs failed (failover)", c.reposted);
+    sample("gpuverbs_device_queue_failed", "gauge", "1 once the queue failed or closed (DeviceQueueProxy::failure)",
+           queue, proxy.failure().empty() ? 0 : 1);
+    histogram("gpuverbs_device_queue_chain_descriptors", "Descriptors per chain (per doorbell)", queue,
+              {"1", "2", "4", "8", "16", "32", "64"}, c.chain_lengths.data(), static_cast<double>(c.chained));
+    histogram("gpuverbs_device_queue_completion_seconds",
+              "Time from a chain's post to its completion, as the proxy's passes see it", queue,
+              {"1e-05", "0.0001", "0.001", "0.01", "0.1", "1"}, c.completion_times.data(), c.completion_seconds);
+    for (const DeviceQueueRailState& r : proxy.rails()) {
+        const std::string labels =
+            queue + "," + label("peer", std::to_string(r.peer)) + "," + label("rail", std::to_string(r.rail));
+        sample("gpuverbs_device_queue_rail_up", "gauge", "1 while the proxy has not found the rail failed", labels,
+               r.failed ? 0 : 1);
+        sample("gpuverbs_device_queue_rail_active", "gauge", "1 for the rail that carries the peer's new requests",
+               labels, r.active ? 1 : 0);
     }
 }
 

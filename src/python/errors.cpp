@@ -117,7 +117,8 @@ void bind_errors(py::module_& m) {
         .value("port_down", errc::port_down)
         .value("lease_unknown", errc::lease_unknown)
         .value("lease_not_yours", errc::lease_not_yours)
-        .value("stale_metadata", errc::stale_metadata);
+        .value("stale_metadata", errc::stale_metadata)
+        .value("device_queue_failed", errc::device_queue_failed);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
     // pybind11's translator type takes the pointer by value.

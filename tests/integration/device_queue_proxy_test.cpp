@@ -7,14 +7,20 @@
 // rig's two wires, a rail struck mid-stream (queue pair destroyed, link down,
 // every packet dropped), whose requests move to the other rail without the
 // producer noticing.
+#include "gpuverbs/device_queue/drive.hpp"
 #include "gpuverbs/device_queue/proxy.hpp"
 
 #include "host_ring.hpp"
+#include "prometheus_parse.hpp"
 #include "rig_faults.hpp"
 #include "rig_pair.hpp"
 #include "rig_rails.hpp"
 
 #include <doctest/doctest.h>
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -206,6 +212,43 @@ const char* strike_name(RailStrike s) {
     return "?";
 }
 
+/// The proxy's Prometheus text, read by the Prometheus client's own parser,
+/// says what its counters and rails() say.
+void check_metrics(const DeviceQueueProxy& proxy) {
+    PrometheusText metrics;
+    metrics.add("gpu0", proxy);
+    const std::string text = metrics.text();
+    const ParsedMetrics parsed = parse_prometheus(text);
+    REQUIRE_MESSAGE(parsed.error.empty(), parsed.error << "\n" << text);
+    auto at = [&](const std::string& key) {
+        auto it = parsed.samples.find(key);
+        if (it == parsed.samples.end()) FAIL_CHECK("no sample " << key);
+        return it == parsed.samples.end() ? -1.0 : it->second;
+    };
+    const DeviceQueueProxyCounters& c = proxy.counters();
+    const std::uint64_t chains_of_one = c.chain_lengths[0];
+    const std::pair<const char*, double> samples[] = {
+        {R"(gpuverbs_device_queue_descriptors_total{queue="gpu0"})", static_cast<double>(c.descriptors)},
+        {R"(gpuverbs_device_queue_completed_total{queue="gpu0"})", static_cast<double>(c.completed)},
+        {R"(gpuverbs_device_queue_doorbells_total{queue="gpu0"})", static_cast<double>(c.chains)},
+        {R"(gpuverbs_device_queue_rail_failures_total{queue="gpu0"})", 1},
+        {R"(gpuverbs_device_queue_reposted_total{queue="gpu0"})", static_cast<double>(c.reposted)},
+        {R"(gpuverbs_device_queue_failed{queue="gpu0"})", 0},
+        {R"(gpuverbs_device_queue_chain_descriptors_bucket{le="1",queue="gpu0"})", static_cast<double>(chains_of_one)},
+        {R"(gpuverbs_device_queue_chain_descriptors_count{queue="gpu0"})", static_cast<double>(c.chains)},
+        {R"(gpuverbs_device_queue_chain_descriptors_sum{queue="gpu0"})", static_cast<double>(c.chained)},
+        {R"(gpuverbs_device_queue_rail_up{peer="0",queue="gpu0",rail="0"})", 0},
+        {R"(gpuverbs_device_queue_rail_up{peer="0",queue="gpu0",rail="1"})", 1},
+        {R"(gpuverbs_device_queue_rail_active{peer="0",queue="gpu0",rail="1"})", 1},
+    };
+    for (const auto& [key, value] : samples) {
+        CAPTURE(key);
+        CHECK(at(key) == value);
+    }
+    CHECK(at(R"(gpuverbs_device_queue_completion_seconds_count{queue="gpu0"})") > 0);
+    CHECK(c.chained >= c.descriptors); // every descriptor went in a chain (no fences here), some twice
+}
+
 } // namespace
 
 TEST_SUITE("device queue proxy on real RDMA") {
@@ -348,7 +391,8 @@ TEST_SUITE("device queue proxy on real RDMA") {
         const auto wire = second_wire();
         if (!wire) return;
         for (const RailStrike strike : {RailStrike::queue_pair, RailStrike::link, RailStrike::silence}) {
-            CAPTURE(strike_name(strike));
+            const std::string struck = strike_name(strike);
+            CAPTURE(struck);
             // Silence: rxe retries forever with retry_count 7, so only the proxy's own bound ends the rail.
             ConnectOptions connect;
             if (strike == RailStrike::silence) connect.retry_count = 7;
@@ -392,6 +436,7 @@ TEST_SUITE("device queue proxy on real RDMA") {
             CHECK(rails[1].active);
             CHECK_FALSE(rails[1].failed);
             CHECK(r.first.qp0.failure().has_value()); // moved to error: nothing left retrying on it
+            check_metrics(r.proxy);
             if (strike == RailStrike::silence) {
                 CHECK(rails[0].failure.find("did not complete within 1000 ms") != std::string::npos);
             }
@@ -490,6 +535,76 @@ TEST_SUITE("device queue proxy on real RDMA") {
         proxy.add_window(1, other.a.mr);
         proxy.add_peer(0, other.a.qp, {});
         CHECK(proxy.rails().size() == 1);
+    }
+
+    TEST_CASE(
+        "the proxy driven by an io_context: puts land; a cancellation closes the queue, a failure ends the "
+        "drive with its code") {
+        namespace asio = boost::asio;
+        Pair pair(signals_at + 4096, proxy_qp_options());
+        for (std::size_t i = 0; i < pair.a.memory.size(); ++i) pair.a.memory[i] = pattern(i);
+        ProxiedRing rig(pair, 8, 1000ms);
+        asio::io_context io(1);
+        std::optional<async_error_code> ended;
+        asio::cancellation_signal cancel;
+        DeviceQueueDriveOptions o;
+        o.idle_passes_before_nap = 16; // naps between the producer's bursts, too
+        async_drive(rig.proxy, io.get_executor(), o,
+                    asio::bind_cancellation_slot(cancel.slot(), [&](async_error_code ec) { ended = ec; }));
+        std::atomic<bool> produced{false};
+        dq::WaitResult quiet = dq::WaitResult::timed_out;
+        std::thread producer([&] {
+            std::uint64_t position = 0;
+            for (std::uint64_t i = 0; i < 1024; ++i) {
+                if (dq::push(rig.ring.view, put(i), ring_deadline(30s), position) != dq::WaitResult::done) break;
+                if (i % 100 == 0) std::this_thread::sleep_for(1ms); // idle gaps: the drive naps
+            }
+            quiet = dq::quiet(rig.ring.view, ring_deadline(30s));
+            produced = true;
+        });
+        while (!produced) io.run_for(10ms);
+        producer.join();
+        CHECK(quiet == dq::WaitResult::done);
+        CHECK_FALSE(ended.has_value());
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < 1024; ++i) {
+            const std::size_t src = ((i * 7) % blocks) * block;
+            if (std::memcmp(pair.b.memory.data() + i * block, pair.a.memory.data() + src, block) != 0) ++wrong;
+        }
+        CHECK(wrong == 0);
+        CHECK(rig.proxy.counters().completed == 1024);
+        CHECK(rig.proxy.counters().idle_passes > 0);
+        // Cancelled: the drive ends operation_aborted and closes the queue.
+        cancel.emit(asio::cancellation_type::terminal);
+        io.restart();
+        for (int k = 0; k < 100 && !ended; ++k) io.run_for(10ms);
+        REQUIRE(ended.has_value());
+        CHECK(*ended == asio::error::operation_aborted);
+        CHECK(rig.proxy.error() == dq::QueueError::closed);
+        // A request pushed now is never taken: its quiet ends queue_closed (the push itself reads the error
+        // word only when the ring looks full).
+        std::uint64_t late = 0;
+        const dq::WaitResult pushed = dq::push(rig.ring.view, put(0), ring_deadline(1s), late);
+        CHECK((pushed == dq::WaitResult::done || pushed == dq::WaitResult::queue_closed));
+        CHECK(dq::quiet(rig.ring.view, ring_deadline(1s)) == dq::WaitResult::queue_closed);
+
+        // A failure: the peer's queue pair gone; the drive ends with device_queue_failed.
+        Pair broken(signals_at + 4096, proxy_qp_options());
+        ProxiedRing second(broken, 8, 1000ms);
+        broken.b.qp = QueuePair();
+        ended.reset();
+        async_drive(second.proxy, io.get_executor(), {}, [&](async_error_code ec) { ended = ec; });
+        std::uint64_t position = 0;
+        REQUIRE(dq::push(second.ring.view, put(0), ring_deadline(30s), position) == dq::WaitResult::done);
+        io.restart();
+        const auto start = std::chrono::steady_clock::now();
+        for (int k = 0; k < 1000 && !ended; ++k) io.run_for(10ms);
+        REQUIRE(ended.has_value());
+        CHECK(std::error_code(*ended) == errc::device_queue_failed);
+        CHECK(second.proxy.error() == dq::QueueError::peer_failed);
+        CHECK(std::chrono::steady_clock::now() - start < 5s);
+        CHECK(dq::quiet(second.ring.view, ring_deadline(1s)) == dq::WaitResult::peer_failed);
+        MESSAGE("the drive ended: " << ended->message() << "; " << second.proxy.failure());
     }
 
     TEST_CASE("a closed proxy ends every wait queue closed") {

@@ -137,6 +137,8 @@ public:
     [[nodiscard]] const DeviceQueueProxyCounters& counters() const noexcept { return counters_; }
     /// Every rail of every peer, and what the proxy knows of it.
     [[nodiscard]] std::vector<DeviceQueueRailState> rails() const;
+    /// How the queue ended (QueueError::none while it works).
+    [[nodiscard]] device_queue::QueueError error() const noexcept { return error_; }
     /// Why the queue failed, in words (empty while it works).
     [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
 
@@ -216,6 +218,7 @@ private:
     bool looked_ahead_ = false;
     std::chrono::steady_clock::time_point now_{}; ///< read once per pass
     bool failed_ = false;
+    device_queue::QueueError error_ = device_queue::QueueError::none;
     std::string failure_;
     DeviceQueueProxyCounters counters_;
 };

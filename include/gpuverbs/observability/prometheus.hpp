@@ -5,6 +5,7 @@
 //   metrics.add("decode-0", qp);           // requests, completions, errors by status
 //   metrics.add("kv", rails);              // per rail: bytes, busy time, failures, failovers, throughput
 //   metrics.add_port(device);              // the device's own hardware counters (retries, sequence errors)
+//   metrics.add("gpu0", proxy);            // a device queue's proxy: descriptors, doorbells, chains, stalls, rails
 //   std::string body = metrics.text();     // text/plain; version=0.0.4
 //
 // Reading costs nothing on the data path: a queue pair's counts are the
@@ -28,6 +29,7 @@ namespace gpuverbs {
 class Device;
 class QueuePair;
 class RailGroup;
+class DeviceQueueProxy;
 
 class PrometheusText {
 public:
@@ -39,6 +41,13 @@ public:
     /// seconds, transfers, failures, requests moved away and taken over,
     /// measured throughput, cooling.
     void add(std::string_view name, RailGroup& group);
+    /// A device queue's proxy (device_queue/proxy.hpp), labelled queue="name":
+    /// descriptors taken and completed, requests, doorbells, passes (idle,
+    /// with the send queue full, with the ring full: producers waiting for
+    /// credit), rail failures and descriptors posted again, whether the queue
+    /// failed; histograms of chain lengths (descriptors per doorbell) and of
+    /// post-to-completion seconds; per rail (peer, rail): up and active.
+    void add(std::string_view name, const DeviceQueueProxy& proxy);
     /// The hardware counters the driver exports for `port` of `device`
     /// (/sys/class/infiniband/DEV/ports/N/hw_counters: on rxe and mlx5 the
     /// transport's retries, sequence errors, RNR NAKs…), labelled device,
@@ -72,6 +81,10 @@ private:
         std::vector<std::string> samples;
     };
     void sample(const std::string& family, const char* type, const char* help, const std::string& labels, double value);
+    /// A histogram from per-bucket (not cumulative) counts; `bounds` are the
+    /// buckets' upper bounds but the last's (+Inf).
+    void histogram(const std::string& family, const char* help, const std::string& labels,
+                   const std::vector<std::string>& bounds, const std::uint64_t* counts, double sum);
     std::map<std::string, Family> families_;
 };
 

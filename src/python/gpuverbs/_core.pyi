@@ -67,6 +67,7 @@ class Errc(metaclass=_pybind11_type):
     lease_unknown: ClassVar[Errc]
     lease_not_yours: ClassVar[Errc]
     stale_metadata: ClassVar[Errc]
+    device_queue_failed: ClassVar[Errc]
     __members__: ClassVar[Dict[str, Errc]]
     def __init__(self, value: int) -> None: ...
     def __eq__(self, other: object) -> bool: ...
