@@ -11,6 +11,7 @@
 
 #if GPUVERBS_TEST_HAVE_RING_KERNELS
 #include "device_queue/ring_kernels.hpp"
+#include "gpuverbs/device_queue/queue.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -109,6 +110,34 @@ TEST_SUITE("device queue ring on a real GPU" * doctest::skip(!gpuverbs::test::gp
             CHECK(failed == 0);
             CHECK(words.reserved == total);
         }
+    }
+
+    TEST_CASE(
+        "the library's own DeviceQueue on the GPU: 32 x 32 kernel threads push 2 million descriptors through "
+        "it, every one checked") {
+        gpuverbs::DeviceQueue queue = gpuverbs::DeviceQueue::on_gpu(0, 12);
+        REQUIRE(queue);
+        CHECK(queue.gpu() == 0);
+        CHECK(queue.view().producer != nullptr);
+        CHECK(queue.proxy_view().producer == nullptr); // GPU memory: the producers' own
+        std::string why;
+        const std::uint64_t per_thread = 2048;
+        const std::uint64_t total = per_thread * 32 * 32;
+        REQUIRE_MESSAGE(start_producers(queue.view(), 32, 32, per_thread, 10'000'000'000ULL, why), why);
+        const ReadResult r = read_all(queue.proxy_view(), 32 * 32, total, 120s);
+        std::uint64_t failed = 0;
+        REQUIRE_MESSAGE(finish(failed, why), why);
+        CHECK(r.taken == total);
+        CHECK(r.corrupt == 0);
+        CHECK(r.wrong == 0);
+        CHECK(r.out_of_order == 0);
+        CHECK(failed == 0);
+        // A GPU that does not exist is refused in words.
+        std::error_code ec;
+        gpuverbs::Diagnostics d;
+        CHECK_FALSE(gpuverbs::DeviceQueue::on_gpu(99, 12, ec, d));
+        CHECK(ec == gpuverbs::errc::invalid_argument);
+        CHECK(d.detail().starts_with("there is no CUDA device 99 ("));
     }
 
     TEST_CASE("with the reader stopped a full ring, quiet and wait_signal end timed out; once closed, queue closed") {

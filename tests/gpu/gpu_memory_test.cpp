@@ -391,6 +391,19 @@ TEST_SUITE("gpuverbs-doctor on a real GPU" * doctest::skip(!gpuverbs::test::gpu_
         REQUIRE(r.conclusions.size() == gpus.size());
         CHECK(r.conclusions[0].nic.empty());
         CHECK_FALSE(r.conclusions[0].method.has_value());
+        // The device queue: the GPU maps host memory (no reason about it), yet with no RDMA device there is no path.
+        const GpuDirectAttributes a = gpu_direct_attributes(0);
+        CHECK(a.can_map_host_memory);
+        CHECK(a.unified_addressing);
+        CHECK(find("device-queue", subject).status == CheckStatus::warn);
+        CHECK(find("device-queue", subject).found ==
+              "kernels cannot start transfers here: no path: the proxy cannot work here (there is no RDMA device)");
+        CHECK(find("device-queue-gpu-direct", subject).found == "IBGDA is not possible: there is no RDMA device");
+        CHECK(find("device-queue-atomics", subject)
+                  .found.starts_with(std::string("host-native atomics ") + (a.host_native_atomics ? "yes" : "no") +
+                                     ": not needed"));
+        CHECK(r.conclusions[0].device_queue == "none");
+        MESSAGE("device queue on this GPU: " << find("device-queue-atomics", subject).found);
     }
 }
 

@@ -5,11 +5,13 @@
 //   host pci0000:00 numa 0                    a root complex and its NUMA node
 //   bridge PATH [acs=off|redirect|none|unreadable]
 //   gpu PATH [bar1=SIZE]                      an NVIDIA GPU (SIZE like 256M, 128G)
-//   nic NAME PATH                             an RDMA device (mlx5_0) at a PCI function
+//   nic NAME PATH [driver=D] [ro=on|off]      an RDMA device (mlx5_0) at a PCI function, its
+//                                             kernel driver, relaxed ordering in its PCIe Device Control
 //   iommu BDF identity|DMA|DMA-FQ             the device's IOMMU group type
 //   cmdline TEXT                              /proc/cmdline
 //   driver TEXT                               /proc/driver/nvidia/version
-//   peermem                                   /sys/module/nvidia_peermem/version exists
+//   params TEXT                               /proc/driver/nvidia/params (e.g. RegistryDwords:
+//   "PeerMappingOverride=1;") peermem                                   /sys/module/nvidia_peermem/version exists
 //
 // PATH is the device's path under /sys/devices, e.g.
 // pci0000:00/0000:00:01.0/0000:01:00.0; its last part is its BDF.
@@ -71,12 +73,27 @@ public:
                     << "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
                     << "0x0000200000000000 0x" << std::hex << (0x200000000000ull + bar1 - 1) << " 0x000000000014220c\n";
             } else if (kind == "nic") {
-                std::string name, path;
+                std::string name, path, option;
                 words >> name >> path;
-                add_device(path, "0x15b3", "0x020700", "0x101d");
+                const std::string dir = add_device(path, "0x15b3", "0x020700", "0x101d");
                 fs::create_directories(sys() + "/class/infiniband/" + name);
                 fs::create_directory_symlink(sys() + "/devices/" + path,
                                              sys() + "/class/infiniband/" + name + "/device");
+                while (words >> option) {
+                    if (option.starts_with("driver=")) {
+                        fs::create_directories(sys() + "/bus/pci/drivers/" + option.substr(7));
+                        fs::create_directory_symlink(sys() + "/bus/pci/drivers/" + option.substr(7), dir + "/driver");
+                    } else if (option.starts_with("ro=")) {
+                        // 256 bytes, as a user reads them: the PCI Express capability at 0x40, Device Control at 0x48.
+                        std::vector<unsigned char> config(256, 0);
+                        config[0x34] = 0x40;
+                        config[0x40] = 0x10;
+                        config[0x48] = option == "ro=on" ? 0x10 : 0x00;
+                        std::ofstream(dir + "/config", std::ios::binary)
+                            .write(reinterpret_cast<const char*>(config.data()),
+                                   static_cast<std::streamsize>(config.size()));
+                    }
+                }
             } else if (kind == "iommu") {
                 std::string bdf, type;
                 words >> bdf >> type;
@@ -95,6 +112,11 @@ public:
                 std::getline(words >> std::ws, rest);
                 fs::create_directories(proc() + "/driver/nvidia");
                 std::ofstream(proc() + "/driver/nvidia/version") << rest << "\nGCC version: gcc 12\n";
+            } else if (kind == "params") {
+                std::string rest;
+                std::getline(words >> std::ws, rest);
+                fs::create_directories(proc() + "/driver/nvidia");
+                std::ofstream(proc() + "/driver/nvidia/params") << "ResmanDebugLevel: 4294967295\n" << rest << "\n";
             } else if (kind == "peermem") {
                 fs::create_directories(sys() + "/module/nvidia_peermem");
                 std::ofstream(sys() + "/module/nvidia_peermem/version") << "580.159.04\n";

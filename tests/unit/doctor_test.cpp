@@ -103,6 +103,42 @@ TEST_SUITE("doctor topology") {
               "(NCCL_NET_GDR_LEVEL default PXB suffices)");
     }
 
+    TEST_CASE(
+        "the device queue's path per GPU: its facts from the machine, the proxy or nothing, and IBGDA's "
+        "reasons; relaxed ordering per NIC") {
+        SysfsFixture f(topology("hgx-8gpu-pix.topo"));
+        DoctorReport r = diagnose_fixture(f);
+        // A fixture run asks CUDA nothing: the GPU's mapping of host memory is not known, so no path.
+        const auto& dq = check(r, "device-queue", "GPU 0000:03:00.0");
+        CHECK(dq.status == CheckStatus::warn);
+        CHECK(dq.found ==
+              "kernels cannot start transfers here: no path: the proxy cannot work here (CUDA does not see "
+              "the GPU: not queried (fixture run))");
+        CHECK(dq.doc == "troubleshooting.md#doctor-device-queue");
+        REQUIRE(r.conclusions.size() == 8);
+        CHECK(r.conclusions[0].device_queue == "none");
+        // mlx5_0 is an mlx5 NIC with the doorbell mappable (PeerMappingOverride=1): what IBGDA lacks is the GPU.
+        const auto& ibgda = check(r, "device-queue-gpu-direct", "GPU 0000:03:00.0");
+        CHECK(ibgda.status == CheckStatus::not_applicable);
+        CHECK(ibgda.found.starts_with("IBGDA is not possible: the NIC cannot register this GPU's memory ("));
+        CHECK_FALSE(contains(ibgda.found, "driver"));
+        CHECK_FALSE(contains(ibgda.found, "PeerMappingOverride"));
+        // The NICs whose config space says: on, off; the others' is not there.
+        CHECK(
+            contains(check(r, "nic-relaxed-ordering", "mlx5_0").found, "relaxed ordering is enabled on 0000:05:00.0"));
+        CHECK(check(r, "nic-relaxed-ordering", "mlx5_1").found ==
+              "relaxed ordering is disabled on 0000:06:00.0: the NIC's writes reach memory in order");
+        CHECK(check(r, "nic-relaxed-ordering", "mlx5_2").status == CheckStatus::unknown);
+        // Without PeerMappingOverride, and with a NIC whose driver is not mlx5, each is named.
+        SysfsFixture other(topology("two-socket-sys.topo"));
+        const DoctorReport o = diagnose_fixture(other);
+        REQUIRE_FALSE(o.conclusions.empty());
+        const auto& why = check(o, "device-queue-gpu-direct", "GPU " + o.conclusions[0].gpu).found;
+        CHECK(contains(why, "the NIC's driver is unknown: IBGDA writes mlx5 work requests"));
+        CHECK(contains(why, "cannot be read (is the NVIDIA driver loaded?)"));
+        CHECK(contains(gpuverbs::to_json(r), "\"device_queue\": \"none\", \"device_queue_why\": \"no path: "));
+    }
+
     TEST_CASE("a two-socket host with the NIC on the other socket: SYS, and the old stack is named") {
         SysfsFixture f(topology("two-socket-sys.topo"));
         DoctorReport r = diagnose_fixture(f, "5.4.0-150-generic");
@@ -247,6 +283,25 @@ TEST_SUITE("doctor pieces") {
         CHECK(parse_acs(config).kind == AcsState::absent);
     }
 
+    TEST_CASE("relaxed ordering from the PCI Express capability's Device Control, through a chain of capabilities") {
+        using gpuverbs::detail::parse_relaxed_ordering;
+        std::vector<std::uint8_t> config(256, 0);
+        CHECK_FALSE(parse_relaxed_ordering(config).has_value()); // no capabilities at all
+        config[0x34] = 0x40;
+        config[0x40] = 0x01; // power management, next at 0x60
+        config[0x41] = 0x60;
+        config[0x60] = 0x10; // PCI Express
+        CHECK(parse_relaxed_ordering(config) == false);
+        config[0x68] = 0x10 | 0x20; // Enable Relaxed Ordering, and Extended Tag beside it
+        CHECK(parse_relaxed_ordering(config) == true);
+        config[0x68] = 0x20;
+        CHECK(parse_relaxed_ordering(config) == false);
+        CHECK_FALSE(parse_relaxed_ordering(std::span(config).first(0x30)).has_value()); // too short
+        CHECK_FALSE(parse_relaxed_ordering(std::span(config).first(0x64)).has_value()); // the capability cut off
+        config[0x41] = 0x40; // a loop that never reaches it ends
+        CHECK_FALSE(parse_relaxed_ordering(config).has_value());
+    }
+
     TEST_CASE("BAR1 is the second memory BAR, after a 32-bit or a 64-bit BAR0") {
         namespace fs = std::filesystem;
         fs::path root = fs::temp_directory_path() / ("gpuverbs-bar1-" + std::to_string(::getpid()));
@@ -290,7 +345,7 @@ TEST_SUITE("doctor pieces") {
     {"gpu": "0000:03:00.0", "nic": "mlx5_0", "class": "PIX", "bridges": ["0000:02:00.0"]}
   ],
   "conclusions": [
-    {"gpu": "0000:03:00.0", "nic": "mlx5_0", "class": "PIX", "method": "dmabuf", "rejected": [{"method": "peermem", "reason": "nvidia_peermem is not loaded"}], "nccl": {"NCCL_IB_HCA": "mlx5_0", "NCCL_NET_GDR_LEVEL": "PIX"}}
+    {"gpu": "0000:03:00.0", "nic": "mlx5_0", "class": "PIX", "method": "dmabuf", "rejected": [{"method": "peermem", "reason": "nvidia_peermem is not loaded"}], "nccl": {"NCCL_IB_HCA": "mlx5_0", "NCCL_NET_GDR_LEVEL": "PIX"}, "device_queue": null, "device_queue_why": null}
   ]
 }
 )");

@@ -57,6 +57,8 @@ struct GpuConclusion {
     std::vector<Rejection> rejected;    ///< the methods ruled out, and why
     std::string nccl_ib_hca;            ///< NCCL_IB_HCA for this GPU's traffic
     std::string nccl_net_gdr_level;     ///< NCCL_NET_GDR_LEVEL that lets NCCL use GPUDirect on this path
+    std::string device_queue;           ///< how kernels' requests would reach the NIC: "proxy", "gpu-direct", "none"
+    std::string device_queue_why;       ///< why (choose_device_queue_path), naming the other path's reasons
 };
 
 struct DoctorReport {

@@ -160,6 +160,10 @@ struct GpuDirectAttributes {
     bool vmm_gpu_direct = false;  ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
     int flush_writes_options = 0; ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS (bit 0: host flush)
     int writes_ordering = 0;      ///< CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING (0 none, 100 owner, 200 all)
+    // What a device queue needs (device_queue/path.hpp):
+    bool can_map_host_memory = false; ///< CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY
+    bool unified_addressing = false;  ///< CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+    bool host_native_atomics = false; ///< CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED (Grace: yes; PCIe x86: no)
 };
 /// Reads them for GPU `gpu` (throws gpuverbs::Error without a driver or GPU).
 GpuDirectAttributes gpu_direct_attributes(int gpu);

@@ -60,6 +60,7 @@ namespace gpuverbs::detail::cuda {
     X(cuFlushGPUDirectRDMAWrites, 11030)    \
     X(cuMemHostAlloc, 2020)                 \
     X(cuMemFreeHost, 2000)                  \
+    X(cuMemHostGetDevicePointer, 3020)      \
     X(cuStreamCreate, 2000)                 \
     X(cuStreamDestroy, 4000)                \
     X(cuStreamSynchronize, 2000)            \

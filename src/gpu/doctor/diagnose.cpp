@@ -3,6 +3,7 @@
 #include "gpuverbs/detail/gpu/gpu_registration.hpp"
 #include "gpuverbs/detail/gpu/pcie_topology.hpp"
 #include "gpuverbs/detail/verbs/rdma_presence.hpp"
+#include "gpuverbs/device_queue/path.hpp"
 #include "gpuverbs/verbs/device.hpp"
 
 #include "gpu/gpu_direct/probes.hpp"
@@ -286,6 +287,21 @@ void check_nics(Builder& b, const DoctorOptions& o, std::vector<NicFacts>& nics)
     for (const auto& n : nics)
         names += (names.empty() ? "" : ", ") + n.name + (n.bdf.empty() ? " (software)" : " (" + n.bdf + ")");
     b.add("rdma-devices", "system", CheckStatus::ok, names);
+    for (const auto& n : nics) {
+        if (n.bdf.empty()) continue; // software: no PCIe function of its own
+        const std::optional<bool> relaxed = detail::read_relaxed_ordering(o.sys_root, n.bdf);
+        if (!relaxed) {
+            b.add("nic-relaxed-ordering", n.name, CheckStatus::unknown,
+                  "the PCI Express capability of " + n.bdf + " is not readable (needs root)");
+        } else {
+            b.add("nic-relaxed-ordering", n.name, CheckStatus::ok,
+                  *relaxed ? "relaxed ordering is enabled on " + n.bdf +
+                                 ": regions registered with Access::relaxed_ordering may see a put's signal land "
+                                 "before its bytes (gpuverbs never sets it on its own: keep it off for a device "
+                                 "queue's windows)"
+                           : "relaxed ordering is disabled on " + n.bdf + ": the NIC's writes reach memory in order");
+        }
+    }
     if (!o.live) return;
     for (auto& n : nics) {
         std::error_code ec;
@@ -402,6 +418,73 @@ void check_path(Builder& b, const DoctorOptions& o, const GpuFacts& g, const Nic
     } else {
         b.add("pcie-acs", subject, CheckStatus::ok, "no ACS redirection on " + fine);
     }
+}
+
+// --- the device queue (device_queue/path.hpp) ---------------------------------------
+
+/// Whether the NVIDIA driver lets a NIC's doorbell be mapped into the GPU
+/// (PeerMappingOverride=1 in its RegistryDwords), as IBGDA needs.
+Check probe_peer_mapping_override(const DoctorOptions& o) {
+    const std::string params = read_text(o.proc_root + "/driver/nvidia/params");
+    if (params.empty()) {
+        return Check::no("the NVIDIA driver's parameters (" + o.proc_root +
+                         "/driver/nvidia/params) cannot be read (is the NVIDIA driver loaded?)");
+    }
+    if (params.find("PeerMappingOverride=1") != std::string::npos) return Check::yes();
+    return Check::no(
+        "the NVIDIA driver was loaded without PeerMappingOverride=1 (NVreg_RegistryDwords), so a NIC's "
+        "doorbell cannot be mapped into the GPU");
+}
+
+/// The device queue's checks for GPU `g` and its nearest NIC `n` (none: no
+/// NIC), given what registration found; fills the conclusion's path.
+void check_device_queue(Builder& b, const DoctorOptions& o, const GpuFacts& g, const NicFacts* n,
+                        const GpuRegistrationPlan& plan, const std::string& cuda_problem, GpuConclusion& c) {
+    DeviceQueuePathFacts f;
+    if (!g.cuda) {
+        f.host_mapped_memory = Check::no("CUDA does not see the GPU: " + cuda_problem);
+    } else {
+        std::error_code ec;
+        const GpuDirectAttributes a = gpu_direct_attributes(g.cuda->ordinal, ec);
+        if (ec) {
+            f.host_mapped_memory = Check::no("the GPU's CUDA attributes cannot be read: " + ec.message());
+        } else {
+            f.host_mapped_memory =
+                a.can_map_host_memory && a.unified_addressing
+                    ? Check::yes()
+                    : Check::no(std::string("the GPU cannot map pinned host memory, where the ring lives "
+                                            "(CAN_MAP_HOST_MEMORY ") +
+                                (a.can_map_host_memory ? "1" : "0") + ", UNIFIED_ADDRESSING " +
+                                (a.unified_addressing ? "1" : "0") + ")");
+            b.add("device-queue-atomics", g.subject(), CheckStatus::ok,
+                  std::string("host-native atomics ") + (a.host_native_atomics ? "yes" : "no") +
+                      ": not needed, the ring's reservation counter is in GPU memory and the GPU only loads and "
+                      "stores host memory");
+        }
+    }
+    f.nic = n != nullptr ? Check::yes() : Check::no("there is no RDMA device");
+    f.nic_driver = n != nullptr ? detail::rdma_driver(o.sys_root, n->name) : std::string();
+    f.gpu_memory_reachable =
+        plan.order.empty()
+            ? Check::no("the NIC cannot register this GPU's memory (" + describe_rejections(plan.rejected) + ")")
+            : Check::yes();
+    f.doorbell_mappable = probe_peer_mapping_override(o);
+    const DeviceQueuePathChoice choice = choose_device_queue_path(f);
+    c.device_queue = std::string(to_string(choice.path));
+    c.device_queue_why = choice.why;
+    if (choice.path == DeviceQueuePath::none) {
+        b.add("device-queue", g.subject(), CheckStatus::warn, "kernels cannot start transfers here: " + choice.why,
+              "GPU-initiated transfers (DeviceQueueProxy) need the GPU to map pinned host memory and an RDMA "
+              "device; host-initiated transfers are unaffected");
+    } else {
+        b.add("device-queue", g.subject(), CheckStatus::ok,
+              "kernels' requests would go through " + choice.why +
+                  (n != nullptr ? " (" + n->name + (f.nic_driver.empty() ? "" : ", " + f.nic_driver) + ")" : ""));
+    }
+    b.add("device-queue-gpu-direct", g.subject(), choice.gpu_direct.ok ? CheckStatus::ok : CheckStatus::not_applicable,
+          choice.gpu_direct.ok ? "IBGDA would be possible with this GPU and NIC (gpuverbs has no GPU-direct backend "
+                                 "yet: the proxy is used)"
+                               : "IBGDA is not possible: " + choice.gpu_direct.reason);
 }
 
 std::string nic_list(const std::vector<GpuConclusion>& c) {
@@ -557,6 +640,7 @@ DoctorReport diagnose(const DoctorOptions& o) {
                   "fix the first reason of the method you want (DMA-BUF preferred)");
         }
         c.rejected = plan.rejected;
+        check_device_queue(b, o, g, best ? &nics[*best] : nullptr, plan, cuda_problem, c);
         b.report.conclusions.push_back(std::move(c));
     }
     if (!b.report.conclusions.empty()) {

@@ -80,6 +80,7 @@ std::string format_report(const DoctorReport& report, bool colour) {
             }
             out += c.method ? ", register_gpu_memory would use " + std::string(to_string(*c.method))
                             : ", no registration method works";
+            if (!c.device_queue_why.empty()) out += "; a device queue would use " + c.device_queue_why;
             out += "\n";
         }
     }
@@ -125,7 +126,10 @@ std::string to_json(const DoctorReport& report) {
                    ", \"reason\": " + json_string(c.rejected[i].reason) + "}";
         }
         out += "], \"nccl\": {\"NCCL_IB_HCA\": " + json_string(c.nccl_ib_hca) +
-               ", \"NCCL_NET_GDR_LEVEL\": " + json_string(c.nccl_net_gdr_level) + "}}";
+               ", \"NCCL_NET_GDR_LEVEL\": " + json_string(c.nccl_net_gdr_level) +
+               "}, \"device_queue\": " + (c.device_queue.empty() ? "null" : json_string(c.device_queue)) +
+               ", \"device_queue_why\": " + (c.device_queue_why.empty() ? "null" : json_string(c.device_queue_why)) +
+               "}";
     }
     out += "\n  ]\n}\n";
     return out;

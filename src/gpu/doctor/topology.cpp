@@ -137,6 +137,40 @@ AcsState read_acs(const std::string& sys_root, const std::string& bdf) {
     return parse_acs(bytes);
 }
 
+std::optional<bool> parse_relaxed_ordering(std::span<const std::uint8_t> config) {
+    constexpr std::size_t capabilities_pointer = 0x34;
+    constexpr std::uint8_t pci_express = 0x10;
+    if (config.size() < capabilities_pointer + 1) return std::nullopt;
+    std::size_t at = config[capabilities_pointer] & 0xfcu;
+    for (int guard = 0; guard < 48 && at >= 0x40 && at + 10 <= config.size(); ++guard) {
+        if (config[at] == pci_express) {
+            const unsigned control = unsigned(config[at + 8]) | unsigned(config[at + 9]) << 8; // Device Control
+            return (control & (1u << 4)) != 0; // Enable Relaxed Ordering
+        }
+        at = config[at + 1] & 0xfcu;
+    }
+    return std::nullopt;
+}
+
+std::optional<bool> read_relaxed_ordering(const std::string& sys_root, const std::string& bdf) {
+    std::ifstream in(fs::path(sys_root) / "bus/pci/devices" / bdf / "config", std::ios::binary);
+    if (!in) return std::nullopt;
+    std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return parse_relaxed_ordering(bytes);
+}
+
+std::string rdma_driver(const std::string& sys_root, const std::string& name) {
+    const fs::path dev = fs::path(sys_root) / "class/infiniband" / name;
+    std::error_code ec;
+    if (fs::exists(dev / "parent", ec)) { // software devices name the netdev they run on
+        if (name.rfind("rxe", 0) == 0) return "rdma_rxe";
+        if (name.rfind("siw", 0) == 0) return "siw";
+        return "software";
+    }
+    const fs::path driver = fs::canonical(dev / "device" / "driver", ec);
+    return ec ? std::string() : driver.filename().string();
+}
+
 std::string iommu_group_type(const std::string& sys_root, const std::string& bdf) {
     fs::path group = fs::path(sys_root) / "bus/pci/devices" / bdf / "iommu_group";
     std::error_code ec;

@@ -220,6 +220,9 @@ GpuDirectAttributes attributes_impl(int gpu, Status& status) {
     a.vmm_gpu_direct = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) != 0;
     a.flush_writes_options = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS);
     a.writes_ordering = attribute(h, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING);
+    a.can_map_host_memory = attribute(h, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY) != 0;
+    a.unified_addressing = attribute(h, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) != 0;
+    a.host_native_atomics = attribute(h, CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED) != 0;
 #else
     (void)gpu;
     (void)detail::cuda::driver_api(status);

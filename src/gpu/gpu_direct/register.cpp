@@ -17,7 +17,7 @@ namespace {
 
 using detail::Status;
 
-std::string describe(const GpuMemory& m) {
+std::string describe_gpu_memory(const GpuMemory& m) {
     return std::to_string(m.size) + " bytes of GPU memory at " + detail::hex_address(m.address) + " (GPU " +
            std::to_string(m.gpu) + ")";
 }
@@ -42,7 +42,7 @@ detail::DmabufExport export_dmabuf(const GpuMemory& memory, Status& status) {
             cu->cuMemGetHandleForAddressRange(&fd, range.start, range.size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
             "cuMemGetHandleForAddressRange",
             "cannot export " + std::to_string(range.size) + " bytes at " + detail::hex_address(range.start) +
-                " (the host pages around " + describe(memory) + ") as a dma-buf",
+                " (the host pages around " + describe_gpu_memory(memory) + ") as a dma-buf",
             status)) {
         return out;
     }
@@ -148,10 +148,10 @@ MemoryRegion register_gpu_memory_with(const ProtectionDomain& pd, const GpuMemor
                                       GpuRegistration policy, const RegistrationInputs& inputs,
                                       std::vector<Rejection>& rejections, Status& status) {
     rejections.clear();
-    if (!check_registration(pd, describe(memory), access, "register_gpu_memory", status)) return {};
+    if (!check_registration(pd, describe_gpu_memory(memory), access, "register_gpu_memory", status)) return {};
     if (memory.size == 0 || memory.address == 0) {
         status.fail(errc::invalid_argument, "register_gpu_memory",
-                    "cannot register " + describe(memory) + ": the GpuMemory is empty");
+                    "cannot register " + describe_gpu_memory(memory) + ": the GpuMemory is empty");
         return {};
     }
     GpuRegistration effective = effective_policy(policy, policy_from_environment(), status);
@@ -167,7 +167,7 @@ MemoryRegion register_gpu_memory_with(const ProtectionDomain& pd, const GpuMemor
     std::stable_sort(rejections.begin(), rejections.end(),
                      [](const Rejection& a, const Rejection& b) { return a.method < b.method; });
     status.fail(errc::gpu_direct_unavailable, "register_gpu_memory",
-                "cannot register " + describe(memory) + " on " + pd.device_name() +
+                "cannot register " + describe_gpu_memory(memory) + " on " + pd.device_name() +
                     " for RDMA: " + describe_rejections(rejections));
     return {};
 }

@@ -44,6 +44,14 @@ struct AcsState {
 AcsState parse_acs(std::span<const std::uint8_t> config);
 /// Reads <sys_root>/bus/pci/devices/<bdf>/config and parses it.
 AcsState read_acs(const std::string& sys_root, const std::string& bdf);
+/// Whether the function may send relaxed-ordering TLPs (the PCI Express
+/// capability's Device Control, bit 4), from its config space; empty when the
+/// capability is not in what was readable.
+std::optional<bool> parse_relaxed_ordering(std::span<const std::uint8_t> config);
+std::optional<bool> read_relaxed_ordering(const std::string& sys_root, const std::string& bdf);
+/// The kernel driver of RDMA device `name` ("mlx5_core", "rdma_rxe", "siw"…;
+/// "" when sysfs does not say).
+std::string rdma_driver(const std::string& sys_root, const std::string& name);
 
 /// The IOMMU's handling of one device's DMA: "identity" (passthrough),
 /// "DMA"/"DMA-FQ" (translated), or empty when the device has no IOMMU group.
