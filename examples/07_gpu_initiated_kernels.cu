@@ -68,7 +68,13 @@ bool streams(Streams*& out, std::string& why) {
     static Streams s;
     static bool made = false;
     if (!made) {
-        made = ok(cudaStreamCreateWithFlags(&s.producer, cudaStreamNonBlocking), "cudaStreamCreate", why) &&
+        // Both kernels loaded now: with CUDA's lazy module loading (the default since 12.2) a kernel's first
+        // launch waits for the kernels running, so the producer's would wait for the checker, which spins
+        // until the producer's signal comes.
+        cudaFuncAttributes attributes{};
+        made = ok(cudaFuncGetAttributes(&attributes, produce), "cudaFuncGetAttributes(produce)", why) &&
+               ok(cudaFuncGetAttributes(&attributes, check), "cudaFuncGetAttributes(check)", why) &&
+               ok(cudaStreamCreateWithFlags(&s.producer, cudaStreamNonBlocking), "cudaStreamCreate", why) &&
                ok(cudaStreamCreateWithFlags(&s.checker, cudaStreamNonBlocking), "cudaStreamCreate", why) &&
                ok(cudaStreamCreateWithFlags(&s.copies, cudaStreamNonBlocking), "cudaStreamCreate", why) &&
                ok(cudaMallocHost(&s.producer_results, 3 * sizeof(std::uint32_t)), "cudaMallocHost", why) &&
