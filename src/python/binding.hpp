@@ -344,7 +344,8 @@ void bind_queue_pairs(py::module_& m); ///< endpoints, prepared and connected qu
 void bind_transfers(py::module_& m);
 void bind_connections(py::module_& m);
 void bind_gpu(py::module_& m);
-void bind_leases(py::module_& m); ///< leases on blocks, and the Prometheus text
-void bind_mesh(py::module_& m);   ///< rendezvous (Redis, PMIx) and the Mesh
+void bind_leases(py::module_& m);       ///< leases on blocks, and the Prometheus text
+void bind_mesh(py::module_& m);         ///< rendezvous (Redis, PMIx) and the Mesh
+void bind_device_queue(py::module_& m); ///< DeviceQueue: a ring for kernels started from Python, and its reader
 
 } // namespace gpuverbs::python

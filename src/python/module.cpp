@@ -27,4 +27,5 @@ PYBIND11_MODULE(_core, m) {
     python::bind_gpu(m);
     python::bind_leases(m);
     python::bind_mesh(m);
+    python::bind_device_queue(m);
 }

@@ -28,6 +28,18 @@ using device_queue::Request;
 using device_queue::SignalOp;
 using device_queue::WaitResult;
 
+/// A queue from its four addresses, as a kernel started from Python receives
+/// them (gpuverbs.DeviceQueue.view: slots, producer, proxy, log2_capacity).
+__host__ __device__ inline QueueView queue_view(unsigned long long slots, unsigned long long producer,
+                                                unsigned long long proxy, unsigned int log2_capacity) {
+    QueueView q;
+    q.slots = reinterpret_cast<device_queue::Descriptor*>(slots);
+    q.producer = reinterpret_cast<device_queue::ProducerWords*>(producer);
+    q.proxy = reinterpret_cast<device_queue::ProxyWords*>(proxy);
+    q.log2_capacity = log2_capacity;
+    return q;
+}
+
 /// Pushes `r`, reserving for every lane of the warp that pushes at the same
 /// time in one step (one compare-and-swap per warp, not per thread).
 __device__ inline WaitResult push(const QueueView& q, const Request& r, std::uint64_t timeout_ns,

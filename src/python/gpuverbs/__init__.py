@@ -30,6 +30,7 @@ from ._core import (
     Context,
     Device,
     DeviceEvents,
+    DeviceQueue,
     Endpoint,
     Errc,
     GpuBuffer,
@@ -98,6 +99,7 @@ __all__ = [
     "Context",
     "Device",
     "DeviceEvents",
+    "DeviceQueue",
     "Endpoint",
     "Errc",
     "Error",
@@ -136,6 +138,7 @@ __all__ = [
     "TransferReport",
     "cm_resolve",
     "connect_tcp",
+    "device_queue_include_dir",
     "devices",
     "doctor",
     "explain_gpu_registration",
@@ -181,6 +184,20 @@ def _register(
 
 ProtectionDomain.register = _register  # type: ignore[attr-defined]
 Operation.__await__ = _asyncio.await_operation  # type: ignore[method-assign,assignment]
+
+
+def device_queue_include_dir() -> str:
+    """The directory to add to a kernel's include path for ``#include <gpuverbs/device_queue/device.cuh>``.
+
+    The headers a kernel started from Python includes (CuPy's ``RawModule(...,
+    options=("-std=c++20", "-I" + gv.device_queue_include_dir()), backend="nvcc")``):
+    ``put``, ``put_signal``, ``signal``, ``fence``, ``quiet``, ``wait_signal`` and
+    ``queue_view(slots, producer, proxy, log2_capacity)``, whose four
+    arguments are a :class:`DeviceQueue`'s ``view``.
+    """
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
 def doctor(live: bool = True) -> Dict[str, Any]:

@@ -3,7 +3,8 @@ the device machine, which has no RDMA device): PyTorch and CuPy CUDA memory
 through DLPack and __cuda_array_interface__, the registration decision with
 its reasons, the exact refusal where there is no RDMA device, a GpuBuffer
 exported to PyTorch and CuPy, and the buffer id that tells a reused address
-from the allocation a registration was made for.
+from the allocation a registration was made for; and a CuPy kernel pushing
+through a gpuverbs.DeviceQueue made in Python, read back by Python.
 
 Runs under pytest, or as a script where pytest is not installed."""
 
@@ -161,6 +162,62 @@ def test_refusals_name_the_problem():
         assert "obj is cpu memory, not CUDA device memory" in str(e)
     else:
         raise AssertionError("a CPU tensor was taken as GPU memory")
+
+
+PRODUCER = r"""
+#include <gpuverbs/device_queue/device.cuh>
+
+extern "C" __global__ void produce(unsigned long long slots, unsigned long long producer, unsigned long long proxy,
+                                   unsigned int log2_capacity, unsigned long long per_thread, unsigned int* failed) {
+    namespace dev = gpuverbs::device;
+    const dev::QueueView q = dev::queue_view(slots, producer, proxy, log2_capacity);
+    const unsigned int thread = blockIdx.x * blockDim.x + threadIdx.x;
+    for (unsigned long long i = 0; i < per_thread; ++i) {
+        // Peer `thread`, its i-th block: the reader checks each thread's order.
+        if (dev::put(q, thread, 1, i * 64, 2, thread * 64, 64, 10000000000ULL, true) != dev::WaitResult::done) {
+            atomicAdd(failed, 1u);
+        }
+    }
+    if (dev::quiet(q, 10000000000ULL) != dev::WaitResult::done) atomicAdd(failed, 1u);
+}
+"""
+
+
+def test_a_cupy_kernel_pushes_through_a_device_queue_made_in_python_and_python_reads_every_request():
+    needs(cupy, "CuPy")
+    q = gv.DeviceQueue.on_gpu(0, 10)
+    assert q.gpu == 0 and q.capacity == 1024
+    module = cupy.RawModule(code=PRODUCER, options=("-std=c++20", "-I" + gv.device_queue_include_dir()),
+                            backend="nvcc")
+    produce = module.get_function("produce")
+    blocks, threads, per_thread = 4, 32, 256
+    failed = cupy.zeros(1, dtype=cupy.uint32)
+    slots, producer, proxy, log2 = q.view
+    produce((blocks,), (threads,), (cupy.uint64(slots), cupy.uint64(producer), cupy.uint64(proxy),
+                                    cupy.uint32(log2), cupy.uint64(per_thread), failed))
+    total = blocks * threads * per_thread
+    next_block = [0] * (blocks * threads)
+    wrong = 0
+    while q.taken < total:
+        r = q.take()
+        if r is None:
+            continue
+        peer = r["peer"]
+        ok = (r["op"] == "put" and peer < blocks * threads and r["dst_offset"] == next_block[peer] * 64
+              and r["src_window"] == 2 and r["src_offset"] == peer * 64 and r["dst_window"] == 1
+              and r["bytes"] == 64)
+        wrong += 0 if ok else 1
+        if peer < blocks * threads:
+            next_block[peer] += 1
+        if q.taken % 32 == 0:
+            q.complete(q.taken)
+    q.complete(q.taken)
+    cupy.cuda.Device().synchronize()
+    assert wrong == 0
+    assert int(failed[0]) == 0
+    assert q.take() is None
+    print(f"python: a CuPy kernel of {blocks} x {threads} threads pushed {total} puts through a DeviceQueue; "
+          "Python read and checked each")
 
 
 if __name__ == "__main__":
