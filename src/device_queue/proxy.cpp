@@ -25,10 +25,16 @@ namespace {
 /// credit returns).
 constexpr std::size_t scratch_words_per_slot = 1;
 
-/// A signaled request's context: its descriptor's position, and above it how
-/// many descriptors (ending at that position) its completion covers.
+/// A request's context: its descriptor's position; above it, on a signaled
+/// request, how many descriptors (ending at that position) its completion
+/// covers (at most SendBatch::max_requests); at the top, its rail's id (a
+/// queue pair's number is unique only on its own device).
 constexpr unsigned count_shift = 48;
 constexpr std::uint64_t position_mask = (std::uint64_t{1} << count_shift) - 1;
+constexpr std::uint64_t count_mask = 0x3f;
+constexpr unsigned rail_shift = 54;
+constexpr std::size_t max_rails = std::size_t{1} << (64 - rail_shift);
+static_assert(SendBatch::max_requests <= count_mask);
 
 /// Work requests a descriptor becomes.
 std::size_t requests_of(const dq::Request& r) {
@@ -103,10 +109,23 @@ DeviceQueueProxy::Local& DeviceQueueProxy::local_of(const QueuePair& qp, const c
                    : "the queue pair is empty");
 }
 
-DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, const RemoteWindows& windows, const char* verb) {
+DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows,
+                                                   const char* verb) {
     Rail rail;
     rail.qp = &qp;
     rail.local = &local_of(qp, verb);
+    if (qp.capabilities().max_send_wr < 2) {
+        throw Error(make_error_code(errc::invalid_argument), verb,
+                    "the queue pair's send queue holds " + std::to_string(qp.capabilities().max_send_wr) +
+                        " request: a put_signal is two (QueuePairOptions::max_send_wr)");
+    }
+    if (rail_ids_.size() == max_rails) {
+        throw Error(make_error_code(errc::invalid_argument), verb,
+                    "the proxy has " + std::to_string(max_rails) + " rails already");
+    }
+    rail.id_bits = static_cast<std::uint64_t>(rail_ids_.size()) << rail_shift;
+    const std::size_t index = peer < peers_.size() ? peers_[peer].rails.size() : 0;
+    rail_ids_.emplace_back(peer, static_cast<std::uint8_t>(index));
     for (const auto& [id, memory] : windows) {
         if (rail.windows.size() <= id) rail.windows.resize(std::size_t{id} + 1);
         rail.windows[id] = memory;
@@ -115,12 +134,13 @@ DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, const RemoteWi
 }
 
 void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
-    Rail rail = make_rail(qp, windows, "DeviceQueueProxy::add_peer");
+    if (this->peer(peer) != nullptr) {
+        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_peer",
+                    "peer " + std::to_string(peer) + " was added before: add_rail() gives it another rail");
+    }
+    Rail rail = make_rail(qp, peer, windows, "DeviceQueueProxy::add_peer");
     if (peers_.size() <= peer) peers_.resize(std::size_t{peer} + 1);
-    Peer& p = peers_[peer];
-    p.rails.clear();
-    p.rails.push_back(std::move(rail));
-    p.active = 0;
+    peers_[peer].rails.push_back(std::move(rail));
 }
 
 void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
@@ -132,7 +152,7 @@ void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteW
         throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_rail",
                     "peer " + std::to_string(peer) + " has " + std::to_string(unposted) + " rails already");
     }
-    peers_[peer].rails.push_back(make_rail(qp, windows, "DeviceQueueProxy::add_rail"));
+    peers_[peer].rails.push_back(make_rail(qp, peer, windows, "DeviceQueueProxy::add_rail"));
 }
 
 std::vector<DeviceQueueRailState> DeviceQueueProxy::rails() const {
@@ -176,23 +196,9 @@ void DeviceQueueProxy::count_chain(std::size_t descriptors) noexcept {
 
 void DeviceQueueProxy::on_completion(const Completion& c) {
     const std::uint64_t position = c.context & position_mask;
-    // Which rail: only needed once a rail failed (its late completions are not its retry's) or for a failure.
-    std::uint16_t peer_id = 0;
-    std::size_t rail = 0;
-    bool known = !any_rail_failed_ && c.ok();
-    if (!known) {
-        for (std::size_t p = 0; p < peers_.size() && !known; ++p) {
-            for (std::size_t k = 0; k < peers_[p].rails.size(); ++k) {
-                if (peers_[p].rails[k].qp->qp_num() == c.qp_num) {
-                    peer_id = static_cast<std::uint16_t>(p);
-                    rail = k;
-                    known = true;
-                    break;
-                }
-            }
-        }
-        if (!known) return; // not one of our queue pairs'
-    }
+    const std::uint64_t id = c.context >> rail_shift;
+    if (id >= rail_ids_.size()) return; // not a request of ours
+    const auto [peer_id, rail] = rail_ids_[id];
     if (!c.ok()) {
         Rail& r = peers_[peer_id].rails[rail];
         if (r.failed) return; // its flushes, after the failure that counted
@@ -208,7 +214,7 @@ void DeviceQueueProxy::on_completion(const Completion& c) {
         return;
     }
     // The chain's signaled request covers its descriptors: `count` positions ending at this one.
-    const std::uint64_t count = std::max<std::uint64_t>(c.context >> count_shift, 1);
+    const std::uint64_t count = std::max<std::uint64_t>((c.context >> count_shift) & count_mask, 1);
     const std::size_t mask = queue_.capacity() - 1;
     const auto took = now_ - posted_[position & mask];
     const double seconds = std::chrono::duration<double>(took).count();
@@ -227,6 +233,22 @@ void DeviceQueueProxy::on_completion(const Completion& c) {
     }
 }
 
+bool DeviceQueueProxy::draining() noexcept {
+    bool still = false;
+    for (Peer& p : peers_) {
+        for (Rail& r : p.rails) {
+            if (!r.draining) continue;
+            if (r.qp->outstanding_sends() == 0 || now_ - r.failed_at > options_.request_timeout) {
+                r.draining = false;
+            } else {
+                still = true;
+            }
+        }
+    }
+    any_draining_ = still;
+    return still;
+}
+
 void DeviceQueueProxy::reap() {
     std::array<Completion, 64> got;
     for (CompletionQueue* cq : cqs_) {
@@ -238,7 +260,9 @@ void DeviceQueueProxy::reap() {
             if (n < got.size() || failed_) break;
         }
     }
-    // Credits in order: a slot goes back only when every one before it did.
+    // Credits in order: a slot goes back only when every one before it did, and none while a failed
+    // rail's requests may still be read from their sources or be in flight.
+    if (any_draining_ && draining()) return;
     const std::uint64_t before = credit_;
     while (credit_ < reader_.taken() && done_[credit_ & (queue_.capacity() - 1)] != 0) {
         done_[credit_ & (queue_.capacity() - 1)] = 0;
@@ -252,7 +276,8 @@ void DeviceQueueProxy::reap() {
 
 void DeviceQueueProxy::check_timeout() {
     const std::size_t oldest = credit_ & (queue_.capacity() - 1);
-    if (credit_ >= reader_.taken() || now_ - posted_[oldest] <= options_.request_timeout) return;
+    // (A completed slot waits only for a failed rail's flushes, themselves bounded.)
+    if (credit_ >= reader_.taken() || done_[oldest] != 0 || now_ - posted_[oldest] <= options_.request_timeout) return;
     // The provider may never complete it (rxe with retry_count 7 retries forever): the rail goes to error
     // so that its requests flush, and the peer's go on its next rail. One waiting to be posted again
     // for as long blames the rail that had no room for it.
@@ -270,6 +295,9 @@ void DeviceQueueProxy::fail_rail(std::uint16_t peer_id, std::size_t rail, std::s
     if (r.failed || failed_) return;
     r.failed = true;
     r.failure = std::move(words);
+    r.draining = true;
+    r.failed_at = now_;
+    any_draining_ = true;
     any_rail_failed_ = true;
     ++counters_.rail_failures;
     (void)r.qp->force_error();    // its requests flush; nothing is left retrying on the wire
@@ -328,7 +356,6 @@ void DeviceQueueProxy::post_retries() {
         SendBatch chain = rail.qp->batch();
         std::size_t in_chain = 0;
         std::size_t descriptors = 0;
-        std::array<std::uint64_t, SendBatch::max_requests> positions{};
         while (!p.retry.empty()) {
             const std::uint64_t at = p.retry.front();
             dq::Request r;
@@ -338,16 +365,14 @@ void DeviceQueueProxy::post_retries() {
             // Each on its own completion: the retried positions are not consecutive.
             if (!add(r, at, p, chain, 1)) return;
             in_chain += needs;
-            positions[descriptors++] = at;
+            ++descriptors;
             p.retry.pop_front();
         }
         if (in_chain > 0) {
             counters_.reposted += descriptors;
             if (const std::error_code ec = chain.post()) {
-                // Nothing of the chain went: none of it is in flight.
-                for (std::size_t k = 0; k < descriptors; ++k) {
-                    rail_of_[positions[k] & (queue_.capacity() - 1)] = unposted;
-                }
+                // A refused chain may have gone in part (the provider takes a prefix): its requests count as
+                // in flight on the failed rail (an add among them is not posted again).
                 fail_rail(static_cast<std::uint16_t>(id), p.active,
                           "posting to peer " + std::to_string(id) + " (rail " + std::to_string(p.active) +
                               ") was refused: " + ec.message());
@@ -416,13 +441,11 @@ bool DeviceQueueProxy::take_and_post() {
             if (last) break;
             r = next;
         }
+        if (failed_) return false; // a descriptor of the chain was refused: nothing more goes
         if (in_chain > 0) {
             if (const std::error_code ec = chain.post()) {
                 // Its queue pair is in error (the provider's, or ours): a path failure; the chain's
-                // descriptors go on the next rail with the peer's other unfinished ones.
-                for (std::uint64_t at = first; at < reader_.taken(); ++at) { // nothing of it went
-                    rail_of_[at & (queue_.capacity() - 1)] = unposted;
-                }
+                // descriptors (perhaps taken in part) go on the next rail with the peer's other unfinished ones.
                 const std::size_t failed_rail = to->active;
                 fail_rail(r.peer, failed_rail,
                           "posting to peer " + std::to_string(r.peer) + " (rail " + std::to_string(failed_rail) +
@@ -463,13 +486,13 @@ bool DeviceQueueProxy::add(const dq::Request& r, std::uint64_t position, Peer& t
     // Every request carries its descriptor's position (a failure completes with it); the chain's last
     // is signaled and carries how many descriptors its completion covers.
     SendOptions own;
-    own.context = position;
+    own.context = position | rail.id_bits;
     own.signaled = false;
     own.fence = to.fence_next;
     SendOptions last = own;
     if (covers > 0) {
         last.signaled = true;
-        last.context = position | (covers << count_shift);
+        last.context = position | (covers << count_shift) | rail.id_bits;
     }
     std::error_code ec;
     if (r.op == dq::Op::put || r.op == dq::Op::put_signal) {

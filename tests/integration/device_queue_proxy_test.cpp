@@ -535,6 +535,14 @@ TEST_SUITE("device queue proxy on real RDMA") {
         proxy.add_window(1, other.a.mr);
         proxy.add_peer(0, other.a.qp, {});
         CHECK(proxy.rails().size() == 1);
+        try {
+            proxy.add_peer(0, pair.a.qp, {});
+            FAIL("a peer was added twice");
+        } catch (const Error& e) {
+            CHECK(e.detail() == "peer 0 was added before: add_rail() gives it another rail");
+        }
+        proxy.add_rail(0, pair.a.qp, {});
+        CHECK(proxy.rails().size() == 2);
     }
 
     TEST_CASE(

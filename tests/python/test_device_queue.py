@@ -102,3 +102,16 @@ def test_the_kernel_headers_are_in_the_package():
         assert os.path.isfile(os.path.join(include, "gpuverbs", "device_queue", header))
     text = open(os.path.join(include, "gpuverbs", "device_queue", "device.cuh")).read()
     assert "queue_view(unsigned long long slots" in text
+
+
+def test_the_packaged_kernel_headers_are_the_bytes_the_library_was_built_from():
+    # The joint of the two halves: a kernel compiled from Python against the package's headers must push
+    # exactly the descriptors the library's proxy decodes.
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
+    if not os.path.isdir(os.path.join(repo, "gpuverbs", "device_queue")):
+        pytest.skip("not run from a source tree")
+    for header in ("device.cuh", "ring.hpp"):
+        packaged = os.path.join(gv.device_queue_include_dir(), "gpuverbs", "device_queue", header)
+        source = os.path.join(repo, "gpuverbs", "device_queue", header)
+        with open(packaged, "rb") as a, open(source, "rb") as b:
+            assert a.read() == b.read(), f"{header}: the package's copy differs from include/ (rebuild)"

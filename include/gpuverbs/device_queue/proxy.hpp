@@ -96,7 +96,8 @@ class DeviceQueueProxy {
 public:
     /// Reads `queue` (its host pointers: slots and the proxy's words). Signals
     /// that add go as fetch-and-add into a scratch word registered in `pd`;
-    /// `cq` is the send CQ of every peer's queue pair (the proxy polls it).
+    /// `cq` is the send CQ of every peer's queue pair (the proxy polls it, and
+    /// takes every completion in it as its own: no other queue pair may use it).
     DeviceQueueProxy(const device_queue::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                      const DeviceQueueProxyOptions& options = {});
     DeviceQueueProxy(const DeviceQueueProxy&) = delete;
@@ -116,8 +117,11 @@ public:
     void add_window(std::uint16_t id, const MemoryRegion& region);
     /// A peer and its first rail: a queue pair (with max_inline_data >= 8 for
     /// signals that set, its PD one of the proxy's) and the peer's windows as
-    /// it reaches them: puts write into them, signals land in them. Replaces
-    /// the peer's rails if it had any.
+    /// it reaches them: puts write into them, signals land in them. Throws
+    /// gpuverbs::Error (errc::invalid_argument) for a peer added before (add
+    /// another rail with add_rail), a queue pair of a protection domain the
+    /// proxy has not, or one whose send queue holds fewer than 2 requests (a
+    /// put_signal is two).
     void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
     /// Another rail to `peer` (added before): it takes the peer's requests
     /// over when the rails before it failed. Throws gpuverbs::Error
@@ -157,7 +161,13 @@ private:
         QueuePair* qp = nullptr;
         Local* local = nullptr;
         std::vector<std::optional<RemoteMemory>> windows; ///< by id (ids are small)
+        std::uint64_t id_bits = 0; ///< its id among all rails, where its requests' contexts carry it
         bool failed = false;
+        /// Failed, and its queue pair's requests not all flushed yet: no credit
+        /// returns meanwhile (what it posted may still be read or in flight),
+        /// for at most request_timeout.
+        bool draining = false;
+        std::chrono::steady_clock::time_point failed_at{};
         std::string failure;
         [[nodiscard]] const RemoteMemory* window(std::uint16_t id) const noexcept;
     };
@@ -174,7 +184,9 @@ private:
 
     [[nodiscard]] Peer* peer(std::uint16_t id) noexcept;
     [[nodiscard]] Local& local_of(const QueuePair& qp, const char* verb);
-    Rail make_rail(QueuePair& qp, const RemoteWindows& windows, const char* verb);
+    Rail make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows, const char* verb);
+    /// Whether a failed rail still has requests with its NIC (their flushes not polled yet).
+    bool draining() noexcept;
     void reap();
     void on_completion(const Completion& c);
     /// The rail `rail` of `peer` failed (words: why): it goes to error and the
@@ -201,6 +213,8 @@ private:
     std::vector<std::unique_ptr<Local>> locals_; ///< [0]: the constructor's
     std::vector<CompletionQueue*> cqs_;          ///< each once
     std::vector<Peer> peers_;                    ///< by id
+    /// Every rail by its id (what a request's context carries): its peer and its index among the peer's.
+    std::vector<std::pair<std::uint16_t, std::uint8_t>> rail_ids_;
     /// Per slot: completed (1) or not, when posted, to which peer, on which of its rails.
     std::vector<std::uint8_t> done_;
     std::vector<std::chrono::steady_clock::time_point> posted_;
@@ -211,6 +225,7 @@ private:
     /// (a failed rail's late completions are not the retry's).
     bool any_rail_failed_ = false;
     bool any_retry_ = false;
+    bool any_draining_ = false;
     /// The last look-ahead's descriptor (complete, at looked_at_): a complete
     /// descriptor never changes until its slot's credit returns.
     device_queue::Request look_{};
