@@ -138,9 +138,11 @@ DeviceQueue DeviceQueue::on_gpu_impl(int gpu, std::uint32_t log2_capacity, Statu
     q.proxy_view_.proxy = reinterpret_cast<dq::ProxyWords*>(host + (bytes - sizeof(dq::ProxyWords)));
     q.proxy_view_.producer = nullptr; // GPU memory: the producers' own
     q.proxy_view_.log2_capacity = log2_capacity;
-    q.view_.slots = reinterpret_cast<dq::Descriptor*>(mapped);
-    q.view_.proxy = reinterpret_cast<dq::ProxyWords*>(mapped + (bytes - sizeof(dq::ProxyWords)));
-    q.view_.producer = reinterpret_cast<dq::ProducerWords*>(s.producer);
+    // GPU addresses, as the driver API gives them: integers.
+    q.view_.slots = reinterpret_cast<dq::Descriptor*>(mapped); // NOLINT(performance-no-int-to-ptr)
+    q.view_.proxy = reinterpret_cast<dq::ProxyWords*>(         // NOLINT(performance-no-int-to-ptr)
+        mapped + (bytes - sizeof(dq::ProxyWords)));
+    q.view_.producer = reinterpret_cast<dq::ProducerWords*>(s.producer); // NOLINT(performance-no-int-to-ptr)
     q.view_.log2_capacity = log2_capacity;
     q.gpu_ = gpu;
     return q;

@@ -10,6 +10,8 @@
 #include "gpuverbs/device_queue/drive.hpp"
 #include "gpuverbs/device_queue/proxy.hpp"
 
+#include "build_has.hpp"
+#include "child_process.hpp"
 #include "host_ring.hpp"
 #include "prometheus_parse.hpp"
 #include "rig_faults.hpp"
@@ -613,6 +615,59 @@ TEST_SUITE("device queue proxy on real RDMA") {
         CHECK(std::chrono::steady_clock::now() - start < 5s);
         CHECK(dq::quiet(second.ring.view, ring_deadline(1s)) == dq::WaitResult::peer_failed);
         MESSAGE("the drive ended: " << ended->message() << "; " << second.proxy.failure());
+    }
+
+    TEST_CASE("the peer's process killed mid-stream: the producer's quiet ends peer failed within the bound" *
+              doctest::skip(!build_has::examples)) {
+        // The peer is example 07's server, a process of its own: its blocks and signal word behind one region.
+        const auto rig = rig_devices();
+        REQUIRE(rig.has_value());
+        const std::string log = "/tmp/gpuverbs-dq-peer.log";
+        ChildProcess server({example_binary("07_gpu_initiated_put"), "server", "--device", rig->dev1, "--port", "18531",
+                             "--blocks", "256", "--block-size", "1024"},
+                            ChildProcess::Output{log});
+        boost::asio::io_context io;
+        Device device = Device::open(rig->dev0);
+        ProtectionDomain pd(device);
+        CompletionQueue cq(device, 1024);
+        std::vector<std::byte> source(blocks * block);
+        for (std::size_t i = 0; i < source.size(); ++i) source[i] = pattern(i);
+        MemoryRegion mr(pd, source, Access::local_write);
+        PreparedQueuePair prepared(pd, cq, cq, proxy_qp_options());
+        auto socket = tcp_connect(io, rig->ip1, 18531, std::chrono::seconds(20));
+        const Handshake peer = exchange_handshake(socket, {prepared.endpoint(), {}});
+        QueuePair qp = std::move(prepared).connect(peer.endpoint);
+        REQUIRE(peer.regions.size() == 1);
+        const RemoteMemory theirs = peer.regions[0];
+        HostRing ring(10);
+        DeviceQueueProxy proxy(ring.view, pd, cq, ProxiedRing::options(1000ms));
+        proxy.add_window(1, mr);
+        proxy.add_peer(0, qp, {{1, {theirs.address, 256 * 1024, theirs.rkey}}});
+        ProxyThread running(proxy);
+        std::uint64_t position = 0;
+        for (std::uint64_t i = 0; i < 64; ++i) {
+            dq::Request r = put(i);
+            r.dst_offset = (i % 256) * block;
+            REQUIRE(dq::push(ring.view, r, ring_deadline(30s), position) == dq::WaitResult::done);
+        }
+        REQUIRE(dq::quiet(ring.view, ring_deadline(30s)) == dq::WaitResult::done); // the peer is there
+        server.kill(); // SIGKILL: its queue pair dies with it
+        const auto start = std::chrono::steady_clock::now();
+        dq::WaitResult last = dq::WaitResult::done;
+        for (std::uint64_t i = 64; i < blocks && last == dq::WaitResult::done; ++i) {
+            dq::Request r = put(i);
+            r.dst_offset = (i % 256) * block;
+            last = dq::push(ring.view, r, ring_deadline(30s), position);
+        }
+        const dq::WaitResult quiet = dq::quiet(ring.view, ring_deadline(30s));
+        const auto took = std::chrono::steady_clock::now() - start;
+        CHECK(quiet == dq::WaitResult::peer_failed);
+        CHECK((last == dq::WaitResult::done || last == dq::WaitResult::peer_failed));
+        CHECK(took < 15s); // the transport's retries or the proxy's 1 s, then a pass
+        INFO("proxy: " << proxy.failure());
+        CHECK(proxy.failure().find("every rail to peer 0 failed: rail 0: ") != std::string::npos);
+        MESSAGE("peer process killed: quiet ended peer_failed after "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms; " << proxy.failure());
     }
 
     TEST_CASE("a closed proxy ends every wait queue closed") {
