@@ -12,7 +12,7 @@
 //   proxy.add_device(pd_b, cq_b);                            // a second NIC…
 //   proxy.add_window(1, source_region_on_b);                 // … the same memory registered on it
 //   proxy.add_rail(0, qp_b, {{1, their_blocks_b}, {2, their_signals_b}}); // takes over if qp fails
-//   while (running) proxy.progress();                        // a thread of its own, or drive_device_queue()
+//   while (running) proxy.progress();                        // a thread of its own, or async_drive() (drive.hpp)
 //
 // Failover: a rail whose request fails on the path (retries exhausted, a
 // flush, the link down, a refused post) or does not complete in time is put
