@@ -1,5 +1,6 @@
 // The two kernels of 07_gpu_initiated_put (07_gpu_initiated_kernels.cu,
-// compiled by nvcc), behind plain host functions.
+// compiled by nvcc), behind plain host functions; and what both halves of the
+// example agree on (the windows, the bytes), which the host compiler reads too.
 #pragma once
 
 #include <gpuverbs/device_queue/ring.hpp>

@@ -18,17 +18,9 @@
 
 #include <gpuverbs/gpuverbs.hpp>
 
-#if GPUVERBS_EXAMPLE_HAVE_KERNELS
+// The windows and the pattern both halves agree on; the kernels' functions are
+// called only where nvcc built them (GPUVERBS_EXAMPLE_HAVE_KERNELS).
 #include "07_gpu_initiated_kernels.hpp"
-#else
-namespace example {
-constexpr std::uint16_t blocks_window = 1;
-constexpr std::uint16_t signal_window = 2;
-constexpr std::uint8_t pattern(std::size_t k, std::size_t i) {
-    return static_cast<std::uint8_t>((k * 131 + i * 7 + 5) % 251);
-}
-} // namespace example
-#endif
 
 #include <boost/asio/io_context.hpp>
 
