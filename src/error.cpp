@@ -63,6 +63,9 @@ public:
             case errc::stale_metadata:
                 return "the pool metadata is older than the one already loaded from that peer (a record from before "
                        "the peer's pool was made again)";
+            case errc::reads_not_granted:
+                return "the queue pair may have no RDMA read or atomic outstanding (its initiator depth is 0: the "
+                       "peer granted no reads or atomics, so one would wait for ever); nothing was posted";
             case errc::device_queue_failed:
                 return "the device queue's proxy failed the queue (DeviceQueueProxy::failure() says why: a peer "
                        "with no rail left, or a request it refused)";
@@ -98,6 +101,7 @@ public:
             case errc::inline_too_large:
             case errc::too_many_sges:
             case errc::misaligned_atomic: return std::errc::invalid_argument;
+            case errc::reads_not_granted: return std::errc::permission_denied;
             case errc::blocks_leased: return std::errc::device_or_resource_busy;
             case errc::lease_not_yours: return std::errc::permission_denied;
             case errc::send_queue_full:
@@ -158,6 +162,7 @@ public:
                     case errc::misaligned_atomic:
                     case errc::batch_full:
                     case errc::receives_through_srq:
+                    case errc::reads_not_granted:
                     case errc::no_executor:
                     case errc::async_needs_one_cq: return true;
                     default: return false;

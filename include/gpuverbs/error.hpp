@@ -79,6 +79,9 @@ enum class errc {
     // The device queue (device_queue/proxy.hpp).
     device_queue_failed, ///< the proxy failed the queue: a peer with no rail left, or a request it refused (its
                          ///< failure())
+    // The data path's local checks, continued: nothing was posted.
+    reads_not_granted, ///< a read or atomic on a queue pair whose initiator depth is 0 (the peer granted no reads or
+                       ///< atomics): it would wait for ever
 };
 
 /// The category of gpuverbs::errc values; its name is "gpuverbs".

@@ -92,7 +92,12 @@ void AsyncDriver::submit(AsyncOpBase* op) noexcept {
     std::error_code refused;
     {
         std::lock_guard lock(mutex_);
-        if (!watching_) start_watch();
+        if (!watching_) {
+            // The watch starts afresh: a tick number no tick takes, so what the
+            // last tick of the previous watch saw is a first look again (liveness.hpp).
+            ++tick_;
+            start_watch();
+        }
         switch (fsm_.submit(op, op->behaviour->has_room(*op))) {
             case AsyncFsm::Submit::abort: refused = aborted_error(); break;
             case AsyncFsm::Submit::wait: break;
@@ -379,17 +384,21 @@ void AsyncDriver::watch(OpList& done) noexcept {
     std::array<QpCore*, 16> ending{};
     std::size_t n = 0;
     for (AsyncOpLinks* list : {fsm_.first_posted(), fsm_.first_waiting()}) {
-        for (AsyncOpLinks* l = list; l != nullptr && n < ending.size(); l = l->next) {
+        for (AsyncOpLinks* l = list; l != nullptr; l = l->next) {
             QpCore* qp = op_of(l)->qp;
             if (qp == nullptr || qp->watch.stamp == tick_) continue;
+            const bool first_look = qp->watch.stamp + 1 != tick_; // the last tick did not look at it
             qp->watch.stamp = tick_;
-            if (examine(*qp, now)) ending[n++] = qp; // more than 16 at once: the rest on the next tick
+            // Every queue pair is looked at (its clock and sightings stay continuous);
+            // more than 16 to end at once: the rest on the next tick (judge() says so again).
+            if (examine(*qp, now, first_look) && n < ending.size())
+                ending[n++] = qp; // more than 16 at once: the rest on the next tick
         }
     }
     for (std::size_t k = 0; k < n; ++k) complete_by_library(*ending[k], done);
 }
 
-bool AsyncDriver::examine(QpCore& qp, Clock::time_point now) noexcept {
+bool AsyncDriver::examine(QpCore& qp, Clock::time_point now, bool first_look) noexcept {
     QpWatch& w = qp.watch;
     if (qp.qp()->qp_type != IBV_QPT_RC) return false; // a datagram queue pair has no connection to lose
     ibv_qp_attr attr{};
@@ -403,11 +412,16 @@ bool AsyncDriver::examine(QpCore& qp, Clock::time_point now) noexcept {
         w.timers_known = true;
     }
     QpSight sight;
+    sight.first_look = first_look;
     sight.known_failed = qp.health.failed();
     if (!sight.known_failed) {
         attr = {};
-        if (ibv_query_qp(qp.qp(), &attr, IBV_QP_STATE, &init) == 0)
+        if (ibv_query_qp(qp.qp(), &attr, IBV_QP_STATE | IBV_QP_SQ_PSN, &init) == 0) {
             sight.provider_error = attr.qp_state == IBV_QPS_ERR || attr.qp_state == IBV_QPS_SQE;
+            sight.sq_psn = attr.sq_psn & 0xffffffU;
+        } else {
+            sight.query_failed = true;
+        }
         sight.send_outstanding = qp.send.outstanding();
         sight.send_retired = qp.send.retired();
         if (sight.send_outstanding > 0) {
@@ -417,13 +431,14 @@ bool AsyncDriver::examine(QpCore& qp, Clock::time_point now) noexcept {
     }
     using Cause = QueuePairFailure::Cause;
     auto move_to_error = [&] {
-        // The provider flushes what it holds (or, if it does not, the flush grace ends it)
-        // and nothing more of this queue pair goes on the wire.
-        ibv_qp_attr err{};
-        err.qp_state = IBV_QPS_ERR;
-        (void)ibv_modify_qp(qp.qp(), &err, IBV_QP_STATE);
-        w.moved_to_error = true;
+        // The provider flushes what it holds (or, if it does not, the flush
+        // grace ends it) and nothing more of this queue pair goes on the
+        // wire. Refused, it is tried again on every tick until the library
+        // completes its operations (they end all the same).
+        w.moved_to_error = qp.move_to_error() == 0;
+        w.move_pending = !w.moved_to_error;
     };
+    if (sight.known_failed && w.move_pending) move_to_error();
     switch (judge(w, sight, now, options_.flush_grace)) {
         case LivenessVerdict::healthy:
         case LivenessVerdict::wait_for_flush: return false;
@@ -451,7 +466,8 @@ bool AsyncDriver::port_active(QpCore& qp) noexcept {
         if (ports_seen_[k].context == context && ports_seen_[k].port == port) return ports_seen_[k].active;
     }
     ibv_port_attr attr{};
-    const bool active = ibv_query_port(context, port, &attr) != 0 || attr.state == IBV_PORT_ACTIVE;
+    // A port that cannot be read is not known to be up (judge() acts only on a second sighting).
+    const bool active = ibv_query_port(context, port, &attr) == 0 && attr.state == IBV_PORT_ACTIVE;
     if (ports_seen_count_ < ports_seen_.size()) ports_seen_[ports_seen_count_++] = {context, port, active};
     return active;
 }
@@ -484,6 +500,22 @@ void AsyncDriver::release_qp(std::shared_ptr<QpCore> qp) noexcept {
     // Completed once the lock is released: a transfer's rail may fail over
     // and submit to this very driver (no library code runs under the lock).
     abort(ops);
+}
+
+bool AsyncDriver::fail_queue_pair_of(const AsyncOpBase& op, QueuePairFailure::Cause cause) noexcept {
+    std::lock_guard lock(mutex_);
+    if (closed_) return false;
+    // Only while the operation is posted: one that completed (or is being
+    // completed) leaves its queue pair alone. Its queue pair lives while it is posted.
+    bool posted = false;
+    for (AsyncOpLinks* l = fsm_.first_posted(); l != nullptr && !posted; l = l->next) posted = op_of(l) == &op;
+    if (!posted || op.qp == nullptr) return false;
+    QpCore& qp = *op.qp;
+    if (qp.health.fail(cause, 0)) ++declared_failed_;
+    // Refused, the watch tries again on every tick; the flush grace ends the operation all the same.
+    qp.watch.moved_to_error = qp.move_to_error() == 0;
+    qp.watch.move_pending = !qp.watch.moved_to_error;
+    return true;
 }
 
 bool AsyncDriver::has_operations(const QpCore& qp) noexcept {

@@ -1,4 +1,5 @@
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
+#include "gpuverbs/detail/deadline.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -100,7 +101,7 @@ asio::ip::tcp::socket TcpListener::accept_impl(std::chrono::milliseconds timeout
                     "the listener is closed (create() refused it, or it was moved from)");
         return asio::ip::tcp::socket(acceptor_.get_executor()); // a moved-from listener has no executor_
     }
-    auto deadline = Clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     boost::system::error_code ec;
     // Non-blocking, so that a connection reset between poll and accept sends
     // us back to poll until the deadline instead of blocking past it.
@@ -178,7 +179,7 @@ boost::system::error_code connect_once(asio::ip::tcp::socket& socket, const asio
 /// tcp_connect, its failure in `status`; the socket is closed on failure.
 asio::ip::tcp::socket connect_impl(asio::io_context& io, const std::string& host, std::uint16_t port,
                                    std::chrono::milliseconds timeout, detail::Status& status) {
-    auto deadline = Clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     asio::ip::tcp::resolver resolver(io);
     boost::system::error_code ec;
     auto endpoints = resolver.resolve(host, std::to_string(port), ec);
@@ -349,7 +350,7 @@ struct RestoreMode {
 
 Handshake exchange_impl(asio::ip::tcp::socket& socket, const Handshake& ours, std::chrono::milliseconds timeout,
                         Status& status) {
-    auto deadline = Clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     if (ours.regions.size() > wire::max_regions) {
         status.fail(errc::invalid_argument, "exchange_handshake",
                     "a handshake carries at most " + std::to_string(wire::max_regions) + " regions");
@@ -376,14 +377,14 @@ bool send_record_impl(asio::ip::tcp::socket& socket, std::span<const std::byte> 
         return false;
     }
     detail::RestoreMode restore(socket);
-    detail::write_frame(socket, record, Clock::now() + timeout, status, "record");
+    detail::write_frame(socket, record, detail::deadline_after(timeout), status, "record");
     return status.ok();
 }
 
 std::vector<std::byte> receive_record_impl(asio::ip::tcp::socket& socket, std::size_t max_size,
                                            std::chrono::milliseconds timeout, detail::Status& status) {
     detail::RestoreMode restore(socket);
-    return detail::read_frame(socket, max_size, Clock::now() + timeout, status);
+    return detail::read_frame(socket, max_size, detail::deadline_after(timeout), status);
 }
 
 } // namespace

@@ -1,6 +1,7 @@
 // Mesh: one RC queue pair per peer, agreed through a rendezvous (mesh.hpp).
 #include "gpuverbs/many_peers/mesh.hpp"
 
+#include "gpuverbs/detail/deadline.hpp"
 #include "gpuverbs/error.hpp"
 
 #include <algorithm>
@@ -119,7 +120,7 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
 
 void Mesh::connect_all() {
     check_usable("Mesh::connect_all");
-    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    auto deadline = detail::deadline_after(options_.timeout);
     std::uint32_t me = rank();
     std::uint32_t n = world_size();
     if (n == wire::max_world_size) {
@@ -192,7 +193,7 @@ void Mesh::offer(std::span<const std::uint32_t> peers) {
 }
 
 void Mesh::connect(std::span<const std::uint32_t> peers) {
-    auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    auto deadline = detail::deadline_after(options_.timeout);
     offer(peers);
     std::vector<std::uint32_t> connected;
     for (std::uint32_t q : peers) {

@@ -180,6 +180,12 @@ void PrometheusText::add(std::string_view name, RailGroup& group) {
                "Moving estimate of the rail's throughput while busy (0: not measured)", labels, h.bytes_per_second);
         sample("gpuverbs_rail_cooling", "gauge", "1 while the rail is left out of new transfers after a failure",
                labels, h.cooling ? 1 : 0);
+        if (!h.last_cause.empty()) {
+            sample("gpuverbs_rail_last_failure", "gauge",
+                   "1 for the cause of the rail's last failure (port_down, stalled, notification_not_taken, "
+                   "queue_pair_error, aborted, completion)",
+                   labels + "," + label("cause", h.last_cause), 1);
+        }
     }
 }
 

@@ -63,12 +63,21 @@ public:
     /// posted a handler without a completion to announce it (a cancellation, a
     /// queue pair or CQ closed, whose operations end with operation_aborted).
     void wake() noexcept;
+    /// An awaited operation starts (+1) or ends (-1). While any is awaited,
+    /// fileno() is also readable every timer_period, so the library's own
+    /// timers (the liveness watch, deadlines, notification bounds), which no
+    /// completion announces, run on the loop without the user calling poll().
+    void awaited(int change) noexcept;
+    /// How late such a timer may run on an asyncio loop (the watch ticks every 50 ms).
+    static constexpr std::chrono::milliseconds timer_period{10};
 
 private:
     boost::asio::io_context io_;
     bool polled_ = false;
     int epoll_ = -1;
-    int wake_ = -1; ///< an eventfd in the epoll set
+    int wake_ = -1;           ///< an eventfd in the epoll set
+    int timer_ = -1;          ///< a timerfd in the epoll set, armed while operations are awaited
+    std::size_t awaited_ = 0; ///< operations with an asyncio future that have not finished
 };
 
 /// What a Python object lends us: where its bytes are, on which device, and
@@ -227,6 +236,11 @@ inline py::bytes to_py(std::span<const std::byte> b) {
     return {reinterpret_cast<const char*>(b.data()), b.size()};
 }
 
+/// A C++ default duration in seconds, for a Python keyword's default (the C++ option struct is its one source).
+inline double seconds_of(std::chrono::milliseconds ms) {
+    return std::chrono::duration<double>(ms).count();
+}
+
 /// A duration argument given in seconds, as milliseconds; ValueError naming `name` unless finite and 0 or more.
 inline std::chrono::milliseconds checked_milliseconds(double seconds, const char* name) {
     if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9) {
@@ -290,6 +304,8 @@ public:
     bool wait(double timeout);
 
     [[nodiscard]] boost::asio::cancellation_slot slot() { return signal_.slot(); }
+    /// Counted in the context's awaited operations (between set_future and finish).
+    bool counted_awaited = false;
     /// Called by the handler, GIL held.
     void finish(const boost::system::error_code& ec);
     /// The handler's body: stores nothing more, finishes, and never lets a

@@ -13,9 +13,9 @@ namespace {
 
 using Milliseconds = std::chrono::milliseconds;
 
+/// A timeout in seconds: finite and 0 or more (ValueError otherwise), never "for ever" by accident.
 Milliseconds millis(double seconds) {
-    if (seconds < 0) throw py::value_error("timeout must not be negative (got " + std::to_string(seconds) + ")");
-    return Milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+    return checked_milliseconds(seconds, "timeout");
 }
 
 /// A connected TCP socket for the bootstrap, with the io_context its calls run on.

@@ -4,6 +4,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,9 +29,20 @@ Context::Context(bool polled)
         ::close(epoll_);
         throw Error({err, std::system_category()}, "epoll_ctl", "for the Python context");
     }
+    timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    event.data.fd = timer_;
+    if (timer_ < 0 || ::epoll_ctl(epoll_, EPOLL_CTL_ADD, timer_, &event) != 0) {
+        const int err = errno;
+        if (timer_ >= 0) ::close(timer_);
+        ::close(wake_);
+        ::close(epoll_);
+        throw Error({err, std::system_category()}, timer_ < 0 ? "timerfd_create" : "epoll_ctl",
+                    "for the Python context's timers");
+    }
 }
 
 Context::~Context() {
+    if (timer_ >= 0) ::close(timer_);
     if (wake_ >= 0) ::close(wake_);
     if (epoll_ >= 0) ::close(epoll_);
 }
@@ -53,10 +65,24 @@ void Context::unwatch(int fd) noexcept { // NOLINT(readability-make-member-funct
     (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
+void Context::awaited(int change) noexcept { // NOLINT(readability-make-member-function-const): arms the timerfd
+    const std::size_t before = awaited_;
+    awaited_ = change > 0 ? awaited_ + 1 : (awaited_ > 0 ? awaited_ - 1 : 0);
+    if ((before == 0) == (awaited_ == 0)) return;
+    itimerspec spec{};
+    if (awaited_ > 0) {
+        const auto ns = std::chrono::nanoseconds(timer_period).count();
+        spec.it_interval.tv_sec = spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+        spec.it_interval.tv_nsec = spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+    }
+    (void)::timerfd_settime(timer_, 0, &spec, nullptr); // all zero: disarmed
+}
+
 std::size_t Context::poll() {
     if (polled_) return progress();
     std::uint64_t woken = 0;
     (void)!::read(wake_, &woken, sizeof woken);
+    (void)!::read(timer_, &woken, sizeof woken); // a timer period passed: the io_context's timers run below
     if (io_.stopped()) io_.restart();
     return io_.poll();
 }

@@ -118,7 +118,8 @@ void bind_errors(py::module_& m) {
         .value("lease_unknown", errc::lease_unknown)
         .value("lease_not_yours", errc::lease_not_yours)
         .value("stale_metadata", errc::stale_metadata)
-        .value("device_queue_failed", errc::device_queue_failed);
+        .value("device_queue_failed", errc::device_queue_failed)
+        .value("reads_not_granted", errc::reads_not_granted);
 
     // Every C++ exception the library throws reaches Python as its gpuverbs.Error.
     // pybind11's translator type takes the pointer by value.

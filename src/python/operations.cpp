@@ -62,6 +62,10 @@ void Operation::set_future(py::object future) {
     }
     loop_ = future.attr("get_loop")();
     future_ = std::move(future);
+    if (!done_ && !counted_awaited) {
+        counted_awaited = true;
+        context_->awaited(+1); // the loop wakes for the library's timers until it finishes
+    }
     if (done_) deliver();
 }
 
@@ -128,6 +132,10 @@ void Operation::finish(const boost::system::error_code& ec) {
     done_ = true;
     ec_ = ec;
     regions.clear();
+    if (counted_awaited) {
+        counted_awaited = false;
+        context_->awaited(-1);
+    }
     if (future_) deliver();
 }
 
@@ -300,7 +308,10 @@ void bind_operations(py::module_& m) {
         .def(
             "wait",
             [](Operation& op, std::optional<double> timeout) {
-                if (!op.wait(timeout.value_or(-1.0))) {
+                // None waits for the operation (it ends within the library's bounds); a number is checked.
+                const double seconds =
+                    timeout ? std::chrono::duration<double>(checked_milliseconds(*timeout, "timeout")).count() : -1.0;
+                if (!op.wait(seconds)) {
                     raise_error(std::make_error_code(std::errc::timed_out), "Operation.wait",
                                 "the operation did not complete within the timeout; it is still in flight");
                 }

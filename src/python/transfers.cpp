@@ -187,6 +187,7 @@ py::dict rail_health_dict(const RailHealth& h) {
                          : py::object(py::float_(monotonic_seconds(h.failed_at)));
     d["last_error"] = h.last_error ? h.last_error.message() : std::string();
     d["last_failure"] = h.last_failure;
+    d["last_cause"] = h.last_cause;
     return d;
 }
 
@@ -235,6 +236,7 @@ py::dict rail_dict(const TransferReport::Rail& rail) {
     d["bytes"] = rail.bytes;
     d["error"] = rail.error ? rail.error.message() : std::string();
     d["failure"] = rail.failure;
+    d["cause"] = rail.cause;
     d["taken_over"] = rail.taken_over;
     d["took_over"] = rail.took_over;
     d["busy_seconds"] = std::chrono::duration<double>(rail.busy).count();
@@ -258,7 +260,7 @@ struct FinishTransfer {
 std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_ptr<Plan>& plan,
                                     std::optional<std::int64_t> notify, bool failover, std::uint32_t doorbell_batch,
                                     std::optional<double> deadline, std::optional<double> timeout,
-                                    std::optional<py::bytes> notify_message) {
+                                    std::optional<py::bytes> notify_message, double notification_timeout) {
     std::shared_ptr<PyRailGroup> group;
     std::vector<std::shared_ptr<Qp>> qps;
     std::vector<std::shared_ptr<Rail>> keyed; // per rail: a KvPool rail (its keys), or null (the plan's own)
@@ -304,6 +306,7 @@ std::shared_ptr<Operation> transfer(const py::object& rails, const std::shared_p
     options.doorbell_batch = doorbell_batch;
     if (notify) options.notify = static_cast<std::uint32_t>(*notify);
     options.failover = failover;
+    options.notification_timeout = checked_milliseconds(notification_timeout, "notification_timeout");
     options.report_blocks = true; // Operation.report
     std::string message;          // copied by the transfer when it starts (in async_transfer, below)
     if (notify_message) {
@@ -575,7 +578,8 @@ void bind_transfers(py::module_& m) {
             },
             py::arg("k"),
             "What rail k did: bytes_per_second, transfers, failures, bytes, busy_seconds, requests_moved_away, "
-            "requests_taken_over, cooling, failed_at (time.monotonic(), or None), last_error, last_failure.")
+            "requests_taken_over, cooling, failed_at (time.monotonic(), or None), last_error, last_failure, "
+            "last_cause.")
         .def(
             "replace",
             [](PyRailGroup& g, std::size_t k, const py::handle& rail) {
@@ -697,7 +701,9 @@ void bind_transfers(py::module_& m) {
                 for (const TransferReport::Rail& rail : r.rails) out.append(rail_dict(rail));
                 return out;
             },
-            "Per rail, a dict: bytes, error, failure, taken_over, took_over, busy_seconds.");
+            "Per rail, a dict: bytes, error, failure, cause (one word: port_down, stalled, ...), taken_over, "
+            "took_over, "
+            "busy_seconds.");
 
     // Here, after TransferReport, so that its signature names the class.
     py::class_<Operation, std::shared_ptr<Operation>>(m.attr("Operation"))
@@ -706,14 +712,19 @@ void bind_transfers(py::module_& m) {
             "A transfer's TransferReport (filled when it completes).");
 
     m.def("transfer", &transfer, py::arg("rails"), py::arg("plan"), py::kw_only(), py::arg("notify") = py::none(),
-          py::arg("failover") = true, py::arg("doorbell_batch") = 32, py::arg("deadline") = py::none(),
+          py::arg("failover") = TransferOptions{}.failover,
+          py::arg("doorbell_batch") = TransferOptions{}.doorbell_batch, py::arg("deadline") = py::none(),
           py::arg("timeout") = py::none(), py::arg("notify_message") = py::none(),
+          py::arg("notification_timeout") = seconds_of(TransferOptions{}.notification_timeout),
           "Moves every block of plan over rails (a QueuePair or a list: striped, failing over) in one operation "
           "ending, with notify, in a zero-byte write with that immediate at the peer (with notify_message, up to 64 "
           "bytes, a send carrying them: a NotificationInbox receives it). deadline (a "
           "time.monotonic() value) or timeout (seconds from now): nothing is posted after it, and the transfer "
-          "ends with gpuverbs.Error (ETIMEDOUT) once the device is done with what it took. Await it, wait() or "
-          "poll(): bytes moved; .report says what landed.");
+          "ends with gpuverbs.Error (ETIMEDOUT) once the device is done with what it took; if it comes while the "
+          "notification waits for the peer's receive, the notification's queue pair is moved to error and the "
+          "transfer ends at once. notification_timeout (seconds; 0: none): the same for a notification the peer "
+          "does not take in that time, whatever rnr_retry_count is. Await it, wait() or poll(): bytes moved; "
+          ".report says what landed.");
 }
 
 } // namespace gpuverbs::python

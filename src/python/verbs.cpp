@@ -81,6 +81,7 @@ py::dict failure_dict(const QueuePairFailure& f) {
         case Cause::provider_reports_error: cause = "provider_reports_error"; break;
         case Cause::port_down: cause = "port_down"; break;
         case Cause::stalled: cause = "stalled"; break;
+        case Cause::notification_not_taken: cause = "notification_not_taken"; break;
     }
     py::dict d;
     d["cause"] = cause;
@@ -358,8 +359,9 @@ void bind_queue_pairs(py::module_& m) {
                 q->cq = p.cq;
                 return q;
             },
-            py::arg("remote"), py::kw_only(), py::arg("timeout") = 14, py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
+            py::arg("remote"), py::kw_only(), py::arg("timeout") = ConnectOptions{}.timeout,
+            py::arg("retry_count") = ConnectOptions{}.retry_count,
+            py::arg("rnr_retry_count") = ConnectOptions{}.rnr_retry_count, py::arg("remote_access") = py::none(),
             "Moves to RTR and RTS towards remote: the connected QueuePair. It grants the peer remote_access "
             "(gpuverbs.Access remote flags), by default what was advertised, else nothing.");
 
@@ -380,7 +382,8 @@ void bind_queue_pairs(py::module_& m) {
                 return failure_dict(*f);
             },
             "None while the queue pair works; once it failed, why and since when: cause "
-            "('completion_failed', 'moved_to_error', 'provider_reports_error', 'port_down', 'stalled'), since "
+            "('completion_failed', 'moved_to_error', 'provider_reports_error', 'port_down', 'stalled', "
+            "'notification_not_taken'), since "
             "(time.monotonic()), status, port and a description in words.")
         .def(
             "close",

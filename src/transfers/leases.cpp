@@ -24,6 +24,34 @@ BlockLeases::BlockLeases(BlockLeasesOptions options, detail::Outcome outcome) : 
     outcome.settle(status);
 }
 
+BlockLeases::~BlockLeases() {
+    {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+    }
+    expiry_changed_.notify_all();
+    if (expiry_.joinable()) expiry_.join();
+}
+
+void BlockLeases::expire_on_time() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+        // The first lease with regions to deregister; the rest wait for the table's next call.
+        std::optional<std::chrono::steady_clock::time_point> next;
+        for (const auto& [id, lease] : leases_) {
+            if (!lease.regions.empty() && (!next || lease.until < *next)) next = lease.until;
+        }
+        if (next) {
+            expiry_changed_.wait_until(lock, *next);
+        } else {
+            expiry_changed_.wait(lock);
+        }
+        expire_locked(std::chrono::steady_clock::now(), &unreported_); // expire() names them
+        constexpr std::size_t kept = 65536;                            // an owner that never asks keeps the newest
+        if (unreported_.size() > kept) unreported_.erase(unreported_.begin(), unreported_.end() - kept);
+    }
+}
+
 namespace {
 
 /// [first, end) of a block in the owner's address space, or nothing when the
@@ -159,9 +187,15 @@ LeasedBlockList BlockLeases::record_lease(std::vector<RemoteBlock> blocks, std::
     list.ttl = options_.ttl;
     list.blocks = std::move(named);
     list.scope = scope;
+    const bool own_regions = !regions.empty();
     leases_.emplace(list.lease, Lease{std::move(blocks), now + options_.ttl + options_.grace, list.version, reader,
                                       std::move(regions)});
     ++statistics_.granted;
+    if (own_regions) {
+        // Deregistered on time, not at the owner's next call (docs/security.md: nothing once expired).
+        if (!expiry_.joinable()) expiry_ = std::thread([this] { expire_on_time(); });
+        expiry_changed_.notify_all();
+    }
     return list;
 }
 
@@ -267,7 +301,8 @@ std::size_t BlockLeases::active() {
 
 std::vector<std::uint32_t> BlockLeases::expire() {
     std::lock_guard lock(mutex_);
-    std::vector<std::uint32_t> ids;
+    // Those the expiry thread dropped since the last call first: they never released either.
+    std::vector<std::uint32_t> ids = std::exchange(unreported_, {});
     expire_locked(std::chrono::steady_clock::now(), &ids);
     return ids;
 }

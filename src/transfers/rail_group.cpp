@@ -104,6 +104,7 @@ void RailGroup::record(const Selection& selection, const TransferReport& report)
             h.failed_at = now;
             h.last_error = r.error;
             h.last_failure = r.failure;
+            h.last_cause = r.cause;
             continue;
         }
         if (r.bytes >= options_.min_measured_bytes && r.busy.count() > 0) {

@@ -54,6 +54,10 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
     behaviour = &rail_behaviour;
     opcode = plan.direction() == TransferDirection::write ? Opcode::write : Opcode::read;
     opcode_ = plan.direction() == TransferDirection::write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    if (opcode_ == IBV_WR_RDMA_READ && first < end && core.caps().max_rd_atomic == 0) {
+        why = "its queue pair may have no RDMA read outstanding (initiator depth 0: the peer granted no reads)";
+        return errc::reads_not_granted;
+    }
     plan_ = &plan;
     first_ = next_ = done_until_ = first;
     end_ = end;

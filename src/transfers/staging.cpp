@@ -5,6 +5,7 @@
 #include "gpuverbs/gpu/gpu_direct.hpp"
 
 #include "gpu/cuda/driver_api.hpp"
+#include "gpuverbs/detail/deadline.hpp"
 #include "text.hpp"
 
 #include <array>
@@ -414,7 +415,7 @@ void StagedWriter::write_chunk(QueuePair& qp, CompletionQueue& cq, std::span<con
         throw Error(ec, "StagedWriter::write", what);
     }
     std::array<Completion, 1> done{};
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    const auto deadline = detail::deadline_after(options_.timeout);
     bool foreign = false;
     for (;;) {
         if (cq.poll(done) == 1) {

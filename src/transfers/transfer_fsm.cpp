@@ -144,9 +144,15 @@ TransferFsm::Action TransferFsm::conclude(bool could_move, bool moved_on, Rails&
         a.record_failure = true;
     }
     if (!moved_on && !error_) {
-        error_ = end.error;
-        // No rail was left to take its requests: the words name every rail that failed.
-        a.why = could_move ? Why::every_rail_failed : Why::stream_failed;
+        if (phase_ == Phase::notifying && abandoned_) {
+            // The notification failed because it was abandoned: the reason is why.
+            error_ = abandon_reason_;
+            a.why = Why::notification_abandoned;
+        } else {
+            error_ = end.error;
+            // No rail was left to take its requests: the words name every rail that failed.
+            a.why = could_move ? Why::every_rail_failed : Why::stream_failed;
+        }
         if (phase_ == Phase::running) phase_ = Phase::draining;
     }
     return settle(a, rails);
@@ -186,6 +192,16 @@ TransferFsm::Action TransferFsm::stop(std::error_code reason) {
     }
     phase_ = Phase::stopping;
     ++participants_; // the pin: held open until every listed stream was stopped
+    return a;
+}
+
+TransferFsm::Action TransferFsm::abandon_notification(std::error_code reason) {
+    if (phase_ != Phase::notifying || abandoned_ || destroyed_) return Action{};
+    abandoned_ = true;
+    abandon_reason_ = reason;
+    Action a;
+    a.kind = Action::Kind::abandon_notification;
+    a.rail = notify_rail_;
     return a;
 }
 

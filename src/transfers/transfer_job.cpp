@@ -5,6 +5,7 @@
 #include "gpuverbs/transfers/transfer.hpp"
 
 #include "gpuverbs/detail/data_path/posting_path.hpp"
+#include "gpuverbs/detail/deadline.hpp"
 
 #include "text.hpp"
 
@@ -18,6 +19,65 @@
 #include <utility>
 
 namespace gpuverbs::detail {
+
+namespace {
+
+/// A rail's failure in gpuverbs' own words where gpuverbs failed its queue
+/// pair itself or its port is down (empty words: a completion failed, whose
+/// words are the provider's), and its cause as one word.
+struct Reason {
+    std::string words;
+    const char* cause = "completion";
+};
+
+Reason library_reason(QpCore& qp, std::chrono::steady_clock::time_point started) {
+    const QpHealth& health = qp.health;
+    if (!health.failed()) return {};
+    using Cause = QueuePairFailure::Cause;
+    const auto at = std::chrono::duration_cast<std::chrono::milliseconds>(health.since() - started).count();
+    const std::string when = at >= 0 ? " at +" + std::to_string(at) + " ms" : " before the transfer started";
+    switch (health.cause()) {
+        case Cause::port_down:
+            return {"its port " + std::to_string(health.detail()) + " went down" + when +
+                        " (gpuverbs moved its queue pair to the error state)",
+                    "port_down"};
+        case Cause::stalled:
+            return {
+                "its requests made no progress for longer than the stall bound; gpuverbs moved its queue pair "
+                "to the error state" +
+                    when,
+                "stalled"};
+        case Cause::notification_not_taken:
+            return {
+                "the peer did not take the notification in time; gpuverbs moved its queue pair to the error "
+                "state" +
+                    when,
+                "notification_not_taken"};
+        case Cause::provider_reports_error:
+            return {"its queue pair was found in the error state" + when +
+                        " (the peer answered with an error, or disconnected)",
+                    "queue_pair_error"};
+        case Cause::moved_to_error:
+            return {"its queue pair was moved to the error state (force_error)" + when, "queue_pair_error"};
+        case Cause::completion_failed: {
+            // The provider's words are the reason, unless they only say the
+            // request was flushed or inconsistent (rxe's word for a link that
+            // went down): then the port, if it is down, is the cause.
+            const auto status = static_cast<ibv_wc_status>(health.detail());
+            if (status != IBV_WC_WR_FLUSH_ERR && status != IBV_WC_LOC_QP_OP_ERR) return {};
+            ibv_qp_attr attr{};
+            ibv_qp_init_attr init{};
+            ibv_port_attr port{};
+            if (ibv_query_qp(qp.qp(), &attr, IBV_QP_PORT, &init) != 0) return {};
+            if (ibv_query_port(qp.qp()->context, attr.port_num, &port) == 0 && port.state == IBV_PORT_ACTIVE) return {};
+            return {"its port " + std::to_string(attr.port_num) + " is down (its requests failed" + when + ")",
+                    "port_down"};
+        }
+    }
+    return {};
+}
+
+} // namespace
 
 std::vector<BoundRail> bind_rails(std::span<const TransferRail> rails) {
     std::vector<BoundRail> out;
@@ -45,6 +105,7 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     old_report_ = options.report.value;
     report_blocks_ = options.report_blocks || old_report_ != nullptr;
     deadline_at_ = options.deadline;
+    notification_timeout_ = options.notification_timeout;
     auto refuse = [&](std::error_code code, std::string text) {
         ec = code;
         why = std::move(text);
@@ -137,10 +198,8 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     executor_ = rails_[0].driver->executor();
     chain_ = options.doorbell_batch;
     failover_ = options.failover && rail_count_ > 1;
-    if (failover_) {
-        bound_.assign(bound.begin(), bound.end());
-        usable_.resize(rail_count_);
-    }
+    bound_.assign(bound.begin(), bound.end()); // to take over, and to fail an overdue notification's queue pair
+    if (failover_) usable_.resize(rail_count_);
     // Per rail what it did: kept with several rails (failover needs it), or when asked for.
     if (rail_count_ > 1 || report_blocks_ || every_rail) outcomes_.resize(rail_count_);
     return true;
@@ -206,28 +265,35 @@ void TransferJobBase::start() {
         // Started before the rails: a deadline that passes while they are
         // submitted stops those not yet submitted as they are.
         deadline_ = std::make_shared<Deadline>(executor_, this);
-        std::lock_guard hold(deadline_->mutex); // its handler and the finish wait until the wait is started
-        deadline_->timer.expires_at(*deadline_at_);
-        deadline_->timer.async_wait([d = deadline_](const boost::system::error_code& ec) {
-            if (ec) return; // cancelled: the transfer finished first
-            TransferJobBase* job = nullptr;
-            {
-                std::lock_guard lock(d->mutex);
-                job = d->job;
-                if (job == nullptr || !job->pin(std::make_error_code(std::errc::timed_out))) return;
-            }
-            job->stop_pinned();
-        });
+        arm(deadline_, *deadline_at_);
     }
     for (std::size_t k = 0; k <= last && n > 0; ++k) {
         if (rails[k].first() < rails[k].end()) rails[k].driver->submit(&rails[k]); // rails[last] goes last
     }
 }
 
+void TransferJobBase::arm(const std::shared_ptr<Deadline>& d, std::chrono::steady_clock::time_point at) {
+    std::lock_guard hold(d->mutex); // its handler and the finish wait until the wait is started
+    d->timer.expires_at(at);
+    d->timer.async_wait([d](const boost::system::error_code& ec) {
+        if (ec) return; // cancelled: the transfer finished first
+        TransferJobBase* job = nullptr;
+        {
+            std::lock_guard lock(d->mutex);
+            job = d->job;
+            if (job == nullptr || !job->pin(std::make_error_code(std::errc::timed_out))) return;
+        }
+        job->stop_pinned();
+    });
+}
+
 bool TransferJobBase::pin(std::error_code reason) {
     std::lock_guard lock(mutex_);
-    // Finishing (nothing running), notifying (every block landed; the
-    // notification ends as it ends), destroyed, or stopped already: nothing to do.
+    if (fsm_.phase() == TransferFsm::Phase::notifying) {
+        abandon_notification(reason);
+        return false;
+    }
+    // Finishing (nothing running), destroyed, or stopped already: nothing to do.
     if (!fsm_.stoppable()) return false;
     // The words first: if they cannot be allocated, nothing has changed.
     if (!fsm_.error()) {
@@ -237,6 +303,33 @@ bool TransferJobBase::pin(std::error_code reason) {
     }
     fsm_.stop(reason); // taken (stoppable): held open until stop_pinned() has stopped every stream
     return true;
+}
+
+void TransferJobBase::abandon_notification(std::error_code reason) {
+    // The words first (used if the notification then fails): if they cannot be allocated, nothing has changed.
+    const auto now = std::chrono::steady_clock::now();
+    std::string when;
+    if (reason != std::errc::timed_out) {
+        when = "the transfer was cancelled";
+    } else if (deadline_at_ && now >= *deadline_at_) {
+        when = "the deadline passed";
+    } else {
+        when = "notification_timeout (" + std::to_string(notification_timeout_.count()) + " ms) passed";
+    }
+    std::string words = "every block landed, but " + when +
+                        " before the peer took the notification (no receive posted at the peer?): gpuverbs moved "
+                        "rail " +
+                        std::to_string(fsm_.notification_rail()) +
+                        "'s queue pair to the error state (its send queue waited behind the notification)";
+    const TransferFsm::Action a = fsm_.abandon_notification(reason);
+    if (a.kind != TransferFsm::Action::Kind::abandon_notification) return;
+    abandon_words_ = std::move(words);
+    // Under our lock (the driver never calls into a job under its own): the
+    // notification's stream is still ours. The driver fails its queue pair
+    // only while the notification is posted; one that completed meanwhile
+    // ends the transfer as it ended (the peer has it).
+    RailStream& notify = rails_[a.rail];
+    (void)notify.driver->fail_queue_pair_of(notify, QueuePairFailure::Cause::notification_not_taken);
 }
 
 // Only std::bad_alloc (the words of the reason) can escape: termination rather than a lost stop.
@@ -386,8 +479,19 @@ void TransferJobBase::finished_one(RailStream& rail, AsyncOpBase::How how, std::
     Probe probe(*this);
     TransferFsm::Action a = fsm_.stream_finished(end, probe);
     if (a.kind == TransferFsm::Action::Kind::make_streams) a = fsm_.takeover_made(make_takeover(a, hold), probe);
-    // A rail that failed while the transfer was stopping failed all the same (its group should know).
-    if (a.record_failure && !outcomes_.empty()) outcomes_[k].failure = e.message() + ": " + text;
+    // A rail that failed while the transfer was stopping failed all the same
+    // (its group should know). Where gpuverbs failed its queue pair itself
+    // (its port went down, it stalled, a notification was abandoned), that is
+    // the reason, not the provider's words for the flush that followed.
+    if (a.record_failure && !outcomes_.empty()) {
+        std::shared_ptr<QpCore> qp = bound_[rail.index].qp.lock();
+        Reason why = qp ? library_reason(*qp, started_at_) : Reason{};
+        if (why.words.empty() && e == aborted_error()) why.cause = "aborted";
+        outcomes_[k].failure =
+            why.words.empty() ? e.message() + ": " + text : why.words + " (" + e.message() + ": " + text + ")";
+        outcomes_[k].cause = why.cause;
+        hold.push_back(std::move(qp)); // let go after the lock
+    }
     explain(a.why, std::move(text));
     perform(lock, a); // `hold` outlives the submissions
 }
@@ -397,6 +501,7 @@ void TransferJobBase::explain(TransferFsm::Why why, std::string text) {
     switch (why) {
         case TransferFsm::Why::none:
         case TransferFsm::Why::stopped: return; // pin() wrote them before the stop was taken
+        case TransferFsm::Why::notification_abandoned: words = std::move(abandon_words_); return;
         case TransferFsm::Why::stream_failed: words = std::move(text); return;
         case TransferFsm::Why::every_rail_failed: {
             // No rail was left to take its requests: name every rail that failed, and why.
@@ -434,8 +539,9 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
     released.swap(usable_);
     switch (action.kind) {
         case Kind::wait:
-        case Kind::make_streams: // answered in finished_one
-        case Kind::stop_streams: // performed by stop_pinned
+        case Kind::make_streams:         // answered in finished_one
+        case Kind::stop_streams:         // performed by stop_pinned
+        case Kind::abandon_notification: // performed by pin
             lock.unlock();
             return;
         case Kind::submit: {
@@ -453,7 +559,18 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
             // On the first rail that has not failed and reaches the plan's last remote block.
             RailStream* notify = &rails_[action.rail];
             const std::uint32_t immediate = *notify_;
+            // The notification's own bound, when it ends before the deadline:
+            // the peer may never post a receive, and rnr_retry_count 7 waits for ever.
+            std::shared_ptr<Deadline> timer;
+            if (notification_timeout_.count() > 0) {
+                notification_due_ = deadline_after(notification_timeout_);
+                if (!deadline_at_ || notification_due_ < *deadline_at_) {
+                    notification_timer_ = std::make_shared<Deadline>(executor_, this);
+                    timer = notification_timer_;
+                }
+            }
             lock.unlock();
+            if (timer) arm(timer, notification_due_); // before the submission: the finish finds it armed
             notify->reset_for_resubmit();
             notify->arm_notification(immediate, std::span(notify_message_).first(notify_message_size_));
             submit_stream(notify);
@@ -464,13 +581,14 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
     error_ = fsm_.error();
     const bool destroy = fsm_.destroyed();
     lock.unlock();
-    if (deadline_) {
+    for (const std::shared_ptr<Deadline>& d : {deadline_, notification_timer_}) {
+        if (!d) continue;
         // The timer's handler finds no job from here on; a pending wait ends
         // early (not while the execution context is being destroyed: its
         // services are shutting down, and the wait is destroyed with them).
-        std::lock_guard held(deadline_->mutex);
-        deadline_->job = nullptr;
-        if (!destroy) deadline_->timer.cancel();
+        std::lock_guard held(d->mutex);
+        d->job = nullptr;
+        if (!destroy) d->timer.cancel();
     }
     if (!destroy) {
         fill_report();

@@ -13,6 +13,8 @@
 #include <boost/system/system_error.hpp>
 
 #include <cerrno>
+#include <cstdint>
+#include <limits>
 
 namespace gpuverbs {
 
@@ -159,17 +161,28 @@ void CompletionQueue::throw_poll_error(int err) {
 bool CompletionQueue::wait(std::chrono::milliseconds timeout, std::error_code& ec) noexcept {
     ec.clear();
     ibv_comp_channel* channel = core_ ? core_->channel() : nullptr;
-    if (channel == nullptr) {
+    if (channel == nullptr || timeout.count() < 0) {
         ec = errc::invalid_argument;
         return false;
     }
+    // poll(2) takes an int of milliseconds, and a negative one waits for ever:
+    // a longer wait is made of slices, each until what is left of the deadline
+    // (a signal's EINTR waits on for the rest).
+    const std::int64_t slice_max = std::numeric_limits<int>::max();
+    const auto start = std::chrono::steady_clock::now();
     pollfd pfd{channel->fd, POLLIN, 0};
-    int rc = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-    if (rc < 0) {
-        ec.assign(errno, std::system_category());
-        return false;
+    for (;;) {
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        const std::int64_t left = timeout.count() - std::min<std::int64_t>(waited.count(), timeout.count());
+        const int rc = ::poll(&pfd, 1, static_cast<int>(std::min(left, slice_max)));
+        if (rc > 0) break;
+        if (rc < 0 && errno != EINTR) {
+            ec.assign(errno, std::system_category());
+            return false;
+        }
+        if (left == 0) return false; // the deadline passed (or 0: one look)
     }
-    if (rc == 0) return false;
     ibv_cq* cq = nullptr;
     void* context = nullptr;
     if (ibv_get_cq_event(channel, &cq, &context) != 0) {
@@ -185,7 +198,13 @@ bool CompletionQueue::wait(std::chrono::milliseconds timeout) {
     std::error_code ec;
     bool got = wait(timeout, ec);
     if (ec) {
-        // An errno from poll or ibv_get_cq_event, or errc::invalid_argument for an empty queue.
+        // An errno from poll or ibv_get_cq_event, or errc::invalid_argument (no channel, a negative timeout).
+        if (ec == errc::invalid_argument) {
+            throw Error(ec, "CompletionQueue::wait",
+                        timeout.count() < 0 ? "the timeout is negative (" + std::to_string(timeout.count()) +
+                                                  " ms): pass 0 to look without waiting, or a duration to wait"
+                                            : "the queue has no completion channel (make it with one) or is empty");
+        }
         const std::string why = ec.category() == std::system_category() ? detail::errno_text(ec.value()) : ec.message();
         throw Error(ec, "ibv_get_cq_event", "cannot wait for a completion event: " + why);
     }

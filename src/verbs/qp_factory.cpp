@@ -61,6 +61,7 @@ ibv_qp_init_attr qp_init_attr(ibv_qp_type type, const CompletionQueue& send_cq, 
 
 // What the device granted: ibv_create_qp and rdma_create_qp write it back into the attributes.
 QueuePairCapabilities granted(const ibv_qp_cap& cap) noexcept {
+    // max_rd_atomic: not known before the queue pair connects (connect sets it), and nothing moves before.
     return {cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data};
 }
 

@@ -122,13 +122,14 @@ QueuePair PreparedQueuePair::connect_impl(const Endpoint& remote, const ConnectO
         !detail::modify_qp(qp, detail::access_transition(grant), "INIT access flags", status)) {
         return {};
     }
-    if (!detail::modify_qp(qp, rtr, "INIT->RTR", status) ||
-        !detail::modify_qp(qp, detail::rts_transition(local_.psn, port_, options), "RTR->RTS", status)) {
+    const detail::QpTransition rts = detail::rts_transition(local_.psn, port_, options);
+    if (!detail::modify_qp(qp, rtr, "INIT->RTR", status) || !detail::modify_qp(qp, rts, "RTR->RTS", status)) {
         // Leave it usable: back to INIT so connect can be tried again.
         detail::Status ignored;
         (void)to_reset_and_init(qp, port_, ignored);
         return {};
     }
+    core_->set_max_rd_atomic(rts.attr.max_rd_atomic);
     QueuePair q;
     q.core_ = std::move(core_);
     q.port_ = port_;
@@ -194,9 +195,7 @@ QpState QueuePair::state(std::error_code& ec, Diagnostics& diagnostics) const {
 }
 
 std::error_code QueuePair::force_error() noexcept {
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_ERR;
-    int rc = ibv_modify_qp(core_->qp(), &attr, IBV_QP_STATE);
+    const int rc = core_->move_to_error();
     if (rc == 0) (void)core_->health.fail(QueuePairFailure::Cause::moved_to_error, 0);
     return rc == 0 ? std::error_code() : std::error_code(rc, std::system_category());
 }
@@ -239,6 +238,12 @@ std::string QueuePairFailure::describe() const {
             why =
                 "its requests made no progress for longer than the transport's retry bound, and gpuverbs moved "
                 "it to the error state";
+            break;
+        case Cause::notification_not_taken:
+            why =
+                "a transfer's notification waited for the peer's receive past the transfer's deadline, its "
+                "cancellation or its notification_timeout (the peer posted no receive), and gpuverbs moved it to "
+                "the error state (its send queue could not move past the notification)";
             break;
     }
     return "in the error state since " + std::to_string(ms.count()) + " ms ago: " + why +

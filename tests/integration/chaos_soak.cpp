@@ -58,6 +58,11 @@ constexpr std::size_t max_peers = 8;
 constexpr const char* devices[2][2] = {{"rxe0", "rxe2"}, {"rxe1", "rxe3"}}; // [owner|peer][rail]
 
 std::atomic<bool> stopping{false};
+
+/// Wall-clock seconds, as the soak's script writes its faults' times (date +%s.%N).
+double wall_seconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 std::atomic<bool> chaos_destroy{false}; // SIGUSR1: destroy rail 1's queue pair mid-transfer
 
 /// The read area's bytes: a fixed pattern every peer can check.
@@ -242,6 +247,7 @@ public:
         std::mt19937_64 rng(0x5eed0000ULL + id_ * 7919 +
                             static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
         auto last_resources = Clock::now();
+        log_.line("peer ready %u", id_); // a new process: chaos_check.py counts its resources apart
         for (int k = 0; k < 2; ++k) reconnect(k);
         while (!stopping && Clock::now() < end) {
             for (int k = 0; k < 2; ++k) {
@@ -397,6 +403,7 @@ private:
         TransferOptions options;
         options.report_blocks = true;
         options.notify = notification_of(id_, seq);
+        const double started_at = wall_seconds(); // chaos_check.py judges it against the faults it met
         const auto deadline = Clock::now() + 8s;
         options.deadline = deadline;
         int calls = 0;
@@ -444,12 +451,15 @@ private:
         for (const auto& r : report.rails) {
             if (r.took_over > 0) ++stats_.failovers;
         }
+        const double ended_at = wall_seconds() - std::chrono::duration<double>(Clock::now() - ended).count();
         if (!result) {
             ++stats_.succeeded;
-            log_.line("ok %s %u notify %u", write ? "write" : "read", seq, options.notify.value_or(0));
+            log_.line("ok %s %u notify %u t0=%.6f t1=%.6f", write ? "write" : "read", seq, options.notify.value_or(0),
+                      started_at, ended_at);
         } else {
             ++stats_.failed;
-            log_.line("failed %s %u %s (%s)", write ? "write" : "read", seq, result.message().c_str(), why.c_str());
+            log_.line("failed %s %u t0=%.6f t1=%.6f %s (%s)", write ? "write" : "read", seq, started_at, ended_at,
+                      result.message().c_str(), why.c_str());
         }
         check(write, seq, chosen, report, !result);
     }

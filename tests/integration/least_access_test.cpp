@@ -13,6 +13,10 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
 
 using namespace gpuverbs;
 using namespace std::chrono_literals;
@@ -197,6 +201,31 @@ TEST_SUITE("least access on real RDMA" * doctest::skip(!test::rig_present())) {
         CHECK(late.status.raw() == IBV_WC_REM_ACCESS_ERR);
     }
 
+    TEST_CASE(
+        "attack: an expired lease's key reads nothing from the moment it expires, though the owner calls nothing "
+        "on its table (ttl 2,000 + grace 500 ms: refused at 3,000 ms)") {
+        const auto rig = *test::rig_devices();
+        test::Side reader(rig.dev0, 1 << 16, {}), owner(rig.dev1, 1 << 16, {});
+        std::fill(owner.memory.begin(), owner.memory.end(), std::byte{0x42});
+        BlockLeases leases({.ttl = 2000ms, .grace = 500ms});
+        const RemoteMemory pool = owner.prepared.advertise(owner.mr);
+        const LeasedBlockList list = leases.grant({{pool, 0, 4096}}, 9, owner.pd, Access::remote_read);
+        const auto granted = std::chrono::steady_clock::now();
+        connect(reader, owner);
+        REQUIRE_FALSE(reader.qp.post_read(reader.mr.slice(0, 4096), list.blocks[0].memory, 0));
+        const Completion before = one_completion(reader.cq);
+        REQUIRE_MESSAGE(before.ok(), before.status.message());
+        CHECK(all_are(std::span(reader.memory).first(4096), std::byte{0x42}));
+        // The owner does nothing with its table from here on.
+        std::this_thread::sleep_until(granted + 3000ms);
+        REQUIRE_FALSE(reader.qp.post_read(reader.mr.slice(4096, 4096), list.blocks[0].memory, 0));
+        const Completion after = one_completion(reader.cq);
+        MESSAGE("a read of an expired lease's region at +3,000 ms: " << after.status.message());
+        CHECK(after.status.raw() == IBV_WC_REM_ACCESS_ERR);
+        // The table names the lease its thread expired (a reader that never released: worth a log line).
+        CHECK(leases.expire() == std::vector<std::uint32_t>{list.lease});
+    }
+
     TEST_CASE("a lease whose memory cannot be registered again is refused in words, and nothing is leased") {
         const auto rig = *test::rig_devices();
         test::Side owner(rig.dev1, 1 << 16, {});
@@ -330,6 +359,100 @@ TEST_SUITE("least access on real RDMA: rdma_cm" * doctest::skip(!test::rig_prese
         CHECK(client.qp().remote_access() == Access::remote_write);
         MESSAGE("the client's responder resources as rdma_cm set them: "
                 << int(client.conn.parameters().responder_resources) << " (its grant has no read: none used)");
+    }
+
+    TEST_CASE(
+        "rdma_cm in every grant combination (nothing, write, read, everything on each side): the depths agree "
+        "with docs/rdma-cm.md, and a read, a write and an atomic each way work or are refused, never hang") {
+        const auto rig = *test::rig_devices();
+        const Access grants[] = {Access::none, Access::remote_write, Access::remote_read,
+                                 Access::remote_write | Access::remote_read | Access::remote_atomic};
+        auto name = [](Access a) -> std::string {
+            if (a == Access::none) return "nothing";
+            if (a == Access::remote_write) return "write";
+            if (a == Access::remote_read) return "read";
+            return "everything";
+        };
+        auto grants_reads = [](Access a) {
+            return (a & (Access::remote_read | Access::remote_atomic)) != Access::none;
+        };
+        enum class Op { read, write, atomic };
+        for (const Access client_grant : grants) {
+            for (const Access server_grant : grants) {
+                CAPTURE(name(client_grant));
+                CAPTURE(name(server_grant));
+                CmListener listener(rig.ip1, 0);
+                auto server = std::async(std::launch::async, [&] {
+                    test::CmEnd end(listener.accept(20s)); // advertises its memory (everything) ...
+                    end.conn.create_qp(end.pd, end.cq, end.cq);
+                    CmOptions options;
+                    options.remote_access = server_grant; // ... and grants what the case says
+                    end.conn.accept(options);
+                    return end;
+                });
+                test::CmEnd client(cm_resolve(rig.ip1, listener.port(), 20s, rig.ip0));
+                client.conn.create_qp(client.pd, client.cq, client.cq);
+                CmOptions options;
+                options.remote_access = client_grant;
+                client.conn.connect(options);
+                test::CmEnd srv = server.get();
+
+                // The depths: each side answers as many reads as it granted, and issues as many as the peer granted.
+                const std::uint8_t server_answers = grants_reads(server_grant) ? 16 : 0;
+                const std::uint8_t client_answers = grants_reads(client_grant) ? 16 : 0;
+                CHECK(int(srv.conn.parameters().responder_resources) == server_answers);
+                CHECK(int(srv.conn.parameters().initiator_depth) == client_answers);
+                CHECK(int(client.conn.parameters().responder_resources) == client_answers);
+                CHECK(int(client.conn.parameters().initiator_depth) == server_answers);
+                CHECK(srv.qp().capabilities().max_rd_atomic == client_answers);
+                CHECK(client.qp().capabilities().max_rd_atomic == server_answers);
+                CHECK(int(srv.conn.requested().initiator_depth) == 16); // what the client asked for, unswapped
+                CHECK(int(srv.conn.requested().responder_resources) == client_answers);
+
+                // What must work, each way, and what is refused at once (no read depth: never on the wire);
+                // then one request the peer did not grant (a remote refusal moves both queue pairs to error).
+                auto post = [](test::CmEnd& from, test::CmEnd& to, Op op) {
+                    const RemoteMemory target = to.mr.remote();
+                    if (op == Op::write) return from.qp().post_write(from.mr.slice(0, 64), target, 64);
+                    if (op == Op::read) return from.qp().post_read(from.mr.slice(128, 64), target, 0);
+                    return from.qp().post_fetch_add(from.mr.slice(256, 8), target, 512, 1);
+                };
+                std::optional<std::pair<test::CmEnd*, Op>> refused_by_peer;
+                for (test::CmEnd* from : {&client, &srv}) {
+                    test::CmEnd& to = from == &client ? srv : client;
+                    const Access granted = from == &client ? server_grant : client_grant;
+                    for (const Op op : {Op::write, Op::read, Op::atomic}) {
+                        CAPTURE(from == &client ? "client" : "server");
+                        CAPTURE(static_cast<int>(op));
+                        const Access needs = op == Op::write  ? Access::remote_write
+                                             : op == Op::read ? Access::remote_read
+                                                              : Access::remote_atomic;
+                        if (op != Op::write && from->qp().capabilities().max_rd_atomic == 0) {
+                            const std::error_code posted = post(*from, to, op);
+                            CHECK_MESSAGE(posted == errc::reads_not_granted, posted.message());
+                        } else if ((granted & needs) == Access::none) {
+                            if (!refused_by_peer) refused_by_peer = std::pair{from, op};
+                        } else {
+                            const std::error_code posted = post(*from, to, op);
+                            REQUIRE_MESSAGE(!posted, posted.message());
+                            const Completion c = one_completion(from->cq);
+                            CHECK_MESSAGE(c.ok(), c.status.message());
+                        }
+                    }
+                }
+                if (refused_by_peer) {
+                    test::CmEnd& from = *refused_by_peer->first;
+                    REQUIRE_FALSE(post(from, &from == &client ? srv : client, refused_by_peer->second));
+                    const Completion c = one_completion(from.cq);
+                    CHECK_MESSAGE(refused_remotely(c), c.status.message());
+                }
+                MESSAGE("client grants " << name(client_grant) << ", server grants " << name(server_grant)
+                                         << ": server answers/issues " << int(srv.conn.parameters().responder_resources)
+                                         << "/" << int(srv.conn.parameters().initiator_depth) << ", client "
+                                         << int(client.conn.parameters().responder_resources) << "/"
+                                         << int(client.conn.parameters().initiator_depth));
+            }
+        }
     }
 }
 

@@ -228,6 +228,11 @@ TEST_SUITE("liveness on real RDMA" * doctest::skip(!test::rig_present())) {
             CHECK(notifications == 1);
             if (calls == 1 && !result && wrong == 0 && notified == 33u) ++succeeded;
             const std::string rail1_failure = report.rails.size() == 2 ? report.rails[1].failure : "";
+            if (struck && report.rails.size() == 2 && report.rails[1].error) {
+                // The library's words for what it saw, not the provider's for the flush that followed.
+                CHECK_MESSAGE(report.rails[1].cause == "port_down", report.rails[1].cause << ": " << rail1_failure);
+                CHECK_MESSAGE(rail1_failure.starts_with("its port "), rail1_failure);
+            }
             MESSAGE("run " << run << (struck ? " (rail 1 busy when cut)" : " (rail 1 idle when cut)") << ": "
                            << (result ? result.message() : "success") << " " << took.count()
                            << " ms after the fault; rail 0 took over "

@@ -8,6 +8,16 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <thread>
+#include <vector>
+
 using namespace gpuverbs;
 namespace asio = boost::asio;
 
@@ -126,5 +136,60 @@ TEST_SUITE("async tcp bootstrap") {
                           [&](boost::system::error_code ec, asio::ip::tcp::socket) { got = ec; });
         io.run();
         CHECK(got == asio::error::connection_refused);
+    }
+
+    TEST_CASE(
+        "attack: a listener that drops our SYN (its accept queue full) holds async_tcp_connect only until the "
+        "deadline, which ends it with timed_out; a negative or enormous timeout means what it says") {
+        // A black hole on loopback: a listening socket with backlog 0 that never
+        // accepts. Once its queue is full the kernel drops new SYNs and retries
+        // them for about two minutes: only our deadline ends the connect.
+        const int hole = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        REQUIRE(hole >= 0);
+        sockaddr_in where{};
+        where.sin_family = AF_INET;
+        where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0);
+        REQUIRE(::listen(hole, 0) == 0);
+        socklen_t length = sizeof where;
+        REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&where), &length) == 0);
+        std::vector<int> fillers;
+        for (int i = 0; i < 4; ++i) {
+            const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+            (void)::connect(f, reinterpret_cast<sockaddr*>(&where), sizeof where);
+            fillers.push_back(f);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const std::uint16_t port = ntohs(where.sin_port);
+        for (const auto timeout : {std::chrono::milliseconds(300), std::chrono::milliseconds(-5)}) {
+            asio::io_context io;
+            std::optional<boost::system::error_code> got;
+            bool open = true;
+            const auto t0 = std::chrono::steady_clock::now();
+            async_tcp_connect(io.get_executor(), "127.0.0.1", port, timeout,
+                              [&](boost::system::error_code ec, asio::ip::tcp::socket s) {
+                                  got = ec;
+                                  open = s.is_open();
+                              });
+            io.run_for(std::chrono::seconds(10)); // the kernel alone would take ~2 minutes
+            const auto took = std::chrono::steady_clock::now() - t0;
+            REQUIRE(got.has_value());
+            CHECK(*got == asio::error::timed_out);
+            CHECK_FALSE(open);
+            CHECK(took >= std::max(timeout, std::chrono::milliseconds(0)));
+            CHECK(took < std::chrono::seconds(2));
+        }
+        {
+            // An enormous timeout (milliseconds::max() would wrap steady_clock into the past) still waits:
+            // it is still pending after 300 ms, not ended at once by a deadline in the past.
+            asio::io_context io;
+            std::optional<boost::system::error_code> got;
+            async_tcp_connect(io.get_executor(), "127.0.0.1", port, std::chrono::milliseconds::max(),
+                              [&](boost::system::error_code ec, asio::ip::tcp::socket) { got = ec; });
+            io.run_for(std::chrono::milliseconds(300));
+            CHECK_FALSE(got.has_value());
+        }
+        for (int f : fillers) ::close(f);
+        ::close(hole);
     }
 }

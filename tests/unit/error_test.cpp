@@ -102,6 +102,7 @@ TEST_SUITE("error") {
                                 errc::misaligned_atomic,
                                 errc::batch_full,
                                 errc::receives_through_srq,
+                                errc::reads_not_granted,
                                 errc::no_executor,
                                 errc::async_needs_one_cq};
         int count = 0;

@@ -89,7 +89,84 @@ TEST_CASE("judge: the provider's error state and a port that is down with sends 
     down.port_active = false;
     CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::healthy); // only receives wait: the port may come back
     down.send_outstanding = 1;
-    CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::port_down);
+    CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::healthy); // one reading may catch a transition
+    CHECK(judge(w, down, t0 + 50ms, 250ms) == LivenessVerdict::port_down);
+}
+
+TEST_CASE("judge: a port seen down once between two ACTIVE readings does not fail the queue pair") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight up;
+    up.send_outstanding = 1;
+    QpSight down = up;
+    down.port_active = false;
+    for (int k = 0; k < 10; ++k) {
+        CHECK(judge(w, down, t0 + k * 100ms, 250ms) == LivenessVerdict::healthy);
+        CHECK(judge(w, up, t0 + k * 100ms + 50ms, 250ms) == LivenessVerdict::healthy);
+    }
+    CHECK(judge(w, down, t0 + 2s, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, down, t0 + 2050ms, 250ms) == LivenessVerdict::port_down);
+}
+
+TEST_CASE("judge: a queue pair whose state cannot be read twice in a row is failed, once is not") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight unreadable;
+    unreadable.query_failed = true;
+    unreadable.send_outstanding = 1;
+    QpSight fine;
+    fine.send_outstanding = 1;
+    CHECK(judge(w, unreadable, t0, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, fine, t0 + 50ms, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, unreadable, t0 + 100ms, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, unreadable, t0 + 150ms, 250ms) == LivenessVerdict::provider_error);
+}
+
+TEST_CASE("judge: a queue pair the last tick did not look at starts its clock afresh (an idle period is no stall)") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight busy;
+    busy.send_outstanding = 1;
+    busy.send_retired = 7;
+    busy.stall_after = 1s;
+    CHECK(judge(w, busy, t0, 250ms) == LivenessVerdict::healthy);
+    // 3 s unwatched (idle, its last completion not seen by a tick), then busy again with the same count retired.
+    QpSight again = busy;
+    again.first_look = true;
+    CHECK(judge(w, again, t0 + 3s, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, busy, t0 + 3900ms, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, busy, t0 + 4001ms, 250ms) == LivenessVerdict::stalled); // and the bound still holds after it
+    // Without the first look the same sequence is (wrongly) a stall: the test can fail.
+    QpWatch stale = watch_with(14, 6, 7);
+    CHECK(judge(stale, busy, t0, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(stale, busy, t0 + 3s, 250ms) == LivenessVerdict::stalled);
+}
+
+TEST_CASE("judge: a requester sending new packets is progress without a completion; retransmissions are not") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight s;
+    s.send_outstanding = 1; // one signaled request ends a long chain
+    s.send_retired = 0;
+    s.stall_after = 1s;
+    std::uint32_t psn = 0xfffff0; // wraps past 2^24 on the way
+    for (int k = 0; k < 100; ++k) {
+        s.sq_psn = psn;
+        CHECK(judge(w, s, t0 + k * 100ms, 250ms) == LivenessVerdict::healthy);
+        psn = (psn + 3) & 0xffffffU;
+    }
+    // Retransmitting: the PSN steps back and climbs to where it was, never past it.
+    const std::uint32_t furthest = (psn - 3) & 0xffffffU;
+    const auto t1 = t0 + 100 * 100ms;
+    for (int k = 0; k < 10; ++k) {
+        s.sq_psn = (furthest - 2 + static_cast<std::uint32_t>(k % 3)) & 0xffffffU;
+        CHECK(judge(w, s, t1 + k * 100ms, 250ms) == LivenessVerdict::healthy);
+    }
+    s.sq_psn = furthest;
+    CHECK(judge(w, s, t1 + 1200ms, 250ms) == LivenessVerdict::stalled);
+    CHECK(psn_after(5, 0xfffffe));
+    CHECK_FALSE(psn_after(0xfffffe, 5));
+    CHECK_FALSE(psn_after(9, 9));
 }
 
 TEST_CASE("judge: a failed queue pair gets the flush grace from when it was learned, then gpuverbs completes it") {

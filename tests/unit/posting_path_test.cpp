@@ -97,6 +97,25 @@ TEST_SUITE("the posting path's checks") {
         CHECK(wr.num_sge == 2);
     }
 
+    TEST_CASE(
+        "reads and atomics on a queue pair whose initiator depth is 0 are refused at once (the device would hold "
+        "them for ever); writes and sends are not") {
+        QueuePairCapabilities none = caps;
+        none.max_rd_atomic = 0;
+        ibv_send_wr wr{};
+        const LocalBuffer b = slice(0, 8);
+        CHECK(detail::lower(WorkRequest::read(b, remote, 0), none, wr, sges.data()) == errc::reads_not_granted);
+        CHECK(detail::lower(WorkRequest::fetch_add(b, remote, 0, 1), none, wr, sges.data()) == errc::reads_not_granted);
+        CHECK(detail::lower(WorkRequest::compare_swap(b, remote, 0, 1, 2), none, wr, sges.data()) ==
+              errc::reads_not_granted);
+        CHECK_FALSE(detail::lower(WorkRequest::write(b, remote, 0), none, wr, sges.data()));
+        CHECK_FALSE(detail::lower(WorkRequest::send(b), none, wr, sges.data()));
+        CHECK(std::error_code(errc::reads_not_granted) == condition::refused_locally);
+        QueuePairCapabilities one = caps;
+        one.max_rd_atomic = 1;
+        CHECK_FALSE(detail::lower(WorkRequest::read(b, remote, 0), one, wr, sges.data()));
+    }
+
     TEST_CASE("atomics need one 8-byte, 8-byte-aligned buffer and an aligned remote word") {
         LocalBuffer ok = slice(8, 8), short_buffer = slice(8, 4), unaligned = slice(4, 8);
         ibv_send_wr wr{};

@@ -165,6 +165,42 @@ TEST_SUITE("the transfer's state machine") {
         CHECK(states(fsm, 6) == std::vector<RequestState>(6, RequestState::landed)); // its data kept
     }
 
+    TEST_CASE(
+        "a deadline or cancellation while the notification is in flight abandons it once (the transfer's error is "
+        "the reason, never success), and does nothing in any other phase") {
+        for (const std::error_code reason :
+             {std::make_error_code(std::errc::timed_out), std::make_error_code(std::errc::operation_canceled)}) {
+            TransferFsm fsm;
+            FakeRails rails(2);
+            const std::array<std::uint32_t, 3> bounds{0, 3, 6};
+            fsm.start(bounds, true, true, rails);
+            CHECK(fsm.abandon_notification(reason).kind == Kind::wait); // running: a stop's business
+            CHECK(fsm.stream_finished(landed(fsm, 0), rails).kind == Kind::wait);
+            REQUIRE(fsm.stream_finished(landed(fsm, 1), rails).kind == Kind::notify);
+            const auto a = fsm.abandon_notification(reason);
+            CHECK(a.kind == Kind::abandon_notification);
+            CHECK(a.rail == 0);
+            CHECK(fsm.notification_rail() == 0);
+            CHECK(fsm.abandon_notification(reason).kind == Kind::wait); // once
+            // The notification's stream then fails (its queue pair failed under it): the transfer ends with the
+            // reason, in the words of an abandoned notification.
+            const auto end = fsm.stream_finished(
+                {0, 0, 0, make_wc_error(IBV_WC_WR_FLUSH_ERR), StreamFailure::notification, true, false}, rails);
+            CHECK(end.kind == Kind::finish);
+            CHECK(end.why == Why::notification_abandoned);
+            CHECK(fsm.error() == reason);
+            CHECK(states(fsm, 6) == std::vector<RequestState>(6, RequestState::landed)); // every block landed
+            // Had the notification completed before its queue pair failed, the peer has it: success.
+            TransferFsm late;
+            late.start(bounds, true, true, rails);
+            (void)late.stream_finished(landed(late, 0), rails);
+            (void)late.stream_finished(landed(late, 1), rails);
+            (void)late.abandon_notification(reason);
+            CHECK(late.stream_finished({0, 0, 0, {}, StreamFailure::none, false, false}, rails).kind == Kind::finish);
+            CHECK_FALSE(late.error());
+        }
+    }
+
     TEST_CASE("a path failure moves the requests not known to have landed, from the failed stream's landed end") {
         TransferFsm fsm;
         FakeRails rails(3);
@@ -437,7 +473,7 @@ namespace {
 // What the random sequences exercised (so a change that stops them reaching a path shows).
 struct Coverage {
     std::uint64_t takeovers = 0, refused_takeovers = 0, notifications = 0, stops = 0, destroyed = 0, successes = 0,
-                  every_rail_failed = 0;
+                  every_rail_failed = 0, abandons = 0, abandoned_failed = 0;
 };
 
 // The device and the world around one transfer, played at random; checks the
@@ -557,6 +593,15 @@ private:
         }
         const bool may_move = failover_ && rails_.up.size() > 1 && before == Phase::running && !destroyed_ &&
                               end.failure == StreamFailure::path;
+        if (notification && abandoned_ && end.error && !error_before) {
+            // An abandoned notification that fails ends the transfer with the abandon's reason.
+            if (fsm_.error() != abandon_reason_ || a.why != Why::notification_abandoned)
+                fail("an abandoned notification's failure did not end the transfer with the abandon's reason");
+            ++coverage_.abandoned_failed;
+            if (!rails_before[s.rail].error && !a.record_failure) fail("a rail's failure was not recorded");
+            apply(a, before);
+            return;
+        }
         if (end.error && !error_before) {
             // Invariant 5: a request failure fails it; a path failure with no rail left fails it, in those words.
             if (end.failure != StreamFailure::path && fsm_.error() != end.error)
@@ -584,6 +629,7 @@ private:
         if (takes != (a.kind == Kind::stop_streams) || could != takes) fail("a stop was taken or refused wrongly");
         if (!takes) {
             if (fsm_.phase() != before || fsm_.error() != error_before) fail("a refused stop changed the transfer");
+            if (before == Phase::notifying) abandon(reason, error_before);
             return;
         }
         ++coverage_.stops;
@@ -592,6 +638,24 @@ private:
         if (error_before && (fsm_.error() != error_before || a.why != Why::none))
             fail("a stop replaced the first error");
         if (!stop_reason_ && !error_before) stop_reason_ = reason;
+    }
+
+    // The job's answer to a deadline or cancellation while the notification is
+    // in flight: abandon it once (its queue pair is failed), and the transfer
+    // then ends with the reason, never with success.
+    void abandon(std::error_code reason, std::error_code error_before) {
+        const TransferFsm::Action a = fsm_.abandon_notification(reason);
+        const bool takes = !abandoned_ && !destroyed_;
+        if (takes != (a.kind == Kind::abandon_notification)) fail("an abandon was taken or refused wrongly");
+        if (!takes) {
+            if (fsm_.error() != error_before) fail("a refused abandon changed the error");
+            return;
+        }
+        ++coverage_.abandons;
+        abandoned_ = true;
+        abandon_reason_ = reason;
+        if (a.rail != notify_rail_) fail("abandoned a notification on another rail");
+        if (fsm_.error() != error_before) fail("an abandon changed the error before the notification ended");
     }
 
     void unpin() {
@@ -644,6 +708,7 @@ private:
                 }
                 break;
             case Kind::stop_streams: fail("stop_streams outside stop()"); break;
+            case Kind::abandon_notification: fail("abandon_notification outside abandon_notification()"); break;
             case Kind::notify: {
                 // Invariant 3: once, after every request landed, with no error, on a rail that may carry it.
                 if (notifying_ || !notify_) fail("the notification armed twice or unasked");
@@ -719,6 +784,8 @@ private:
     bool pinned_ = false;
     bool destroyed_ = false;
     bool notifying_ = false;
+    bool abandoned_ = false;
+    std::error_code abandon_reason_;
     bool finished_ = false;
     std::uint32_t notify_rail_ = 0;
     std::error_code stop_reason_;
@@ -747,8 +814,11 @@ TEST_CASE("random event sequences over 1, 2 and 4 rails keep every promise of th
             << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()
             << " ms: " << c.successes << " succeeded, " << c.takeovers << " takeovers (" << c.refused_takeovers
             << " not made), " << c.notifications << " notifications, " << c.stops << " stops taken, " << c.destroyed
-            << " destroyed, " << c.every_rail_failed << " with every rail failed");
+            << " destroyed, " << c.every_rail_failed << " with every rail failed, " << c.abandons
+            << " notifications abandoned");
     CHECK(c.takeovers > 1000);
+    CHECK(c.abandons > 100);
+    CHECK(c.abandoned_failed > 50);
     CHECK(c.notifications > 1000);
     CHECK(c.every_rail_failed > 100);
 }

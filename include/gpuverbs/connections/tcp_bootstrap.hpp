@@ -19,13 +19,16 @@
 #include "gpuverbs/error.hpp"
 
 #include "gpuverbs/detail/async/async_token.hpp"
+#include "gpuverbs/detail/deadline.hpp"
 
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/compose.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
 #include <array>
@@ -224,58 +227,107 @@ private:
 };
 
 /// The composed operation behind async_tcp_connect: resolve, then connect,
-/// retrying refusals (the server may not listen yet) until the deadline.
+/// retrying refusals (the server may not listen yet), all within one
+/// deadline. A timer of its own races every step: at the deadline it cancels
+/// what is pending (a SYN the peer drops is retransmitted by the kernel for
+/// minutes), and the operation completes with timed_out.
 class TcpConnectOp {
 public:
     TcpConnectOp(const boost::asio::any_io_executor& executor, std::string host, std::uint16_t port,
                  std::chrono::milliseconds timeout)
-        : state_(std::make_unique<State>(executor, std::move(host), port, timeout)) {}
+        : state_(std::make_shared<State>(executor, std::move(host), port, timeout)) {}
 
     template <class Self>
     void operator()(Self& self) {
-        state_->resolver.async_resolve(state_->host, std::to_string(state_->port), std::move(self));
+        // The deadline's handler holds the state, never the operation: it only
+        // cancels. It and every step run on one strand over the handler's own
+        // executor (so the final handler still runs where it belongs), and
+        // never touch the socket at once on an io_context run by several threads.
+        state_->strand = boost::asio::make_strand(
+            boost::asio::any_io_executor(boost::asio::get_associated_executor(self, state_->resolver.get_executor())));
+        state_->deadline_timer.expires_at(state_->deadline);
+        state_->deadline_timer.async_wait(
+            boost::asio::bind_executor(state_->strand, [state = state_](const boost::system::error_code& ec) {
+                if (ec || state->done) return;
+                state->expired = true;
+                boost::system::error_code ignored;
+                state->resolver.cancel();
+                state->socket.cancel(ignored);
+                state->socket.close(ignored);
+                state->retry_timer.cancel();
+            }));
+        // (self holds state_: the state is read through a copy, never after self was moved.)
+        const std::shared_ptr<State> state = state_;
+        state->resolver.async_resolve(state->host, std::to_string(state->port),
+                                      boost::asio::bind_executor(state->strand, std::move(self)));
     }
     template <class Self>
     void operator()(Self& self, boost::system::error_code ec,
                     const boost::asio::ip::tcp::resolver::results_type& endpoints) {
-        if (ec) return self.complete(ec, boost::asio::ip::tcp::socket(state_->resolver.get_executor()));
-        state_->endpoints = endpoints;
-        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
+        if (ec || state_->expired) return finish(self, ec);
+        const std::shared_ptr<State> state = state_;
+        state->endpoints = endpoints;
+        boost::asio::async_connect(state->socket, state->endpoints,
+                                   boost::asio::bind_executor(state->strand, std::move(self)));
     }
     template <class Self>
     void operator()(Self& self, boost::system::error_code ec, const boost::asio::ip::tcp::endpoint&) {
-        if (ec == boost::asio::error::connection_refused && std::chrono::steady_clock::now() < state_->deadline) {
-            state_->socket = boost::asio::ip::tcp::socket(state_->resolver.get_executor());
-            state_->timer.expires_after(std::chrono::milliseconds(20));
-            return state_->timer.async_wait(std::move(self));
+        if (ec == boost::asio::error::connection_refused && !state_->expired &&
+            std::chrono::steady_clock::now() < state_->deadline) {
+            const std::shared_ptr<State> state = state_;
+            state->refused = true;
+            state->socket = boost::asio::ip::tcp::socket(state->resolver.get_executor());
+            state->retry_timer.expires_after(std::chrono::milliseconds(20));
+            return state->retry_timer.async_wait(boost::asio::bind_executor(state->strand, std::move(self)));
         }
-        if (!ec) state_->socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
-        self.complete(ec, std::move(state_->socket));
+        if (!ec && !state_->expired) state_->socket.set_option(boost::asio::ip::tcp::no_delay(true), ec);
+        finish(self, ec);
     }
     template <class Self>
     void operator()(Self& self, boost::system::error_code ec) { // the retry timer
-        if (ec) return self.complete(ec, std::move(state_->socket));
-        boost::asio::async_connect(state_->socket, state_->endpoints, std::move(self));
+        if (ec || state_->expired) return finish(self, ec);
+        const std::shared_ptr<State> state = state_;
+        boost::asio::async_connect(state->socket, state->endpoints,
+                                   boost::asio::bind_executor(state->strand, std::move(self)));
     }
 
 private:
+    template <class Self>
+    void finish(Self& self, boost::system::error_code ec) {
+        state_->done = true;
+        state_->deadline_timer.cancel();
+        if (state_->expired) { // whatever the cancelled step said, the deadline is why (or the refusals before it)
+            ec = state_->refused ? boost::asio::error::connection_refused : boost::asio::error::timed_out;
+            boost::system::error_code ignored;
+            state_->socket.close(ignored);
+        }
+        self.complete(ec, std::move(state_->socket));
+    }
+
     struct State {
         State(const boost::asio::any_io_executor& ex, std::string h, std::uint16_t p, std::chrono::milliseconds t)
-            : resolver(ex),
+            : strand(boost::asio::make_strand(ex)),
+              resolver(ex),
               socket(ex),
-              timer(ex),
+              retry_timer(ex),
+              deadline_timer(ex),
               host(std::move(h)),
               port(p),
-              deadline(std::chrono::steady_clock::now() + t) {}
+              deadline(deadline_after(t)) {}
+        boost::asio::strand<boost::asio::any_io_executor> strand; ///< the steps' and the deadline's
         boost::asio::ip::tcp::resolver resolver;
         boost::asio::ip::tcp::socket socket;
-        boost::asio::steady_timer timer;
+        boost::asio::steady_timer retry_timer;
+        boost::asio::steady_timer deadline_timer;
         boost::asio::ip::tcp::resolver::results_type endpoints;
         std::string host;
         std::uint16_t port;
         std::chrono::steady_clock::time_point deadline;
+        bool expired = false; ///< the deadline passed: what was pending is cancelled
+        bool refused = false; ///< a refusal was seen: at the deadline that is the answer, as tcp_connect's
+        bool done = false;    ///< the operation completed: the deadline's handler does nothing
     };
-    std::unique_ptr<State> state_;
+    std::shared_ptr<State> state_;
 };
 
 /// Writes one framed record (4-byte big-endian length + payload); `what` names it in errors.
@@ -317,7 +369,14 @@ auto async_exchange_handshake(boost::asio::ip::tcp::socket& socket, const Handsh
 }
 
 /// Resolves host:port and connects, asynchronously, retrying refusals while
-/// the server is not listening yet, for at most `timeout` (as tcp_connect).
+/// the server is not listening yet, for at most `timeout` (as tcp_connect):
+/// at the deadline whatever is pending (a SYN nobody answers, a listener
+/// whose backlog is full) is cancelled and the operation
+/// completes with boost::asio::error::timed_out (connection_refused when the
+/// server refused until then, as tcp_connect). A negative timeout is already
+/// past; one longer than ten years is ten years. (A name lookup that hangs
+/// in the system's resolver ends when getaddrinfo returns: it cannot be
+/// interrupted; use an address.)
 /// Signature: void(async_error_code, boost::asio::ip::tcp::socket).
 template <boost::asio::completion_token_for<void(async_error_code, boost::asio::ip::tcp::socket)> Token =
               default_token_t<boost::asio::any_io_executor>>

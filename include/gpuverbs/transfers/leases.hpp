@@ -29,6 +29,10 @@
 // A reader that never releases (it crashed) holds the blocks until the lease
 // expires: its time to live plus the owner's grace, which covers the list's
 // trip to the reader and the reads still draining at the reader's deadline.
+// A lease with regions of its own (LeaseScope::lease_regions) has them
+// deregistered when it expires, on time, by a thread of the table's (started
+// by the first such lease): its key reads nothing from then on, whether or
+// not the owner calls the table again.
 #pragma once
 
 #include "gpuverbs/connections/wire.hpp"
@@ -36,11 +40,13 @@
 #include "gpuverbs/verbs/protection_domain.hpp"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -78,6 +84,10 @@ public:
     /// Throws gpuverbs::Error (errc::invalid_argument) for a ttl that is not
     /// positive or a negative grace.
     explicit BlockLeases(BlockLeasesOptions options = {});
+    BlockLeases(const BlockLeases&) = delete;
+    BlockLeases& operator=(const BlockLeases&) = delete;
+    /// Stops the expiry thread; the leases' regions are deregistered.
+    ~BlockLeases();
     /// The same without throwing. A refused table grants nothing (grant
     /// fails with the same words) and holds no lease; not movable (it has a
     /// lock), it is returned in place: `BlockLeases leases = BlockLeases::create(options, ec);`.
@@ -187,8 +197,14 @@ private:
     const std::pair<const std::uint32_t, Lease>* holder(std::uint64_t first, std::uint64_t end) const;
     void expire_locked(std::chrono::steady_clock::time_point now, std::vector<std::uint32_t>* ids);
     std::uint32_t new_id_locked();
+    /// The expiry thread: deregisters each lease's own regions when it expires.
+    void expire_on_time();
 
     std::mutex mutex_;
+    std::condition_variable expiry_changed_; ///< a lease with regions was recorded, or the table is going
+    bool stopping_ = false;
+    std::thread expiry_;                    ///< started by the first lease with regions of its own
+    std::vector<std::uint32_t> unreported_; ///< leases the expiry thread dropped, for the next expire()
     BlockLeasesOptions options_;
     std::string refused_; ///< why create() refused the options (grant says it again); empty when usable
     std::uint64_t version_ = 0;

@@ -47,6 +47,7 @@ struct RailHealth {
     std::chrono::steady_clock::time_point failed_at{};
     std::error_code last_error;
     std::string last_failure; ///< in words: the status and the blocks
+    std::string last_cause;   ///< as one word (TransferReport::Rail::cause)
 };
 
 struct RailGroupOptions {

@@ -78,7 +78,12 @@ struct TransferReport {
         /// Why it failed (empty: it did not). With failover the transfer may
         /// still have succeeded: its unfinished requests moved to other rails.
         std::error_code error;
-        std::string failure;          ///< … in words: which blocks, the status
+        std::string failure; ///< … in words: which blocks, the status
+        /// … as one word, for labels and alerts: "port_down", "stalled",
+        /// "notification_not_taken", "queue_pair_error" (gpuverbs found its
+        /// queue pair failed: the words say how), "aborted" (destroyed),
+        /// "completion" (a request's completion failed: the words have its status).
+        std::string cause;
         std::uint32_t taken_over = 0; ///< its requests that other rails posted again
         std::uint32_t took_over = 0;  ///< requests of failed rails it posted
         /// From the transfer's start until its last request finished (zero: it had none).
@@ -203,8 +208,19 @@ struct TransferOptions {
     /// with every request it took (at once when nothing is in flight; a
     /// request in flight ends with its completion, or with the queue pair's
     /// transport error after retry_count x timeout when the peer is gone). A
-    /// transfer whose notification was posted ends as that notification does.
+    /// deadline (or a cancellation) that comes while the notification is in
+    /// flight abandons it: every block has landed, but the peer has not taken
+    /// the notification (it posted no receive), so gpuverbs moves the
+    /// notification's queue pair to error (its send queue cannot move past
+    /// the notification anyway) and the transfer ends with timed_out
+    /// (operation_aborted) within AsyncOptions::flush_grace plus a tick.
     std::optional<std::chrono::steady_clock::time_point> deadline{};
+    /// With notify: how long the peer may take to accept the notification
+    /// (post a receive) once it is posted, whatever rnr_retry_count says (7
+    /// retries for ever). Past it the notification is abandoned as at the
+    /// deadline (std::errc::timed_out, the words name notification_timeout).
+    /// 0: no bound of its own (only the deadline's and the transport's).
+    std::chrono::milliseconds notification_timeout{5000};
     /// With several rails: when a rail fails as a path fails (retry or RNR
     /// retry exceeded, a local QP or fatal error such as a link that is down,
     /// a flush, its queue pair destroyed or refusing posts), its requests

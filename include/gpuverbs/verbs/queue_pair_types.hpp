@@ -49,6 +49,11 @@ struct QueuePairCapabilities {
     std::uint32_t max_send_sge = 0;    ///< scatter/gather entries per send-side request
     std::uint32_t max_recv_sge = 0;    ///< … per receive
     std::uint32_t max_inline_data = 0; ///< bytes a send or write may carry inline
+    /// Reads and atomics it may have outstanding at once (its initiator depth,
+    /// as agreed when it connected; 255 before). 0: reads and atomics are
+    /// refused at once with errc::reads_not_granted (the device would hold
+    /// them for ever).
+    std::uint32_t max_rd_atomic = 255;
 };
 
 /// What the peer needs to connect to a queue pair; exchange it out of band
@@ -183,6 +188,9 @@ struct QueuePairFailure {
         port_down,              ///< its port left ACTIVE with requests outstanding: gpuverbs moved it to error
         stalled,                ///< outstanding requests made no progress for longer than the transport's retry
                                 ///< bound: gpuverbs moved it to error
+        notification_not_taken, ///< a transfer's notification waited for the peer's receive past the transfer's
+                                ///< deadline, its cancellation or TransferOptions::notification_timeout: gpuverbs
+                                ///< moved it to error (its send queue waited behind the notification)
     };
     Cause cause = Cause::completion_failed;
     /// When gpuverbs learned of it.

@@ -88,8 +88,13 @@ rdma_cm_event* next_event(rdma_event_channel* ch, Clock::time_point deadline, co
 }
 
 void copy_conn_param(const rdma_conn_param& param, CmParameters& into, std::vector<std::byte>& data) {
-    into.responder_resources = param.responder_resources;
-    into.initiator_depth = param.initiator_depth;
+    // rdma_get_cm_event(3) reports both from the recipient's side: its
+    // responder_resources is the sender's initiator depth and its
+    // initiator_depth the sender's responder resources. CmParameters describes
+    // the peer (what it asked for or answered), so they are crossed back here,
+    // once; cm_negotiate() crosses the peer's values against ours.
+    into.responder_resources = param.initiator_depth;
+    into.initiator_depth = param.responder_resources;
     into.retry_count = param.retry_count;
     into.rnr_retry_count = param.rnr_retry_count;
     into.flow_control = param.flow_control != 0;

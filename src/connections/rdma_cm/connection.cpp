@@ -3,6 +3,7 @@
 // client's side of it, cm_resolve.
 #include "cm_state.hpp"
 
+#include "gpuverbs/detail/deadline.hpp"
 #include "gpuverbs/detail/verbs/qp_factory.hpp"
 
 #if GPUVERBS_HAVE_RDMACM
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 
 namespace gpuverbs {
 
@@ -237,7 +239,7 @@ bool CmConnection::step_impl(bool server, const CmOptions& options, std::span<co
                                   status)) {
         return false;
     }
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = detail::deadline_after(timeout);
     rdma_cm_id* id = s.id->id();
     detail::CmDeviceLimits device;
     if (ibv_device_attr attr{}; ibv_query_device(id->verbs, &attr) == 0) {
@@ -327,6 +329,7 @@ bool CmConnection::step_impl(bool server, const CmOptions& options, std::span<co
 
     const ibv_qp_attr attr = read_back(id->qp, ask, s.requested, s.agreed);
     QueuePair& q = s.qp;
+    q.core_->set_max_rd_atomic(s.agreed.initiator_depth);
     q.local_.qp_num = id->qp->qp_num;
     q.local_.psn = attr.sq_psn;
     q.local_.mtu = static_cast<Mtu>(attr.path_mtu);
@@ -438,7 +441,7 @@ QueuePair CmConnection::establish(const ProtectionDomain& pd, const CompletionQu
 
 CmConnection detail::cm_resolve_impl(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
                                      const std::string& source, Status& status) {
-    auto deadline = Clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     sockaddr_storage to{}, from{};
     if (!cm_address(host, port, false, to, "rdma_resolve_addr", status)) return {};
     if (!source.empty() && !cm_address(source, 0, true, from, "rdma_resolve_addr", status)) return {};
@@ -468,7 +471,9 @@ CmConnection detail::cm_resolve_impl(const std::string& host, std::uint16_t port
                         std::to_string(event_status) + ") (no RDMA device has a route to that address)");
         return {};
     }
-    auto ms = static_cast<int>(std::max<long long>(1, timeout.count()));
+    // What is left of the deadline, as an int of milliseconds (never wrapped).
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const int ms = static_cast<int>(std::clamp<long long>(left, 1, std::numeric_limits<int>::max()));
     if (rdma_resolve_route(id->id(), ms) != 0) {
         status.fail_errno(last_errno(EINVAL), "rdma_resolve_route", "cannot resolve a route to " + host);
         return {};

@@ -1,6 +1,7 @@
 // CmListener: binds, listens, and hands each connection request over as a
 // CmConnection with its own event channel and what the peer asked for.
 #include "cm_state.hpp"
+#include "gpuverbs/detail/deadline.hpp"
 
 #if GPUVERBS_HAVE_RDMACM
 
@@ -53,7 +54,7 @@ CmConnection CmListener::accept_impl(std::chrono::milliseconds timeout, detail::
         status.fail(errc::invalid_argument, "rdma_get_cm_event", "the CmListener is empty");
         return {};
     }
-    auto deadline = detail::Clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     for (;;) {
         rdma_cm_event* ev = detail::next_event(id_->channel(), deadline, "a connection request", status);
         if (ev == nullptr) return {};

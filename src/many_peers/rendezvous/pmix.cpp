@@ -2,6 +2,7 @@
 #include "gpuverbs/many_peers/rendezvous/pmix.hpp"
 #include "gpuverbs/config.hpp"
 
+#include "gpuverbs/detail/deadline.hpp"
 #include "gpuverbs/error.hpp"
 
 #if GPUVERBS_HAVE_PMIX
@@ -24,7 +25,7 @@ std::string pmix_text(pmix_status_t rc) {
 
 /// PMIx's timeouts are whole seconds: at least 1, rounded up.
 int timeout_seconds(std::chrono::milliseconds timeout) {
-    auto ms = std::max<std::int64_t>(timeout.count(), 1);
+    const std::int64_t ms = std::clamp<std::int64_t>(timeout.count(), 1, std::int64_t{1} << 40); // no overflow below
     return static_cast<int>(std::min<std::int64_t>((ms + 999) / 1000, 1 << 30));
 }
 
@@ -146,7 +147,7 @@ std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::str
     // A peer that committed other keys but not this one yet answers
     // NOT-FOUND at once (its server resolves a waiting get at each commit):
     // ask again until the deadline.
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     int seconds = timeout_seconds(timeout);
     pmix_value_t* value = nullptr;
     pmix_status_t rc = PMIX_SUCCESS;

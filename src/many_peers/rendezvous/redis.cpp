@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #if GPUVERBS_HAVE_HIREDIS
+#include "gpuverbs/detail/deadline.hpp"
 #include "redis_replies.hpp"
 
 #include <hiredis/hiredis.h>
@@ -176,7 +177,7 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
         throw Error(errc::unsupported, "RedisRendezvous::fence",
                     m.name() + " is an open world: a fence needs RedisOptions::world_size");
     }
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     const std::uint32_t n = *m.options_.world_size;
     for (;;) {
         // One round trip per poll: how many of the N member keys exist.
@@ -213,7 +214,7 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
         throw Error(errc::invalid_argument, "RedisRendezvous::lookup",
                     m.name() + ": rank " + std::to_string(peer) + " is outside the world");
     }
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = detail::deadline_after(timeout);
     for (;;) {
         detail::Reply reply = m.checked({"HGET", m.data_key(peer), key}, "Redis HGET");
         if (reply->type == REDIS_REPLY_STRING) {

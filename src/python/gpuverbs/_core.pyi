@@ -68,6 +68,7 @@ class Errc(metaclass=_pybind11_type):
     lease_not_yours: ClassVar[Errc]
     stale_metadata: ClassVar[Errc]
     device_queue_failed: ClassVar[Errc]
+    reads_not_granted: ClassVar[Errc]
     __members__: ClassVar[Dict[str, Errc]]
     def __init__(self, value: int) -> None: ...
     def __eq__(self, other: object) -> bool: ...
@@ -472,7 +473,8 @@ class TransferReport(metaclass=_pybind11_type):
 def transfer(rails: Union[QueuePair, TransferRail, Sequence[Union[QueuePair, TransferRail]], RailGroup],
              plan: TransferPlan, *, notify: Optional[int] = None,
              failover: bool = True, doorbell_batch: int = 32, deadline: Optional[float] = None,
-             timeout: Optional[float] = None, notify_message: Optional[bytes] = None) -> Operation: ...
+             timeout: Optional[float] = None, notify_message: Optional[bytes] = None,
+             notification_timeout: float = 5.0) -> Operation: ...
 
 class Notification(metaclass=_pybind11_type):
     @property

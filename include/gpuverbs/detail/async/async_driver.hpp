@@ -124,6 +124,11 @@ public:
     /// operations finished. Nothing outstanding: returns at once (no verbs call).
     std::size_t progress() noexcept;
     [[nodiscard]] bool polled() const noexcept { return options_.mode == CompletionMode::polled; }
+    /// Marks the queue pair of `op` failed for `cause` and moves it to ERROR,
+    /// if `op` is still posted (any thread): its requests are flushed, or
+    /// ended by the watch after the flush grace. False (nothing done) once
+    /// `op` completed. A transfer abandons its notification so.
+    bool fail_queue_pair_of(const AsyncOpBase& op, QueuePairFailure::Cause cause) noexcept;
     /// Whether `qp` has asynchronous operations waiting or posted (any thread).
     [[nodiscard]] bool has_operations(const QpCore& qp) noexcept;
     /// The user dropped the CompletionQueue: abort everything (any thread).
@@ -169,7 +174,7 @@ private:
     /// flush grace have their operations ended into `done`.
     void watch(OpList& done) noexcept;
     /// Looks at one queue pair (once per tick); true when gpuverbs must end its operations now.
-    bool examine(QpCore& qp, std::chrono::steady_clock::time_point now) noexcept;
+    bool examine(QpCore& qp, std::chrono::steady_clock::time_point now, bool first_look) noexcept;
     /// Whether `qp`'s port is ACTIVE (read once per tick per port).
     bool port_active(QpCore& qp) noexcept;
     /// Ends every operation of `qp` with its failure's error (the provider did not).

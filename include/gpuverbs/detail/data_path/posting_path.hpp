@@ -73,6 +73,7 @@ GPUVERBS_HOT std::error_code lower(const WorkRequest& r, const QueuePairCapabili
         sges[i].lkey = b.lkey;
         total += b.length;
     }
+    if (t.into_local && caps.max_rd_atomic == 0) return errc::reads_not_granted; // the device would hold it for ever
     const SendOptions& o = r.send_options();
     if (o.inline_data) {
         if (t.into_local) return errc::invalid_argument; // the NIC writes into reads' and atomics' buffers

@@ -61,11 +61,13 @@ public:
 
     /// Why the transfer's error was set, for the words of TransferOptions::failed_blocks.
     enum class Why : std::uint8_t {
-        none,                    ///< not set by this event
-        stopped,                 ///< the deadline or a cancellation (the reason tells which)
-        stream_failed,           ///< the stream's own failure (its blocks, or the notification)
-        every_rail_failed,       ///< a path failure with no rail left to take its requests
-        no_rail_for_notification ///< every request landed, no rail that has not failed reaches the notification
+        none,                     ///< not set by this event
+        stopped,                  ///< the deadline or a cancellation (the reason tells which)
+        stream_failed,            ///< the stream's own failure (its blocks, or the notification)
+        every_rail_failed,        ///< a path failure with no rail left to take its requests
+        no_rail_for_notification, ///< every request landed, no rail that has not failed reaches the notification
+        notification_abandoned    ///< every request landed; the peer did not take the notification in time: its
+                                  ///< queue pair was failed under it
     };
 
     /// One stream the machine asked for: rail `rail` runs requests [first, end).
@@ -115,7 +117,10 @@ public:
             submit,       ///< submit the running streams among streams()[first_stream, end_stream)
             stop_streams, ///< the stop was taken (and pins the job open): stop every running stream, then unpin()
             notify,       ///< arm the notification on `rail`'s own stream and submit it
-            finish,       ///< complete the handler with error() (destroy it instead when destroyed())
+            /// The notification on `rail` is overdue: fail that rail's queue pair (its send queue
+            /// waits behind a notification the peer does not take); its stream then ends as any does.
+            abandon_notification,
+            finish, ///< complete the handler with error() (destroy it instead when destroyed())
         };
         Kind kind = Kind::wait;
         std::uint32_t first_stream = 0;
@@ -151,12 +156,22 @@ public:
     Action stop(std::error_code reason);
     /// The stop's pin is released (every stream it listed was stopped).
     Action unpin(Rails& rails);
+    /// The deadline, a cancellation or the notification's own bound while the
+    /// notification is in flight: abandon_notification the first time, wait
+    /// otherwise (no notification in flight, or abandoned already). When the
+    /// notification's stream then fails (its queue pair failed under it), the
+    /// transfer's error is `reason` (Why::notification_abandoned); should it
+    /// complete after all (it landed before its queue pair failed), the
+    /// transfer succeeds: the peer has it.
+    Action abandon_notification(std::error_code reason);
 
     /// Whether stop() would be taken now (the job writes its words before, where they cannot fail half-way).
     [[nodiscard]] bool stoppable() const noexcept {
         return (phase_ == Phase::running || phase_ == Phase::draining) && !destroyed_ && participants_ > 0;
     }
     [[nodiscard]] Phase phase() const noexcept { return phase_; }
+    /// The rail whose stream carries the notification (once notifying).
+    [[nodiscard]] std::size_t notification_rail() const noexcept { return notify_rail_; }
     /// The first error (empty: none yet, or success once finished).
     [[nodiscard]] std::error_code error() const noexcept { return error_; }
     /// A stream completed as its execution context was destroyed: the handler is destroyed, not called.
@@ -176,6 +191,8 @@ private:
     Phase phase_ = Phase::idle;
     bool failover_ = false;
     bool notify_ = false;
+    bool abandoned_ = false;         ///< the notification in flight was abandoned
+    std::error_code abandon_reason_; ///< … for this reason
     bool destroyed_ = false;
     std::error_code error_;
     std::size_t participants_ = 0; ///< running streams, plus a stop's pin

@@ -79,7 +79,10 @@ public:
     /// Stops the transfer (a cancellation: operation_aborted; the deadline:
     /// timed_out): nothing more is posted, waiting rails are taken back,
     /// posted ones drain; the handler runs once the device is done with
-    /// every request. Nothing happens once it is finishing or notifying.
+    /// every request. Notifying (every block landed), the notification is
+    /// abandoned: its queue pair is failed and moved to error, and the
+    /// transfer ends with `reason` once its stream ends (at the latest the
+    /// watch's flush grace later). Nothing happens once it is finishing.
     void stop(std::error_code reason) noexcept; // NOLINT(bugprone-exception-escape): only std::bad_alloc
     /// stop() in two steps, for a caller that must hold the job open under
     /// its own lock (the deadline's timer): pin() under that lock, true
@@ -117,6 +120,12 @@ private:
     /// waits. Returns with the lock released, and lets go of the queue pairs
     /// the machine looked at only then.
     void perform(std::unique_lock<std::mutex>& lock, const TransferFsm::Action& action);
+    /// Starts `d`'s timer for `at`: when it passes, the transfer stops as at its deadline (pin).
+    static void arm(const std::shared_ptr<Deadline>& d, std::chrono::steady_clock::time_point at);
+    /// Under the lock, notifying: the machine's abandon_notification, the
+    /// words for when the notification then fails, and the notification's
+    /// queue pair failed (through its driver, while the notification is posted).
+    void abandon_notification(std::error_code reason);
     /// The stream the machine calls `id`: rail id's own, then those that took over.
     [[nodiscard]] RailStream& stream(std::uint32_t id) const noexcept;
     [[nodiscard]] std::uint32_t stream_id(const RailStream& s) const noexcept;
@@ -141,6 +150,12 @@ private:
     std::optional<std::chrono::steady_clock::time_point> deadline_at_;
     boost::asio::any_io_executor executor_; ///< the first rail's CQ's: where the deadline's timer runs
     std::shared_ptr<Deadline> deadline_;
+    /// TransferOptions::notification_timeout, and its timer once the notification is posted (when it
+    /// ends before the deadline).
+    std::chrono::milliseconds notification_timeout_{};
+    std::chrono::steady_clock::time_point notification_due_{};
+    std::shared_ptr<Deadline> notification_timer_;
+    std::string abandon_words_; ///< the transfer's words if the abandoned notification fails
     std::optional<std::uint32_t> notify_;
     std::array<std::byte, 64> notify_message_{}; ///< TransferOptions::notify_message, copied
     std::uint32_t notify_message_size_ = 0;

@@ -68,9 +68,16 @@ struct QpWatch {
     std::uint8_t retry_count = 0;   ///< transport retries
     std::uint8_t rnr_retry = 0;     ///< receiver-not-ready retries (7: for as long as the peer takes)
     bool moved_to_error = false;    ///< gpuverbs moved it to the error state
+    bool move_pending = false;      ///< gpuverbs failed it but the provider refused the move: tried again each tick
     std::uint64_t last_retired = 0; ///< send requests known finished at the last tick
     std::chrono::steady_clock::time_point last_progress{}; ///< when its send queue last moved (or was idle)
-    std::chrono::steady_clock::time_point learned{};       ///< when the watch first saw it failed
+    /// The furthest send PSN the provider reported (ibv_query_qp's sq_psn: the
+    /// next packet its requester sends; it steps back on a retransmission).
+    std::uint32_t furthest_psn = 0;
+    bool psn_known = false;
+    std::uint8_t port_down_looks = 0;                ///< consecutive ticks that saw its port not ACTIVE (or unreadable)
+    std::uint8_t query_failures = 0;                 ///< consecutive ticks whose ibv_query_qp failed
+    std::chrono::steady_clock::time_point learned{}; ///< when the watch first saw it failed
     bool learned_set = false;
 };
 

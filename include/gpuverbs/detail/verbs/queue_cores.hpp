@@ -364,6 +364,15 @@ public:
     void use_extended(ibv_qp_ex* qpx) noexcept { qpx_ = qpx; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
     [[nodiscard]] const Caps& caps() const noexcept { return caps_; }
+    /// The initiator depth it connected with (set while it is connected, before anything is posted).
+    void set_max_rd_atomic(std::uint32_t depth) noexcept { caps_.max_rd_atomic = depth; }
+    /// Moves the QP to ERROR (the provider flushes what it holds and nothing
+    /// more of it goes on the wire); the errno when the provider refused.
+    int move_to_error() const noexcept {
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_ERR;
+        return ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+    }
     [[nodiscard]] SrqCore* srq() const noexcept { return srq_.get(); }
     [[nodiscard]] CqCore* send_cq() const noexcept { return send_cq_.get(); }
     [[nodiscard]] CqCore* recv_cq() const noexcept { return recv_cq_.get(); }
