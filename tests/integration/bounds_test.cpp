@@ -96,42 +96,47 @@ TEST_SUITE("bounds on real RDMA" * doctest::skip(!test::rig_present())) {
         "a queue pair idle for longer than the stall bound, then writing over a wire slowed by 300 ms, succeeds "
         "(the watch does not take the idle period for a stall)") {
         REQUIRE(test::faults_available());
-        for (const auto& mode : {test::modes[0], test::modes[1], test::polled_mode}) {
-            CAPTURE(mode_name(mode));
-            asio::io_context io(1);
-            Connected c(io, mode, 1 << 20, retried_for_ever());
-            // Request/response: a's receive stays outstanding after its write
-            // completed, so a tick sees a's send queue idle; then b answers.
-            std::optional<boost::system::error_code> wrote, answered, received;
-            c.a.qp.async_receive(c.a.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { received = ec; });
-            c.a.qp.async_write(c.a.mr.slice(0, 4096), c.b.mr.remote(), 0,
-                               [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
-            (void)run_until(
-                io, [&] { return wrote.has_value(); }, 10s);
-            REQUIRE(wrote.has_value());
-            REQUIRE_FALSE(*wrote);
-            (void)run_until(
-                io, [] { return false; }, 3 * mode.liveness_tick); // ticks that see a's send queue idle
-            c.b.qp.async_send(c.b.mr.slice(0, 64), [&](boost::system::error_code ec, std::size_t) { answered = ec; });
-            (void)run_until(
-                io, [&] { return answered.has_value() && received.has_value(); }, 10s);
-            REQUIRE(received.has_value());
-            REQUIRE_FALSE(*received);
-            // Idle for longer than the stall bound (1.44 s with the defaults).
-            std::this_thread::sleep_for(2500ms);
-            REQUIRE(test::fault("wire-slow delay 300ms") == 0);
-            test::Heal fast("wire-fast");
-            wrote.reset();
-            c.a.qp.async_write(c.a.mr.slice(0, 4096), c.b.mr.remote(), 4096,
-                               [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
-            const auto took = run_until(
-                io, [&] { return wrote.has_value(); }, 20s);
-            REQUIRE(wrote.has_value());
-            CHECK_MESSAGE(!*wrote, wrote->message());
-            CHECK_FALSE(c.a.qp.failure());
-            MESSAGE(mode_name(mode) << ": after 2.5 s idle, a write over the 300 ms wire took " << took.count()
-                                    << " ms: " << (*wrote ? wrote->message() : std::string("success")));
-            check_the_watch_still_ends_a_stall(io, c.a, c.b, mode);
+        for (int run = 0; run < runs(); ++run) {
+            for (const auto& mode : {test::modes[0], test::modes[1], test::polled_mode}) {
+                CAPTURE(run);
+                CAPTURE(mode_name(mode));
+                asio::io_context io(1);
+                Connected c(io, mode, 1 << 20, retried_for_ever());
+                // Request/response: a's receive stays outstanding after its write
+                // completed, so a tick sees a's send queue idle; then b answers.
+                std::optional<boost::system::error_code> wrote, answered, received;
+                c.a.qp.async_receive(c.a.mr.slice(0, 64),
+                                     [&](boost::system::error_code ec, Received) { received = ec; });
+                c.a.qp.async_write(c.a.mr.slice(0, 4096), c.b.mr.remote(), 0,
+                                   [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
+                (void)run_until(
+                    io, [&] { return wrote.has_value(); }, 10s);
+                REQUIRE(wrote.has_value());
+                REQUIRE_FALSE(*wrote);
+                (void)run_until(
+                    io, [] { return false; }, 3 * mode.liveness_tick); // ticks that see a's send queue idle
+                c.b.qp.async_send(c.b.mr.slice(0, 64),
+                                  [&](boost::system::error_code ec, std::size_t) { answered = ec; });
+                (void)run_until(
+                    io, [&] { return answered.has_value() && received.has_value(); }, 10s);
+                REQUIRE(received.has_value());
+                REQUIRE_FALSE(*received);
+                // Idle for longer than the stall bound (1.44 s with the defaults).
+                std::this_thread::sleep_for(2500ms);
+                REQUIRE(test::fault("wire-slow delay 300ms") == 0);
+                test::Heal fast("wire-fast");
+                wrote.reset();
+                c.a.qp.async_write(c.a.mr.slice(0, 4096), c.b.mr.remote(), 4096,
+                                   [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
+                const auto took = run_until(
+                    io, [&] { return wrote.has_value(); }, 20s);
+                REQUIRE(wrote.has_value());
+                CHECK_MESSAGE(!*wrote, wrote->message());
+                CHECK_FALSE(c.a.qp.failure());
+                MESSAGE(mode_name(mode) << ": after 2.5 s idle, a write over the 300 ms wire took " << took.count()
+                                        << " ms: " << (*wrote ? wrote->message() : std::string("success")));
+                check_the_watch_still_ends_a_stall(io, c.a, c.b, mode);
+            }
         }
     }
 
@@ -139,24 +144,27 @@ TEST_SUITE("bounds on real RDMA" * doctest::skip(!test::rig_present())) {
         "one 48 MiB write over a wire slowed to 100 Mbit/s (its one completion ~4 s away, past the stall bound) "
         "succeeds: the requester's new packets are progress") {
         REQUIRE(test::faults_available());
-        asio::io_context io(1);
-        const AsyncOptions mode = test::modes[0];
-        Connected c(io, mode, std::size_t{48} << 20, retried_for_ever());
-        test::fill_pattern(c.a.memory, 47);
-        REQUIRE(test::fault("wire-slow rate 100mbit") == 0);
-        test::Heal fast("wire-fast");
-        std::optional<boost::system::error_code> wrote;
-        c.a.qp.async_write(c.a.mr.slice(0, c.a.memory.size()), c.b.mr.remote(), 0,
-                           [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
-        const auto took = run_until(
-            io, [&] { return wrote.has_value(); }, 120s);
-        REQUIRE(wrote.has_value());
-        CHECK_MESSAGE(!*wrote, wrote->message());
-        CHECK_FALSE(c.a.qp.failure());
-        CHECK(test::has_pattern(c.b.memory, 47));
-        MESSAGE("48 MiB in one request at 100 Mbit/s took " << took.count() << " ms (stall bound ~1440 ms)");
-        CHECK(took > 1500ms); // else the wire was not slow and the case proves nothing
-        check_the_watch_still_ends_a_stall(io, c.a, c.b, mode);
+        for (int run = 0; run < runs(); ++run) {
+            CAPTURE(run);
+            asio::io_context io(1);
+            const AsyncOptions mode = test::modes[run % 2];
+            Connected c(io, mode, std::size_t{48} << 20, retried_for_ever());
+            test::fill_pattern(c.a.memory, 47);
+            REQUIRE(test::fault("wire-slow rate 100mbit") == 0);
+            test::Heal fast("wire-fast");
+            std::optional<boost::system::error_code> wrote;
+            c.a.qp.async_write(c.a.mr.slice(0, c.a.memory.size()), c.b.mr.remote(), 0,
+                               [&](boost::system::error_code ec, std::size_t) { wrote = ec; });
+            const auto took = run_until(
+                io, [&] { return wrote.has_value(); }, 120s);
+            REQUIRE(wrote.has_value());
+            CHECK_MESSAGE(!*wrote, wrote->message());
+            CHECK_FALSE(c.a.qp.failure());
+            CHECK(test::has_pattern(c.b.memory, 47));
+            MESSAGE("48 MiB in one request at 100 Mbit/s took " << took.count() << " ms (stall bound ~1440 ms)");
+            CHECK(took > 1500ms); // else the wire was not slow and the case proves nothing
+            check_the_watch_still_ends_a_stall(io, c.a, c.b, mode);
+        }
     }
 
     TEST_CASE(
