@@ -137,14 +137,14 @@ template <class Inner, class After, class Signature>
 struct boost::asio::async_result<settled_t<Inner, After>, Signature> {
     template <class Initiation, class RawToken, class... Args>
     static auto initiate(Initiation&& initiation, RawToken&& token, Args&&... args) {
-        // The initiation by reference: it is invoked within this full
-        // expression (a callback at once, an awaitable by the co_await that
-        // encloses the call), so the adapter adds no copy of its own to the
-        // count — the operation costs what it costs without the adapter.
+        // The initiation moved in (a pointer or two): an awaitable runs it
+        // when the co_await suspends, after the library function that made
+        // it (async_write) has returned and its temporaries are gone — a
+        // reference to it dangled there (found as a crash of coroutine_adaptive).
         return boost::asio::async_initiate<Inner, Signature>(
-            [&initiation, after = token.after](auto&& handler, auto&&... a) mutable {
-                std::forward<Initiation>(initiation)(std::forward<decltype(handler)>(handler),
-                                                     std::forward<decltype(a)>(a)...);
+            [initiation = std::forward<Initiation>(initiation), after = token.after](auto&& handler,
+                                                                                     auto&&... a) mutable {
+                std::move(initiation)(std::forward<decltype(handler)>(handler), std::forward<decltype(a)>(a)...);
                 after();
             },
             token.inner, std::forward<Args>(args)...);
