@@ -353,7 +353,7 @@ def test_rejections_are_method_reason_tuples():
 
 
 def test_the_header_reader_sees_what_the_compiler_sees():
-    assert cpp_members("TransferReport::Rail") == ["bytes", "error", "failure", "taken_over", "took_over", "busy"]
+    assert cpp_members("TransferReport::Rail") == ["bytes", "error", "failure", "cause", "taken_over", "took_over", "busy"]
     assert cpp_members("Check") == ["ok", "reason"]  # its inline functions are no members
     assert "native" in cpp_members("PortAttributes")
 

@@ -1,17 +1,14 @@
 // The asynchronous TCP bootstrap over real loopback sockets, as coroutines.
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 
+#include "black_hole.hpp"
+
 #include <doctest/doctest.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <optional>
@@ -141,26 +138,8 @@ TEST_SUITE("async tcp bootstrap") {
     TEST_CASE(
         "attack: a listener that drops our SYN (its accept queue full) holds async_tcp_connect only until the "
         "deadline, which ends it with timed_out; a negative or enormous timeout means what it says") {
-        // A black hole on loopback: a listening socket with backlog 0 that never
-        // accepts. Once its queue is full the kernel drops new SYNs and retries
-        // them for about two minutes: only our deadline ends the connect.
-        const int hole = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        REQUIRE(hole >= 0);
-        sockaddr_in where{};
-        where.sin_family = AF_INET;
-        where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0);
-        REQUIRE(::listen(hole, 0) == 0);
-        socklen_t length = sizeof where;
-        REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&where), &length) == 0);
-        std::vector<int> fillers;
-        for (int i = 0; i < 4; ++i) {
-            const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-            (void)::connect(f, reinterpret_cast<sockaddr*>(&where), sizeof where);
-            fillers.push_back(f);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        const std::uint16_t port = ntohs(where.sin_port);
+        const test::BlackHole hole; // the kernel alone would retry its SYNs for about two minutes
+        const std::uint16_t port = hole.port();
         for (const auto timeout : {std::chrono::milliseconds(300), std::chrono::milliseconds(-5)}) {
             asio::io_context io;
             std::optional<boost::system::error_code> got;
@@ -189,7 +168,5 @@ TEST_SUITE("async tcp bootstrap") {
             io.run_for(std::chrono::milliseconds(300));
             CHECK_FALSE(got.has_value());
         }
-        for (int f : fillers) ::close(f);
-        ::close(hole);
     }
 }

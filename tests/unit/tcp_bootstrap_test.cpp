@@ -3,6 +3,7 @@
 #include "gpuverbs/connections/tcp_bootstrap.hpp"
 
 #include "allocation_counter.hpp"
+#include "black_hole.hpp"
 #include "three_forms.hpp"
 
 #include <doctest/doctest.h>
@@ -306,29 +307,11 @@ TEST_SUITE("tcp bootstrap") {
 
     TEST_CASE(
         "attack: a listener that drops our SYN (its accept queue full) holds tcp_connect only until the deadline") {
-        // A black hole on loopback: a listening socket with backlog 0 that
-        // never accepts. Once its queue is full the kernel drops new SYNs, and
-        // a blocking connect waits for the kernel's retries (about two minutes).
-        const int hole = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        REQUIRE(hole >= 0);
-        sockaddr_in where{};
-        where.sin_family = AF_INET;
-        where.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&where), sizeof where) == 0);
-        REQUIRE(::listen(hole, 0) == 0);
-        socklen_t length = sizeof where;
-        REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&where), &length) == 0);
-        std::vector<int> fillers;
-        for (int i = 0; i < 4; ++i) {
-            const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-            (void)::connect(f, reinterpret_cast<sockaddr*>(&where), sizeof where);
-            fillers.push_back(f);
-        }
-        std::this_thread::sleep_for(100ms);
+        const test::BlackHole hole; // a blocking connect would wait for the kernel's retries (about two minutes)
         asio::io_context io;
         const auto t0 = std::chrono::steady_clock::now();
         try {
-            (void)tcp_connect(io, "127.0.0.1", ntohs(where.sin_port), 300ms);
+            (void)tcp_connect(io, "127.0.0.1", hole.port(), 300ms);
             FAIL("connected through a full accept queue");
         } catch (const Error& e) {
             const std::string what = e.what();
@@ -337,8 +320,6 @@ TEST_SUITE("tcp bootstrap") {
             CHECK(what.find("within 300 ms: nothing answered") != std::string::npos);
         }
         CHECK(std::chrono::steady_clock::now() - t0 < 2s); // bounded by our deadline, not the kernel's retries
-        for (int f : fillers) ::close(f);
-        ::close(hole);
     }
 
     TEST_CASE("accept gives up after its timeout") {
