@@ -562,15 +562,15 @@ void TransferJobBase::perform(std::unique_lock<std::mutex>& lock, const Transfer
             // The notification's own bound, when it ends before the deadline:
             // the peer may never post a receive, and rnr_retry_count 7 waits for ever.
             std::shared_ptr<Deadline> timer;
+            const auto due = deadline_after(notification_timeout_);
             if (notification_timeout_.count() > 0) {
-                notification_due_ = deadline_after(notification_timeout_);
-                if (!deadline_at_ || notification_due_ < *deadline_at_) {
+                if (!deadline_at_ || due < *deadline_at_) {
                     notification_timer_ = std::make_shared<Deadline>(executor_, this);
                     timer = notification_timer_;
                 }
             }
             lock.unlock();
-            if (timer) arm(timer, notification_due_); // before the submission: the finish finds it armed
+            if (timer) arm(timer, due); // before the submission: the finish finds it armed
             notify->reset_for_resubmit();
             notify->arm_notification(immediate, std::span(notify_message_).first(notify_message_size_));
             submit_stream(notify);

@@ -153,7 +153,6 @@ private:
     /// TransferOptions::notification_timeout, and its timer once the notification is posted (when it
     /// ends before the deadline).
     std::chrono::milliseconds notification_timeout_{};
-    std::chrono::steady_clock::time_point notification_due_{};
     std::shared_ptr<Deadline> notification_timer_;
     std::string abandon_words_; ///< the transfer's words if the abandoned notification fails
     std::optional<std::uint32_t> notify_;
