@@ -73,6 +73,14 @@ struct AsyncOptions {
     /// 4.096 µs × 2^timeout) to give how long a send queue with requests
     /// outstanding may go without any completion before it is declared stalled.
     std::chrono::milliseconds stall_margin{500};
+    /// How long a send (or a write with immediate) may wait for the peer to
+    /// post a receive when rnr_retry_count is 7 — the default, where the
+    /// transport retries for as long as the peer takes — before the watch
+    /// declares its queue pair stalled (errc::queue_pair_stalled). The
+    /// library's own bound on a wait no provider ends; a peer that is gone
+    /// fails sooner, by the transport's retries. Zero: never (the wait is the
+    /// application's).
+    std::chrono::milliseconds receiver_wait{10000};
 };
 
 /// What an asynchronous receive hands back.

@@ -426,7 +426,9 @@ bool AsyncDriver::examine(QpCore& qp, Clock::time_point now, bool first_look) no
         sight.send_retired = qp.send.retired();
         if (sight.send_outstanding > 0) {
             sight.port_active = port_active(qp);
-            if (w.timers_known) sight.stall_after = stall_bound(w, qp.send.oldest_opcode(), options_.stall_margin);
+            if (w.timers_known)
+                sight.stall_after =
+                    stall_bound(w, qp.send.oldest_opcode(), options_.stall_margin, options_.receiver_wait);
         }
     }
     using Cause = QueuePairFailure::Cause;

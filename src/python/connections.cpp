@@ -85,7 +85,8 @@ void bind_connections(py::module_& m) {
                 }
                 return py::make_tuple(peer.endpoint, peer.regions);
             },
-            py::arg("endpoint"), py::arg("regions") = std::vector<RemoteMemory>{}, py::arg("timeout") = 30.0,
+            py::arg("endpoint"), py::arg("regions") = std::vector<RemoteMemory>{},
+            py::arg("timeout") = seconds_of(default_bootstrap_timeout),
             "Sends our endpoint and regions, receives the peer's: (Endpoint, [RemoteMemory]).")
         .def(
             "send",
@@ -95,7 +96,7 @@ void bind_connections(py::module_& m) {
                 py::gil_scoped_release release;
                 send_record(socket, bytes_of(data), millis(timeout));
             },
-            py::arg("record"), py::arg("timeout") = 30.0, "Sends one framed record.")
+            py::arg("record"), py::arg("timeout") = seconds_of(default_bootstrap_timeout), "Sends one framed record.")
         .def(
             "receive",
             [](Channel& c, std::size_t max_size, double timeout) {
@@ -107,7 +108,7 @@ void bind_connections(py::module_& m) {
                 }
                 return to_py(data);
             },
-            py::arg("max_size") = std::size_t{64} << 20, py::arg("timeout") = 30.0,
+            py::arg("max_size") = std::size_t{64} << 20, py::arg("timeout") = seconds_of(default_bootstrap_timeout),
             "Receives one framed record (gpuverbs.Error malformed_record when longer than max_size).")
         .def("close", [](Channel& c) {
             if (c.socket) c.socket->close();
@@ -130,7 +131,8 @@ void bind_connections(py::module_& m) {
                 c->socket.emplace(l.listener->accept(millis(timeout)));
                 return c;
             },
-            py::arg("timeout") = 30.0, "Waits for one connection (gpuverbs.TimeoutError after timeout seconds).");
+            py::arg("timeout") = seconds_of(default_bootstrap_timeout),
+            "Waits for one connection (gpuverbs.TimeoutError after timeout seconds).");
 
     m.def(
         "tcp_connect",
@@ -141,7 +143,8 @@ void bind_connections(py::module_& m) {
             c->socket.emplace(tcp_connect(*c->io, host, port, millis(timeout)));
             return c;
         },
-        py::arg("host"), py::arg("port"), py::arg("timeout") = 30.0, "Connects to a TcpListener: a TcpChannel.");
+        py::arg("host"), py::arg("port"), py::arg("timeout") = seconds_of(default_bootstrap_timeout),
+        "Connects to a TcpListener: a TcpChannel.");
 
 #if GPUVERBS_HAVE_RDMACM
     m.attr("have_rdma_cm") = true;
@@ -179,8 +182,11 @@ void bind_connections(py::module_& m) {
                 c.context = cq->context;
                 return q;
             },
-            py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
-            py::arg("max_send_sge") = 1, py::arg("max_recv_sge") = 1, py::arg("max_inline_data") = 0,
+            py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = QueuePairOptions{}.max_send_wr,
+            py::arg("max_recv_wr") = QueuePairOptions{}.max_recv_wr,
+            py::arg("max_send_sge") = QueuePairOptions{}.max_send_sge,
+            py::arg("max_recv_sge") = QueuePairOptions{}.max_recv_sge,
+            py::arg("max_inline_data") = QueuePairOptions{}.max_inline_data,
             "Step 1: the connection's queue pair (receives may be posted before accept/connect).")
         .def(
             "advertise",
@@ -200,8 +206,9 @@ void bind_connections(py::module_& m) {
                 py::gil_scoped_release release;
                 c.conn.accept(o, bytes_of(data), millis(timeout));
             },
-            py::arg("private_data") = py::bytes(), py::arg("timeout") = 30.0, py::kw_only(), py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
+            py::arg("private_data") = py::bytes(), py::arg("timeout") = seconds_of(default_cm_timeout), py::kw_only(),
+            py::arg("retry_count") = CmOptions{}.retry_count, py::arg("rnr_retry_count") = CmOptions{}.rnr_retry_count,
+            py::arg("remote_access") = py::none(),
             "Step 2, server: accepts with private_data and waits until established (GIL released).")
         .def(
             "connect",
@@ -212,8 +219,9 @@ void bind_connections(py::module_& m) {
                 py::gil_scoped_release release;
                 c.conn.connect(o, bytes_of(data), millis(timeout));
             },
-            py::arg("private_data") = py::bytes(), py::arg("timeout") = 30.0, py::kw_only(), py::arg("retry_count") = 6,
-            py::arg("rnr_retry_count") = 7, py::arg("remote_access") = py::none(),
+            py::arg("private_data") = py::bytes(), py::arg("timeout") = seconds_of(default_cm_timeout), py::kw_only(),
+            py::arg("retry_count") = CmOptions{}.retry_count, py::arg("rnr_retry_count") = CmOptions{}.rnr_retry_count,
+            py::arg("remote_access") = py::none(),
             "Step 2, client: connects with private_data and waits until established (GIL released).")
         .def(
             "reject",
@@ -265,7 +273,8 @@ void bind_connections(py::module_& m) {
                 c->conn = l.accept(millis(timeout));
                 return c;
             },
-            py::arg("timeout") = 30.0, "Waits for one request: a CmConnection to create_qp on, then accept.");
+            py::arg("timeout") = seconds_of(default_cm_timeout),
+            "Waits for one request: a CmConnection to create_qp on, then accept.");
 
     m.def(
         "cm_resolve",
@@ -275,7 +284,7 @@ void bind_connections(py::module_& m) {
             c->conn = cm_resolve(host, port, millis(timeout), source);
             return c;
         },
-        py::arg("host"), py::arg("port"), py::arg("timeout") = 30.0, py::arg("source") = "",
+        py::arg("host"), py::arg("port"), py::arg("timeout") = seconds_of(default_cm_timeout), py::arg("source") = "",
         "Resolves host's address and route: a CmConnection to create_qp on, then connect.");
 #else
     m.attr("have_rdma_cm") = false;

@@ -145,7 +145,7 @@ void bind_gpu(py::module_& m) {
                  o.gpu = gpu;
                  return std::make_shared<GpuBuffer>(size, o);
              }),
-             py::arg("size"), py::arg("gpu") = 0)
+             py::arg("size"), py::arg("gpu") = GpuBufferOptions{}.gpu)
         .def_property_readonly("size", &GpuBuffer::size)
         .def_property_readonly("gpu", &GpuBuffer::gpu)
         .def_property_readonly("address", &GpuBuffer::address)

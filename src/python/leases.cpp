@@ -88,7 +88,8 @@ void bind_leases(py::module_& m) {
                  if (ec) raise_error(ec, "BlockLeases", why.detail());
                  return out;
              }),
-             py::arg("ttl") = 10.0, py::arg("grace") = 5.0,
+             py::arg("ttl") = seconds_of(BlockLeasesOptions{}.ttl),
+             py::arg("grace") = seconds_of(BlockLeasesOptions{}.grace),
              "ttl: seconds each lease tells its reader; grace: how much longer the owner keeps an unreleased one.")
         .def(
             "grant",

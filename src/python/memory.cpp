@@ -244,7 +244,8 @@ void bind_memory(py::module_& m) {
                  c->cache = std::make_unique<RegistrationCache>(*pd, o);
                  return c;
              }),
-             py::arg("pd"), py::kw_only(), py::arg("max_regions") = 1024, py::arg("max_bytes") = std::size_t{4} << 30)
+             py::arg("pd"), py::kw_only(), py::arg("max_regions") = RegistrationCacheOptions{}.max_regions,
+             py::arg("max_bytes") = RegistrationCacheOptions{}.max_bytes)
         .def(
             "_get",
             [](const std::shared_ptr<Cache>& c, const py::object& obj, unsigned access) {

@@ -38,7 +38,7 @@ void add_exchange(py::class_<R, std::shared_ptr<R>>& cls) {
                 py::gil_scoped_release release;
                 r.fence(t);
             },
-            py::arg("timeout") = 30.0,
+            py::arg("timeout") = seconds_of(MeshOptions{}.timeout),
             "Waits until what every member published before its fence is visible (GIL released).")
         .def(
             "lookup",
@@ -51,7 +51,7 @@ void add_exchange(py::class_<R, std::shared_ptr<R>>& cls) {
                 }
                 return to_py(value);
             },
-            py::arg("peer"), py::arg("key"), py::arg("timeout") = 30.0,
+            py::arg("peer"), py::arg("key"), py::arg("timeout") = seconds_of(MeshOptions{}.timeout),
             "What peer published under key, waiting up to timeout seconds for it (GIL released).")
         .def("withdraw", &R::withdraw, "Removes what this member published.")
         .def_static("available", &R::available,
@@ -125,10 +125,12 @@ void bind_mesh(py::module_& m) {
                  py::gil_scoped_release release;
                  return std::make_shared<RedisRendezvous>(std::move(o));
              }),
-             py::arg("host") = "127.0.0.1", py::arg("port") = 6379, py::kw_only(), py::arg("service") = "gpuverbs",
-             py::arg("rank") = py::none(), py::arg("world_size") = py::none(), py::arg("ttl") = 3.0,
-             py::arg("poll_interval") = 0.05, py::arg("command_timeout") = 2.0, py::arg("user") = "",
-             py::arg("password_env") = py::none(),
+             py::arg("host") = RedisOptions{}.host, py::arg("port") = RedisOptions{}.port, py::kw_only(),
+             py::arg("service") = RedisOptions{}.service, py::arg("rank") = py::none(),
+             py::arg("world_size") = py::none(), py::arg("ttl") = seconds_of(RedisOptions{}.ttl),
+             py::arg("poll_interval") = seconds_of(RedisOptions{}.poll_interval),
+             py::arg("command_timeout") = seconds_of(RedisOptions{}.command_timeout),
+             py::arg("user") = RedisOptions{}.user, py::arg("password_env") = py::none(),
              "password_env names the environment variable holding the password (never passed as a string, "
              "so it is never in a traceback).")
         .def(
@@ -209,10 +211,15 @@ void bind_mesh(py::module_& m) {
                  return mesh;
              }),
              py::arg("rendezvous"), py::arg("pd"), py::arg("cq"), py::arg("regions") = std::vector<py::object>(),
-             py::kw_only(), py::arg("name") = "gpuverbs.mesh", py::arg("timeout") = 30.0,
-             py::arg("remote_access") = py::none(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
-             py::arg("max_send_sge") = 1, py::arg("max_recv_sge") = 1, py::arg("max_inline_data") = 0,
-             py::arg("retry_count") = 7, py::arg("rnr_retry_count") = 7,
+             py::kw_only(), py::arg("name") = MeshOptions{}.name,
+             py::arg("timeout") = seconds_of(MeshOptions{}.timeout), py::arg("remote_access") = py::none(),
+             py::arg("max_send_wr") = MeshOptions{}.queue_pair.max_send_wr,
+             py::arg("max_recv_wr") = MeshOptions{}.queue_pair.max_recv_wr,
+             py::arg("max_send_sge") = MeshOptions{}.queue_pair.max_send_sge,
+             py::arg("max_recv_sge") = MeshOptions{}.queue_pair.max_recv_sge,
+             py::arg("max_inline_data") = MeshOptions{}.queue_pair.max_inline_data,
+             py::arg("retry_count") = MeshOptions{}.connect.retry_count,
+             py::arg("rnr_retry_count") = MeshOptions{}.connect.rnr_retry_count,
              "regions: what every peer may reach (each peer's MeshPeer.regions is the list it offered). "
              "remote_access: what the queue pairs grant (gpuverbs.Access remote flags); by default what the "
              "regions' registrations allow. timeout: seconds for one connect_all, connect or peer call.")

@@ -379,7 +379,7 @@ void bind_transfers(py::module_& m) {
                  in->inbox = NotificationInbox(qp->get(), pd, slots);
                  return in;
              }),
-             py::arg("qp"), py::arg("pd"), py::arg("slots") = 16)
+             py::arg("qp"), py::arg("pd"), py::arg("slots") = NotificationInbox::default_slots)
         .def(
             "poll", [](Inbox& in) { return in.inbox.poll(); },
             "The oldest unread Notification, or None; never blocks (on a polled Context, call progress() first).")
@@ -403,7 +403,7 @@ void bind_transfers(py::module_& m) {
                     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                 }
             },
-            py::arg("timeout") = 30.0,
+            py::arg("timeout") = seconds_of(default_bootstrap_timeout),
             "Runs the context until a notification is unread (returned) or timeout seconds passed (None); raises "
             "the queue pair's failure.")
         .def_property_readonly("unread", [](const Inbox& in) { return in.inbox.unread(); })
@@ -481,12 +481,14 @@ void bind_transfers(py::module_& m) {
                          "l * layer_stride + h * half_stride + b * block_stride (layer_stride 0: a tensor per layer).")
         .def(py::init<>())
         .def_static("per_layer", &KvLayout::per_layer, py::arg("layers"), py::arg("blocks"), py::arg("block_bytes"),
-                    py::arg("halves") = 2, "A tensor per layer shaped [halves, blocks, block_size, heads, head_dim].")
+                    py::arg("halves") = KvLayout{}.halves,
+                    "A tensor per layer shaped [halves, blocks, block_size, heads, head_dim].")
         .def_static("blocks_first", &KvLayout::blocks_first, py::arg("layers"), py::arg("blocks"),
-                    py::arg("block_bytes"), py::arg("halves") = 2,
+                    py::arg("block_bytes"), py::arg("halves") = KvLayout{}.halves,
                     "A tensor per layer shaped [blocks, halves, block_size, heads, head_dim].")
         .def_static("one_tensor", &KvLayout::one_tensor, py::arg("layers"), py::arg("blocks"), py::arg("block_bytes"),
-                    py::arg("halves") = 2, "One tensor shaped [layers, halves, blocks, block_size, heads, head_dim].")
+                    py::arg("halves") = KvLayout{}.halves,
+                    "One tensor shaped [layers, halves, blocks, block_size, heads, head_dim].")
         .def_readwrite("layers", &KvLayout::layers)
         .def_readwrite("blocks", &KvLayout::blocks)
         .def_readwrite("halves", &KvLayout::halves)
@@ -563,8 +565,10 @@ void bind_transfers(py::module_& m) {
                  if (ec) raise_error(ec, "RailGroup", why.detail());
                  return g;
              }),
-             py::arg("rails"), py::kw_only(), py::arg("cooldown") = 5.0, py::arg("smoothing") = 0.3,
-             py::arg("min_measured_bytes") = 1 << 20, py::arg("stripe_by_health") = true,
+             py::arg("rails"), py::kw_only(), py::arg("cooldown") = seconds_of(RailGroupOptions{}.cooldown),
+             py::arg("smoothing") = RailGroupOptions{}.smoothing,
+             py::arg("min_measured_bytes") = RailGroupOptions{}.min_measured_bytes,
+             py::arg("stripe_by_health") = RailGroupOptions{}.stripe_by_health,
              "rails: QueuePairs, KvPool TransferRails, or None for one missing for now (replace() it later).")
         .def("__len__", [](const PyRailGroup& g) { return g.group->size(); })
         .def(

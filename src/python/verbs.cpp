@@ -220,7 +220,7 @@ void bind_verbs(py::module_& m) {
         .def_property_readonly("name", &Device::name)
         .def(
             "query_port", [](const Device& d, std::uint8_t port) { return port_dict(d.query_port(port)); },
-            py::arg("port") = 1)
+            py::arg("port") = QueuePairOptions{}.port)
         .def(
             "gid_table",
             [](const Device& d, std::uint8_t port) {
@@ -228,7 +228,7 @@ void bind_verbs(py::module_& m) {
                 for (const GidEntry& g : d.gid_table(port)) out.append(gid_dict(g));
                 return out;
             },
-            py::arg("port") = 1)
+            py::arg("port") = QueuePairOptions{}.port)
         .def("__repr__", [](const Device& d) { return "<gpuverbs.Device " + d.name() + ">"; });
 
     py::class_<Events, std::shared_ptr<Events>>(
@@ -324,9 +324,11 @@ void bind_queue_pairs(py::module_& m) {
                  p->cq = cq;
                  return p;
              }),
-             py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = 256, py::arg("max_recv_wr") = 256,
-             py::arg("max_send_sge") = 1, py::arg("max_recv_sge") = 1, py::arg("max_inline_data") = 0,
-             py::arg("port") = 1)
+             py::arg("pd"), py::arg("cq"), py::kw_only(), py::arg("max_send_wr") = QueuePairOptions{}.max_send_wr,
+             py::arg("max_recv_wr") = QueuePairOptions{}.max_recv_wr,
+             py::arg("max_send_sge") = QueuePairOptions{}.max_send_sge,
+             py::arg("max_recv_sge") = QueuePairOptions{}.max_recv_sge,
+             py::arg("max_inline_data") = QueuePairOptions{}.max_inline_data, py::arg("port") = QueuePairOptions{}.port)
         .def_property_readonly("endpoint", [](const Prepared& p) { return p.prepared.endpoint(); })
         .def(
             "advertise",

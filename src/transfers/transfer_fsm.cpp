@@ -67,7 +67,9 @@ TransferFsm::Action TransferFsm::start(std::span<const std::uint32_t> bounds, bo
 }
 
 TransferFsm::Action TransferFsm::stream_finished(const StreamEnd& end, Rails& rails) {
-    assert(end.stream < streams_.size() && streams_[end.stream].running);
+    // A late or doubled end (a stream that is not running, or one while a takeover awaits its answer)
+    // changes nothing: the first end counted.
+    if (end.stream >= streams_.size() || !streams_[end.stream].running || proposing_) return Action{};
     Stream& s = streams_[end.stream];
     s.running = false;
     --participants_;
@@ -105,6 +107,7 @@ TransferFsm::Action TransferFsm::stream_finished(const StreamEnd& end, Rails& ra
     }
     if (streams_.size() == first) return conclude(true, false, rails, Action{}); // a striping that gave nobody anything
     proposed_ = first;
+    proposing_ = true;
     Action a;
     a.kind = Action::Kind::make_streams;
     a.first_stream = first;
@@ -113,6 +116,8 @@ TransferFsm::Action TransferFsm::stream_finished(const StreamEnd& end, Rails& ra
 }
 
 TransferFsm::Action TransferFsm::takeover_made(bool made, Rails& rails) {
+    if (!proposing_) return Action{}; // no make_streams awaits an answer
+    proposing_ = false;
     const std::uint32_t first = proposed_;
     if (!made) {
         streams_.resize(first); // counted once every stream could be made: nothing is
@@ -191,6 +196,7 @@ TransferFsm::Action TransferFsm::stop(std::error_code reason) {
         a.why = Why::stopped;
     }
     phase_ = Phase::stopping;
+    pinned_ = true;
     ++participants_; // the pin: held open until every listed stream was stopped
     return a;
 }
@@ -206,7 +212,8 @@ TransferFsm::Action TransferFsm::abandon_notification(std::error_code reason) {
 }
 
 TransferFsm::Action TransferFsm::unpin(Rails& rails) {
-    assert(phase_ == Phase::stopping && participants_ > 0);
+    if (!pinned_) return Action{}; // no stop's pin is held (a late or doubled release)
+    pinned_ = false;
     --participants_;
     return settle(Action{}, rails);
 }

@@ -236,8 +236,9 @@ std::string QueuePairFailure::describe() const {
             break;
         case Cause::stalled:
             why =
-                "its requests made no progress for longer than the transport's retry bound, and gpuverbs moved "
-                "it to the error state";
+                "its requests made no progress for longer than the transport's retry bound (or, for a send "
+                "waiting for the peer to post a receive, AsyncOptions::receiver_wait), and gpuverbs moved it to "
+                "the error state";
             break;
         case Cause::notification_not_taken:
             why =

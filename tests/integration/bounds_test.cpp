@@ -2,8 +2,8 @@
 // that was idle longer than the stall bound and then sends on a slow wire, a
 // request far longer than the stall bound on a slow wire, a notification the
 // peer never takes (deadline, cancellation, notification_timeout; RNR retried
-// for ever), timeouts that are negative or larger than an int of
-// milliseconds. Each ends within its documented bound, or succeeds.
+// for ever), a send the peer never posts a receive for (receiver_wait),
+// timeouts that are negative or larger than an int of milliseconds. Each ends within its documented bound, or succeeds.
 // GPUVERBS_BOUNDS_RUNS=N repeats the fault cases (the 20-in-a-row check).
 #include "gpuverbs/gpuverbs.hpp"
 #include "rig.hpp"
@@ -228,6 +228,55 @@ TEST_SUITE("bounds on real RDMA" * doctest::skip(!test::rig_present())) {
                     io, [] { return false; }, 200ms);
             }
         }
+    }
+
+    TEST_CASE(
+        "a send the peer never posts a receive for (rnr_retry_count 7, the default: retried for as long as the peer "
+        "takes) fails its queue pair as stalled after AsyncOptions::receiver_wait; with receiver_wait 0 it waits, and "
+        "a receive posted late completes it") {
+        REQUIRE(ConnectOptions{}.rnr_retry_count == 7); // the default this case is about
+        ConnectOptions forever;
+        forever.retry_count = 7; // Soft-RoCE then retries RNR for ever too (it counts RNR against retry_count)
+        for (int run = 0; run < runs(); ++run) {
+            for (const auto& base : {test::modes[0], test::modes[1]}) {
+                CAPTURE(run);
+                CAPTURE(mode_name(base));
+                AsyncOptions mode = base;
+                mode.receiver_wait = 1500ms;
+                asio::io_context io(1);
+                Connected c(io, mode, 1 << 16, forever);
+                std::optional<boost::system::error_code> sent;
+                c.a.qp.async_send(c.a.mr.slice(0, 64), [&](boost::system::error_code ec, std::size_t) { sent = ec; });
+                const auto took = run_until(
+                    io, [&] { return sent.has_value(); }, 30s);
+                REQUIRE_MESSAGE(sent.has_value(), "a send with no receive at the peer did not end in 30 s");
+                CHECK_MESSAGE((*sent == errc::queue_pair_stalled || *sent == make_wc_error(IBV_WC_WR_FLUSH_ERR)),
+                              sent->message());
+                REQUIRE(c.a.qp.failure());
+                CHECK(c.a.qp.failure()->cause == QueuePairFailure::Cause::stalled);
+                CHECK(took >= 1400ms); // not before receiver_wait (less a tick's rounding)
+                CHECK(took <= mode.receiver_wait + after_acting(mode));
+                MESSAGE(mode_name(mode) << ": a send nobody posted a receive for ended after " << took.count()
+                                        << " ms (receiver_wait 1500 ms): " << sent->message());
+            }
+        }
+        // receiver_wait 0: the wait is the application's; a receive posted after 3 s completes the send.
+        AsyncOptions patient = test::modes[0];
+        patient.receiver_wait = 0ms;
+        asio::io_context io(1);
+        Connected c(io, patient, 1 << 16, forever);
+        std::optional<boost::system::error_code> sent, received;
+        c.a.qp.async_send(c.a.mr.slice(0, 64), [&](boost::system::error_code ec, std::size_t) { sent = ec; });
+        (void)run_until(
+            io, [&] { return sent.has_value(); }, 3s);
+        CHECK_FALSE(sent.has_value());
+        c.b.qp.async_receive(c.b.mr.slice(0, 64), [&](boost::system::error_code ec, Received) { received = ec; });
+        (void)run_until(
+            io, [&] { return sent.has_value() && received.has_value(); }, 10s);
+        REQUIRE(sent.has_value());
+        CHECK_MESSAGE(!*sent, sent->message());
+        CHECK(received.has_value());
+        CHECK_FALSE(c.a.qp.failure());
     }
 
     TEST_CASE(

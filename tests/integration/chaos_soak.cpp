@@ -25,6 +25,7 @@
 #include <boost/asio/post.hpp>
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -573,6 +574,11 @@ int main(int argc, char** argv) {
     std::signal(SIGINT, [](int) { stopping = true; });
     std::signal(SIGUSR1, [](int) { chaos_destroy = true; });
     std::signal(SIGPIPE, SIG_IGN);
+    // The soak's script sends its signals only once this file exists: a signal that came before the
+    // handlers above would kill the process with its default action (status 143), not stop it.
+    if (const std::string ready = arg(argc, argv, "--ready"); !ready.empty()) {
+        std::ofstream(ready) << getpid() << '\n';
+    }
     const std::string role = argv[1];
     const auto port = static_cast<std::uint16_t>(std::stoi(arg(argc, argv, "--port", "18600")));
     try {

@@ -2,6 +2,7 @@
 // rely on (QpHealth, WorkQueueState::forget_outstanding), without a device.
 // The rig tests the same code on Soft-RoCE (tests/integration/liveness_test.cpp).
 #include "gpuverbs/detail/async/liveness.hpp"
+#include "gpuverbs/async_types.hpp"
 #include "gpuverbs/detail/verbs/qp_health.hpp"
 #include "gpuverbs/detail/verbs/work_queue_state.hpp"
 
@@ -34,16 +35,23 @@ TEST_CASE("the transport's retry bound is (retry_count + 1) x 4.096 us x 2^timeo
 }
 
 TEST_CASE(
-    "a stall is judged after twice the retry bound plus the margin, never while a send waits for the "
-    "peer's receive with rnr_retry 7") {
+    "a stall is judged after twice the retry bound plus the margin; a send waiting for the peer's receive with "
+    "rnr_retry 7 after receiver_wait (never when it is zero)") {
     const QpWatch w = watch_with(14, 6, 7);
     const auto bound = *transport_retry_bound(14, 6);
-    CHECK(stall_bound(w, Opcode::write, 500ms) == bound * 2 + 500ms);
-    CHECK(stall_bound(w, Opcode::read, 0ms) == bound * 2);
-    CHECK_FALSE(stall_bound(w, Opcode::send, 500ms).has_value());
-    CHECK_FALSE(stall_bound(w, Opcode::write_with_imm, 500ms).has_value());
-    CHECK(stall_bound(watch_with(14, 6, 6), Opcode::send, 500ms).has_value()); // a finite RNR count fails in time
-    CHECK_FALSE(stall_bound(watch_with(0, 6, 6), Opcode::write, 500ms).has_value());
+    CHECK(stall_bound(w, Opcode::write, 500ms, 10s) == bound * 2 + 500ms);
+    CHECK(stall_bound(w, Opcode::read, 0ms, 10s) == bound * 2);
+    // rnr_retry 7: a request that needs the peer's receive waits receiver_wait (the library's bound), or for
+    // ever when that is zero.
+    CHECK(stall_bound(w, Opcode::send, 500ms, 10s) == std::chrono::nanoseconds(10s));
+    CHECK(stall_bound(w, Opcode::send_with_imm, 500ms, 3s) == std::chrono::nanoseconds(3s));
+    CHECK(stall_bound(w, Opcode::write_with_imm, 500ms, 10s) == std::chrono::nanoseconds(10s));
+    CHECK_FALSE(stall_bound(w, Opcode::send, 500ms, 0s).has_value());
+    CHECK(stall_bound(w, Opcode::write, 500ms, 0s) == bound * 2 + 500ms); // a write needs no receive
+    CHECK(stall_bound(watch_with(14, 6, 6), Opcode::send, 500ms, 0s) ==
+          bound * 2 + 500ms); // a finite RNR count: the transport's bound
+    CHECK_FALSE(stall_bound(watch_with(0, 6, 6), Opcode::write, 500ms, 10s).has_value());
+    CHECK(AsyncOptions{}.receiver_wait == 10s); // docs/transfers.md states it (scripts/check-docs)
 }
 
 TEST_CASE("judge: a healthy queue pair that keeps completing is never declared failed") {

@@ -2,7 +2,10 @@
 // Boost.Redis tests its exec_fsm): failover, the notification, stopping, the
 // end of the transfer and its report — one transition per case, then a model
 // of the device that finishes the machine's streams in random order with
-// random outcomes and checks the transfer's promises after every event.
+// random outcomes (completions of any size, late and doubled events) and
+// checks the transfer's promises after every event against its own account,
+// safety and progress both. scripts/mutate holds these tests to killing the
+// machine's one-line mutants (docs/testing.md lists the survivors).
 #include "gpuverbs/detail/transfers/transfer_fsm.hpp"
 #include "gpuverbs/detail/async/async_token.hpp"
 #include "gpuverbs/error.hpp"
@@ -473,12 +476,20 @@ namespace {
 // What the random sequences exercised (so a change that stops them reaching a path shows).
 struct Coverage {
     std::uint64_t takeovers = 0, refused_takeovers = 0, notifications = 0, stops = 0, destroyed = 0, successes = 0,
-                  every_rail_failed = 0, abandons = 0, abandoned_failed = 0;
+                  every_rail_failed = 0, abandons = 0, abandoned_failed = 0, late_events = 0, split_ends = 0,
+                  port_down_failovers = 0;
 };
 
-// The device and the world around one transfer, played at random; checks the
-// promises after every event. A violation is returned as words (fast: no
-// doctest assertion per event).
+// The device and the world around one transfer, played at random. The model
+// keeps its own account of the transfer from the promises in transfer_fsm.hpp
+// and docs/transfers.md, never from the machine's phase or conditions: which
+// rails failed, whether an error is due and which, whether a stop was taken,
+// what the next action must be. After every event it checks safety (what the
+// machine did may be done) and progress (what must happen did: a path failure
+// with a usable rail left fails over, a transfer whose every request landed
+// and whose notification was taken succeeds, nothing waits once nothing
+// runs). It also feeds late and doubled events, which must change nothing.
+// A violation is returned as words (fast: no doctest assertion per event).
 class Model {
 public:
     Model(std::uint64_t seed, Coverage& coverage) : rng_(seed), rails_(1), coverage_(coverage) {
@@ -499,25 +510,31 @@ public:
         notify_ = rng_() % 2 == 0;
         landed_.assign(requests_, false);
         posted_.assign(requests_, false);
+        rail_failed_.assign(n_rails, false);
     }
 
     /// Runs the transfer to its end; empty when every promise held.
     std::string run() {
-        apply(fsm_.start(bounds_, failover_, notify_, rails_), Phase::idle);
+        const TransferFsm::Action a = fsm_.start(bounds_, failover_, notify_, rails_);
+        apply(a);
         for (int step = 0; step < 400 && failure_.empty(); ++step) {
-            if (finished_) return check_end();
+            if (finished_) {
+                late_events();
+                return check_end();
+            }
             const std::uint64_t roll = rng_() % 100;
-            if (roll < 70 && !device_.empty()) {
+            if (roll < 66 && !device_.empty()) {
                 finish_one();
-            } else if (roll < 78) {
+            } else if (roll < 74) {
                 stop();
-            } else if (roll < 90 && pinned_) {
+            } else if (roll < 86 && pinned_) {
                 unpin();
-            } else if (roll < 96) {
+            } else if (roll < 92) {
                 const std::size_t k = rng_() % rails_.up.size();
                 rails_.up[k] = !rails_.up[k];
-            } else if (device_.empty() && !pinned_) {
-                return "nothing runs and nothing is pinned, yet the transfer has not finished";
+                note("rail " + std::to_string(k) + (rails_.up[k] ? " up" : " down"));
+            } else {
+                late_events();
             }
         }
         if (!failure_.empty()) return failure_;
@@ -526,166 +543,240 @@ public:
 
 private:
     void fail(const std::string& what) {
-        if (failure_.empty()) failure_ = what;
+        if (!failure_.empty()) return;
+        failure_ = what + " (events:";
+        for (std::size_t k = trace_.size() > 10 ? trace_.size() - 10 : 0; k < trace_.size(); ++k)
+            failure_ += " " + trace_[k] + ";";
+        failure_ += ")";
+    }
+    void note(const std::string& event) { trace_.push_back(event); }
+
+    [[nodiscard]] std::size_t rails() const { return rails_.up.size(); }
+    // The machine's failover is on with several rails only.
+    [[nodiscard]] bool failover() const { return failover_ && rails() > 1; }
+    // Running: no error yet, no stop taken, the notification not armed, not destroyed.
+    [[nodiscard]] bool running() const { return !error_ && !stopped_ && !notifying_ && !destroyed_; }
+
+    // A stream's end as the device reports it: its requests completed in
+    // pieces of any size (a chain's one signaled completion covers many), and
+    // a failure strikes at a piece boundary: [first, landed) landed, the
+    // pieces after it up to `posted` were posted, the rest never.
+    void outcome(const TransferFsm::Stream& s, bool notification, TransferFsm::StreamEnd& end) {
+        const std::uint64_t roll = rng_() % 10;
+        end.destroyed = rng_() % 40 == 0;
+        if (roll < 4 && !end.destroyed) { // every request landed
+            end.landed_end = end.posted_end = s.end;
+            return;
+        }
+        std::vector<std::uint32_t> cuts{s.first};
+        while (cuts.back() < s.end) {
+            cuts.push_back(std::min(s.end, cuts.back() + 1 + static_cast<std::uint32_t>(rng_() % 4)));
+        }
+        coverage_.split_ends += cuts.size() > 2 ? 1 : 0;
+        const std::size_t landed_piece = rng_() % cuts.size();
+        const std::size_t posted_piece = landed_piece + rng_() % (cuts.size() - landed_piece);
+        end.landed_end = cuts[landed_piece];
+        end.posted_end = cuts[posted_piece];
+        static constexpr std::array<ibv_wc_status, 6> statuses{IBV_WC_RETRY_EXC_ERR, IBV_WC_WR_FLUSH_ERR,
+                                                               IBV_WC_LOC_QP_OP_ERR, IBV_WC_REM_ACCESS_ERR,
+                                                               IBV_WC_LOC_PROT_ERR,  IBV_WC_RNR_RETRY_EXC_ERR};
+        ibv_wc_status status = IBV_WC_SUCCESS;
+        bool refused = false;
+        if (roll < 6 || end.destroyed) { // ended from outside: destroyed, aborted, stopped, or found broken
+            static const std::array<std::error_code, 4> outside{aborted_error(), errc::queue_pair_in_error,
+                                                                errc::queue_pair_stalled, errc::port_down};
+            end.error = outside[rng_() % outside.size()];
+            if (end.destroyed && rng_() % 2 == 0) end.error = {};
+        } else if (roll < 9) {
+            status = statuses[rng_() % statuses.size()];
+            end.error = make_wc_error(status);
+            end.own_failure = true;
+        } else {
+            refused = true;
+            end.error = std::error_code(EINVAL, std::system_category());
+            end.own_failure = true;
+        }
+        if (!end.error) end.landed_end = end.posted_end = s.end; // a clean end lands everything
+        end.failure = classify_stream_failure(end.error, status, refused, notification && end.own_failure);
     }
 
-    // The device finishes one of the streams it holds, with a random outcome.
+    // The device finishes one of the streams it holds.
     void finish_one() {
         const std::size_t at = rng_() % device_.size();
         const std::uint32_t id = device_[at];
         device_.erase(device_.begin() + static_cast<std::ptrdiff_t>(at));
+        finished_streams_.push_back(id);
         const TransferFsm::Stream s = fsm_.streams()[id];
         const bool notification = notifying_ && id == notify_rail_;
         TransferFsm::StreamEnd end;
         end.stream = id;
-        const std::uint64_t outcome = rng_() % 10;
-        end.destroyed = rng_() % 40 == 0;
-        // Where its requests stand when it did not land them all.
-        const std::uint32_t span = s.end - s.first;
-        std::uint32_t p = s.first + static_cast<std::uint32_t>(rng_() % (span + 1));
-        std::uint32_t l = s.first + static_cast<std::uint32_t>(rng_() % (span + 1));
-        if (l > p) std::swap(l, p);
-        if (outcome < 4 && !end.destroyed) { // every request landed
-            end.landed_end = end.posted_end = s.end;
-        } else {
-            end.landed_end = l;
-            end.posted_end = p;
-            static constexpr std::array<ibv_wc_status, 6> statuses{IBV_WC_RETRY_EXC_ERR, IBV_WC_WR_FLUSH_ERR,
-                                                                   IBV_WC_LOC_QP_OP_ERR, IBV_WC_REM_ACCESS_ERR,
-                                                                   IBV_WC_LOC_PROT_ERR,  IBV_WC_RNR_RETRY_EXC_ERR};
-            ibv_wc_status status = IBV_WC_SUCCESS;
-            bool refused = false;
-            if (outcome < 6 || end.destroyed) { // ended from outside: destroyed, aborted, stopped, or found broken
-                static const std::array<std::error_code, 4> outside{aborted_error(), errc::queue_pair_in_error,
-                                                                    errc::queue_pair_stalled, errc::port_down};
-                end.error = outside[rng_() % outside.size()];
-                if (end.destroyed && rng_() % 2 == 0) end.error = {};
-            } else if (outcome < 9) {
-                status = statuses[rng_() % statuses.size()];
-                end.error = make_wc_error(status);
-                end.own_failure = true;
-            } else {
-                refused = true;
-                end.error = std::error_code(EINVAL, std::system_category());
-                end.own_failure = true;
-            }
-            if (!end.error) end.landed_end = end.posted_end = s.end; // a clean end lands everything
-            end.failure = classify_stream_failure(end.error, status, refused, notification && end.own_failure);
-        }
+        outcome(s, notification, end);
+        note("stream " + std::to_string(id) + " (rail " + std::to_string(s.rail) + ") ended: landed to " +
+             std::to_string(end.landed_end) + " of [" + std::to_string(s.first) + ", " + std::to_string(s.end) + "), " +
+             (end.error ? end.error.message() : std::string("ok")) + (end.destroyed ? ", destroyed" : "") +
+             (notification ? ", the notification" : ""));
         if (!notification) {
             for (std::uint32_t i = s.first; i < end.posted_end; ++i) posted_[i] = true;
             for (std::uint32_t i = s.first; i < end.landed_end; ++i) landed_[i] = true;
         }
+        const bool was_running = running();
         if (end.destroyed) destroyed_ = true;
-        const Phase before = fsm_.phase();
-        const std::error_code error_before = fsm_.error();
-        const std::vector<TransferFsm::Rail> rails_before(fsm_.rails().begin(), fsm_.rails().end());
-        std::size_t usable_left = 0;
-        for (std::size_t j = 0; j < rails_.up.size(); ++j) {
-            usable_left += j != s.rail && !rails_before[j].error && rails_.up[j] ? 1 : 0;
+        // What must follow, from the model's own account.
+        Expect want;
+        if (end.error) {
+            // A rail's first failure is recorded, unless only stopped while the transfer was stopping.
+            want.record = !rail_failed_[s.rail] && (!stopped_ || end.own_failure);
+            if (want.record) rail_failed_[s.rail] = true;
+            if (notification) {
+                want.error = abandoned_ ? abandon_reason_ : end.error;
+                want.why = abandoned_ ? Why::notification_abandoned : Why::stream_failed;
+            } else if (failover() && was_running && !destroyed_ && end.failure == StreamFailure::path) {
+                bool left = false;
+                for (std::size_t j = 0; j < rails(); ++j)
+                    left = left || (j != s.rail && !rail_failed_[j] && rails_.up[j]);
+                if (!left) {
+                    want.error = end.error;
+                    want.why = Why::every_rail_failed;
+                } else if (end.landed_end < s.end) {
+                    want.takeover = true; // progress: a usable rail is left and requests did not land
+                }
+            } else {
+                want.error = end.error;
+                want.why = Why::stream_failed;
+            }
         }
         TransferFsm::Action a = fsm_.stream_finished(end, rails_);
+        if (want.takeover != (a.kind == Kind::make_streams)) {
+            fail(want.takeover ? "a path failure with a usable rail left did not fail over"
+                               : "a takeover where none may be");
+            return;
+        }
         if (a.kind == Kind::make_streams) {
-            check_takeover(a, s, end, before, error_before);
+            check_takeover(a, s, end);
+            coverage_.port_down_failovers += end.error == errc::port_down ? 1 : 0;
             const bool made = rng_() % 10 != 0;
             a = fsm_.takeover_made(made, rails_);
             ++(made ? coverage_.takeovers : coverage_.refused_takeovers);
+            if (!made) {
+                want.error = end.error;
+                want.why = Why::every_rail_failed;
+            }
         }
-        const bool may_move = failover_ && rails_.up.size() > 1 && before == Phase::running && !destroyed_ &&
-                              end.failure == StreamFailure::path;
-        if (notification && abandoned_ && end.error && !error_before) {
-            // An abandoned notification that fails ends the transfer with the abandon's reason.
-            if (fsm_.error() != abandon_reason_ || a.why != Why::notification_abandoned)
-                fail("an abandoned notification's failure did not end the transfer with the abandon's reason");
-            ++coverage_.abandoned_failed;
-            if (!rails_before[s.rail].error && !a.record_failure) fail("a rail's failure was not recorded");
-            apply(a, before);
-            return;
+        if (want.record != a.record_failure) fail("a rail's failure was recorded wrongly");
+        for (std::size_t j = 0; j < rails(); ++j) {
+            if (rail_failed_[j] != static_cast<bool>(fsm_.rails()[j].error)) fail("a rail's failure disagrees");
         }
-        if (end.error && !error_before) {
-            // Invariant 5: a request failure fails it; a path failure with no rail left fails it, in those words.
-            if (end.failure != StreamFailure::path && fsm_.error() != end.error)
-                fail("a request failure did not fail the transfer");
-            coverage_.every_rail_failed += a.why == Why::every_rail_failed ? 1 : 0;
-            if (may_move && usable_left == 0 && (fsm_.error() != end.error || a.why != Why::every_rail_failed))
-                fail("a path failure with no rail left did not fail the transfer with every rail failed");
-            if (!may_move && a.why != Why::stream_failed) fail("a failure that cannot move did not name the stream");
+        if (notification && abandoned_ && end.error && !error_) ++coverage_.abandoned_failed;
+        if (want.why == Why::every_rail_failed && !error_) ++coverage_.every_rail_failed;
+        expect_error(want.error, want.why, a.why);
+        apply(a);
+    }
+
+    struct Expect {
+        bool takeover = false;
+        bool record = false;
+        std::error_code error; ///< the error this event sets, when none was set before
+        Why why = Why::none;
+    };
+
+    // The first error stays; this event sets `error` (with `why`) when none was set before.
+    void expect_error(std::error_code error, Why why, Why got) {
+        // The end with no rail for the notification: apply() judges it (whether it was due, and its error).
+        if (got == Why::no_rail_for_notification && !error && !error_) return;
+        if (error_) {
+            if (got != Why::none) fail("words written for an error after the first");
+        } else if (error) {
+            error_ = error;
+            if (got != why) fail("the error's words name the wrong reason");
+        } else if (got != Why::none) {
+            fail("an error came from nowhere");
         }
-        if (end.error && !rails_before[s.rail].error && (before != Phase::stopping || end.own_failure) &&
-            !a.record_failure)
-            fail("a rail's failure was not recorded");
-        apply(a, before);
-        check_error(error_before, end.error);
+        if (fsm_.error() != error_) fail("the transfer's error is not the first error due");
     }
 
     void stop() {
-        const Phase before = fsm_.phase();
-        const std::error_code error_before = fsm_.error();
         const std::error_code reason = rng_() % 2 == 0 ? timed_out : aborted_error();
-        const bool could = fsm_.stoppable();
+        note("stop");
+        const bool takes = !stopped_ && !notifying_ && !destroyed_ && !finished_ && !device_.empty();
+        if (fsm_.stoppable() != takes) fail("stoppable() disagrees");
         const TransferFsm::Action a = fsm_.stop(reason);
-        // Invariant 6: once finishing or notifying (or destroyed), nothing changes.
-        const bool takes = (before == Phase::running || before == Phase::draining) && !destroyed_;
-        if (takes != (a.kind == Kind::stop_streams) || could != takes) fail("a stop was taken or refused wrongly");
+        if (takes != (a.kind == Kind::stop_streams)) fail("a stop was taken or refused wrongly");
         if (!takes) {
-            if (fsm_.phase() != before || fsm_.error() != error_before) fail("a refused stop changed the transfer");
-            if (before == Phase::notifying) abandon(reason, error_before);
+            if (a.kind != Kind::wait) fail("a refused stop asked for something");
+            if (fsm_.error() != error_) fail("a refused stop changed the error");
+            if (notifying_ && !finished_) abandon(reason);
             return;
         }
         ++coverage_.stops;
+        stopped_ = true;
         pinned_ = true;
-        if (!error_before && (fsm_.error() != reason || a.why != Why::stopped)) fail("a stop did not set its reason");
-        if (error_before && (fsm_.error() != error_before || a.why != Why::none))
-            fail("a stop replaced the first error");
-        if (!stop_reason_ && !error_before) stop_reason_ = reason;
+        expect_error(reason, Why::stopped, a.why);
     }
 
     // The job's answer to a deadline or cancellation while the notification is
     // in flight: abandon it once (its queue pair is failed), and the transfer
     // then ends with the reason, never with success.
-    void abandon(std::error_code reason, std::error_code error_before) {
+    void abandon(std::error_code reason) {
         const TransferFsm::Action a = fsm_.abandon_notification(reason);
         const bool takes = !abandoned_ && !destroyed_;
         if (takes != (a.kind == Kind::abandon_notification)) fail("an abandon was taken or refused wrongly");
-        if (!takes) {
-            if (fsm_.error() != error_before) fail("a refused abandon changed the error");
-            return;
-        }
+        if (fsm_.error() != error_) fail("an abandon changed the error before the notification ended");
+        if (!takes) return;
         ++coverage_.abandons;
         abandoned_ = true;
         abandon_reason_ = reason;
         if (a.rail != notify_rail_) fail("abandoned a notification on another rail");
-        if (fsm_.error() != error_before) fail("an abandon changed the error before the notification ended");
     }
 
     void unpin() {
+        note("unpin");
         pinned_ = false;
-        const Phase before = fsm_.phase();
-        const std::error_code error_before = fsm_.error();
-        apply(fsm_.unpin(rails_), before);
-        check_error(error_before, {});
+        const TransferFsm::Action a = fsm_.unpin(rails_);
+        expect_error({}, Why::none, a.why);
+        apply(a);
     }
 
-    // The first error stays; a new one comes from this event.
-    void check_error(std::error_code before, std::error_code event) {
-        const std::error_code now = fsm_.error();
-        if (before && now != before) fail("the first error was replaced");
-        if (!before && now && now != event && now != errc::invalid_argument) fail("an error came from nowhere");
-    }
-
-    // Invariants 4 and 5: a takeover only when it may, never re-posting what landed.
-    void check_takeover(const TransferFsm::Action& a, const TransferFsm::Stream& s, const TransferFsm::StreamEnd& end,
-                        Phase before, std::error_code error_before) {
-        if (!failover_ || before != Phase::running || destroyed_ || error_before ||
-            end.failure != StreamFailure::path) {
-            fail("a takeover where none may be");
+    // Late and doubled events: a stream's second end, a release without a pin, an answer nobody asked
+    // for, a stop or an abandon once finished. Each is answered `wait` and changes nothing.
+    void late_events() {
+        const TransferFsm::Phase phase = fsm_.phase();
+        const std::vector<TransferFsm::Stream> streams(fsm_.streams().begin(), fsm_.streams().end());
+        auto unchanged = [&](const TransferFsm::Action& a, const char* what) {
+            ++coverage_.late_events;
+            bool same = a.kind == Kind::wait && fsm_.phase() == phase && fsm_.error() == error_ &&
+                        fsm_.streams().size() == streams.size();
+            for (std::size_t i = 0; same && i < streams.size(); ++i) {
+                const auto& x = fsm_.streams()[i];
+                same = x.running == streams[i].running && x.landed_end == streams[i].landed_end &&
+                       x.posted_end == streams[i].posted_end;
+            }
+            if (!same) fail(std::string("a late event changed the transfer: ") + what);
+        };
+        if (!finished_streams_.empty()) {
+            const std::uint32_t id = finished_streams_[rng_() % finished_streams_.size()];
+            if (std::find(device_.begin(), device_.end(), id) == device_.end()) {
+                TransferFsm::StreamEnd again;
+                again.stream = id;
+                outcome(fsm_.streams()[id], false, again);
+                unchanged(fsm_.stream_finished(again, rails_), "a stream's second end");
+            }
         }
+        if (!pinned_) unchanged(fsm_.unpin(rails_), "a release without a pin");
+        unchanged(fsm_.takeover_made(rng_() % 2 == 0, rails_), "an answer nobody asked for");
+        if (finished_) {
+            unchanged(fsm_.stop(timed_out), "a stop once finished");
+            unchanged(fsm_.abandon_notification(aborted_error()), "an abandon once finished");
+        }
+    }
+
+    // A takeover only when it may, never re-posting what landed, on rails that can run.
+    void check_takeover(const TransferFsm::Action& a, const TransferFsm::Stream& s, const TransferFsm::StreamEnd& end) {
         std::uint32_t at = end.landed_end;
         for (std::uint32_t id = a.first_stream; id < a.end_stream; ++id) {
             const auto& t = fsm_.streams()[id];
             if (t.first != at || t.first >= t.end) fail("takeover ranges do not continue the failed stream's");
             at = t.end;
-            if (t.rail == s.rail || fsm_.rails()[t.rail].error || !rails_.up[t.rail])
+            if (t.rail == s.rail || rail_failed_[t.rail] || !rails_.up[t.rail])
                 fail("a takeover on a rail that cannot run");
             for (std::uint32_t i = t.first; i < t.end; ++i) {
                 if (landed_[i]) fail("a takeover re-posts a request that landed");
@@ -694,7 +785,9 @@ private:
         if (at != s.end) fail("takeover ranges do not end where the failed stream did");
     }
 
-    void apply(const TransferFsm::Action& a, Phase before) {
+    // The action, checked against what must come now that this event was taken.
+    void apply(const TransferFsm::Action& a) {
+        std::size_t submitted = 0;
         switch (a.kind) {
             case Kind::wait: break;
             case Kind::make_streams: fail("make_streams must be answered first"); break;
@@ -703,43 +796,66 @@ private:
                     if (!fsm_.streams()[id].running) continue;
                     if (std::find(device_.begin(), device_.end(), id) != device_.end())
                         fail("a stream submitted twice");
+                    if (fsm_.streams()[id].first >= fsm_.streams()[id].end) fail("an empty stream submitted");
                     device_.push_back(id);
-                    if (id >= rails_.up.size()) took_ += fsm_.streams()[id].end - fsm_.streams()[id].first;
+                    ++submitted;
+                    if (id >= rails()) took_ += fsm_.streams()[id].end - fsm_.streams()[id].first;
                 }
                 break;
             case Kind::stop_streams: fail("stop_streams outside stop()"); break;
             case Kind::abandon_notification: fail("abandon_notification outside abandon_notification()"); break;
-            case Kind::notify: {
-                // Invariant 3: once, after every request landed, with no error, on a rail that may carry it.
-                if (notifying_ || !notify_) fail("the notification armed twice or unasked");
-                if (before != Phase::running || fsm_.error() || destroyed_) fail("the notification after an error");
-                if (std::find(landed_.begin(), landed_.end(), false) != landed_.end())
-                    fail("the notification before every request landed");
-                if (!device_.empty() || pinned_) fail("the notification while streams run");
-                if (fsm_.rails()[a.rail].error || !rails_.reach[a.rail] ||
-                    (failover_ && rails_.up.size() > 1 && !rails_.up[a.rail]))
-                    fail("the notification on a rail that cannot carry it");
-                ++coverage_.notifications;
-                notifying_ = true;
-                notify_rail_ = static_cast<std::uint32_t>(a.rail);
-                device_.push_back(notify_rail_);
-                break;
-            }
+            case Kind::notify: break; // checked below, with the finish
             case Kind::finish:
-                // Invariant 2: once, with nothing left with the device.
                 if (finished_) fail("the handler completed twice");
-                if (!device_.empty() || pinned_) fail("the handler completed while streams run");
-                for (const auto& s : fsm_.streams()) {
-                    if (s.running) fail("the machine finished with a running stream");
-                }
-                finished_ = true;
                 break;
         }
-        if (!finished_ && fsm_.phase() == Phase::finished) fail("finished without a finish action");
+        // Progress: once nothing runs and nothing is pinned, the transfer moves on at once.
+        const bool idle = device_.empty() && !pinned_ && !finished_;
+        if (!idle) {
+            if (a.kind == Kind::notify || a.kind == Kind::finish)
+                fail("the notification or the end while streams run or a stop is pinned");
+            if (fsm_.phase() == Phase::finished && !finished_) fail("finished without a finish action");
+            return;
+        }
+        if (a.kind == Kind::submit && submitted > 0) return;
+        // Every request landed with no error: the notification is due (on the first rail that has not
+        // failed, is usable with failover, and reaches it), else the end.
+        if (!error_ && !destroyed_ && notify_ && !notifying_) {
+            std::size_t rail = rails();
+            for (std::size_t j = 0; j < rails() && rail == rails(); ++j) {
+                if (!rail_failed_[j] && (!failover() || rails_.up[j]) && rails_.reach[j]) rail = j;
+            }
+            if (std::find(landed_.begin(), landed_.end(), false) != landed_.end())
+                fail("nothing runs with no error, yet a request has not landed");
+            if (rail < rails()) {
+                if (a.kind != Kind::notify || a.rail != rail) {
+                    fail("every request landed, yet the notification was not armed on the rail due");
+                    return;
+                }
+                ++coverage_.notifications;
+                notifying_ = true;
+                notify_rail_ = static_cast<std::uint32_t>(rail);
+                device_.push_back(notify_rail_);
+                return;
+            }
+            // No rail may carry it: the end, with invalid_argument.
+            if (fsm_.error() != errc::invalid_argument || a.why != Why::no_rail_for_notification)
+                fail("no rail reaches the notification, yet the transfer did not fail with invalid_argument");
+            error_ = errc::invalid_argument;
+        }
+        if (a.kind != Kind::finish) {
+            fail("nothing runs and nothing is pinned, yet the transfer has not finished");
+            return;
+        }
+        finished_ = true;
+        for (const auto& s : fsm_.streams()) {
+            if (s.running) fail("the machine finished with a running stream");
+        }
+        if (fsm_.phase() != Phase::finished) fail("a finish action outside the finished phase");
         check_report();
     }
 
-    // Invariants 1 and 7: the report agrees with what was fed in.
+    // The report agrees with what was fed in.
     void check_report() {
         std::vector<RequestState> got(requests_);
         fsm_.request_states(got);
@@ -753,15 +869,17 @@ private:
 
     std::string check_end() {
         if (fsm_.destroyed() != destroyed_) fail("destroyed() disagrees with the events");
+        check_report();
         coverage_.destroyed += destroyed_ ? 1 : 0;
-        coverage_.successes += !destroyed_ && !fsm_.error() ? 1 : 0;
-        if (!fsm_.error() && !destroyed_) { // destroyed: the handler is not called, there is no outcome
+        // Progress: no error was due (every request landed, the notification taken, no stop): success.
+        if (fsm_.error() != error_) fail("the transfer ended with an error other than the one due");
+        if (!error_ && !destroyed_) {
+            ++coverage_.successes;
             if (std::find(landed_.begin(), landed_.end(), false) != landed_.end())
                 fail("success with a request not landed");
             if (notify_ && !notifying_) fail("success without the notification");
-            if (stop_reason_) fail("success after a stop was taken");
+            if (stopped_) fail("success after a stop was taken");
         }
-        if (stop_reason_ && fsm_.error() != stop_reason_) fail("a stop's reason was lost");
         std::uint32_t taken = 0, took = 0;
         for (const auto& r : fsm_.rails()) {
             taken += r.taken_over;
@@ -778,9 +896,13 @@ private:
     std::vector<std::uint32_t> bounds_;
     bool failover_ = false;
     bool notify_ = false;
-    std::vector<bool> landed_;          ///< landed on some stream
-    std::vector<bool> posted_;          ///< posted on some stream
-    std::vector<std::uint32_t> device_; ///< the streams the device holds
+    std::vector<bool> landed_;                    ///< landed on some stream
+    std::vector<bool> posted_;                    ///< posted on some stream
+    std::vector<bool> rail_failed_;               ///< the model's account of each rail's failure
+    std::vector<std::uint32_t> device_;           ///< the streams the device holds
+    std::vector<std::uint32_t> finished_streams_; ///< … and those it finished
+    std::error_code error_;                       ///< the first error due (the model's own account)
+    bool stopped_ = false;
     bool pinned_ = false;
     bool destroyed_ = false;
     bool notifying_ = false;
@@ -788,10 +910,10 @@ private:
     std::error_code abandon_reason_;
     bool finished_ = false;
     std::uint32_t notify_rail_ = 0;
-    std::error_code stop_reason_;
     std::uint32_t took_ = 0;
     Coverage& coverage_;
     std::string failure_;
+    std::vector<std::string> trace_;
 };
 
 } // namespace
@@ -815,10 +937,14 @@ TEST_CASE("random event sequences over 1, 2 and 4 rails keep every promise of th
             << " ms: " << c.successes << " succeeded, " << c.takeovers << " takeovers (" << c.refused_takeovers
             << " not made), " << c.notifications << " notifications, " << c.stops << " stops taken, " << c.destroyed
             << " destroyed, " << c.every_rail_failed << " with every rail failed, " << c.abandons
-            << " notifications abandoned");
+            << " notifications abandoned, " << c.late_events << " late or doubled events, " << c.split_ends
+            << " ends in several pieces, " << c.port_down_failovers << " port-down failovers");
     CHECK(c.takeovers > 1000);
     CHECK(c.abandons > 100);
     CHECK(c.abandoned_failed > 50);
     CHECK(c.notifications > 1000);
     CHECK(c.every_rail_failed > 100);
+    CHECK(c.late_events > 10000);
+    CHECK(c.split_ends > 1000);
+    CHECK(c.port_down_failovers > 100);
 }

@@ -136,7 +136,7 @@ public:
     /// requested() and the device) and up to private_data_limits().accept
     /// bytes of private data, and waits until the connection is established.
     void accept(const CmOptions& options = {}, std::span<const std::byte> private_data = {},
-                std::chrono::milliseconds timeout = std::chrono::seconds(30));
+                std::chrono::milliseconds timeout = default_cm_timeout);
     void accept(const CmOptions& options, std::span<const std::byte> private_data, std::chrono::milliseconds timeout,
                 std::error_code& ec);
     /// … with the explanation the exception would carry kept in `diagnostics`.
@@ -146,7 +146,7 @@ public:
     /// private_data_limits().connect bytes, and waits for the answer. A refusal
     /// fails with errc::connection_rejected; rejection() then says why.
     void connect(const CmOptions& options = {}, std::span<const std::byte> private_data = {},
-                 std::chrono::milliseconds timeout = std::chrono::seconds(30));
+                 std::chrono::milliseconds timeout = default_cm_timeout);
     void connect(const CmOptions& options, std::span<const std::byte> private_data, std::chrono::milliseconds timeout,
                  std::error_code& ec);
     /// … with the explanation the exception would carry kept in `diagnostics`.
@@ -226,7 +226,7 @@ public:
     /// manager event that ended the attempt (e.g. REJECTED: no listener on that port).
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                         const QueuePairOptions& options = {},
-                        std::chrono::milliseconds timeout = std::chrono::seconds(30)) &&;
+                        std::chrono::milliseconds timeout = default_cm_timeout) &&;
     /// The error_code form: an empty QueuePair on failure.
     QueuePair establish(const ProtectionDomain& pd, const CompletionQueue& send_cq, const CompletionQueue& recv_cq,
                         const QueuePairOptions& options, std::chrono::milliseconds timeout, std::error_code& ec) &&;
@@ -308,7 +308,7 @@ public:
     /// The address it is bound to, as text ("::", "10.0.0.2").
     [[nodiscard]] std::string address() const;
     /// Waits for one connection request (std::errc::timed_out after `timeout`).
-    CmConnection accept(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    CmConnection accept(std::chrono::milliseconds timeout = default_cm_timeout);
     /// The error_code form: an empty CmConnection on failure.
     CmConnection accept(std::chrono::milliseconds timeout, std::error_code& ec);
     CmConnection accept(std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics);
@@ -337,7 +337,7 @@ private:
 /// host name, through rdma_getaddrinfo; optionally from `source`, an address
 /// of ours) for an outgoing connection.
 CmConnection cm_resolve(const std::string& host, std::uint16_t port,
-                        std::chrono::milliseconds timeout = std::chrono::seconds(30), const std::string& source = "");
+                        std::chrono::milliseconds timeout = default_cm_timeout, const std::string& source = "");
 /// The error_code form: an empty CmConnection on failure (e.g. std::errc::timed_out).
 CmConnection cm_resolve(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout,
                         const std::string& source, std::error_code& ec);

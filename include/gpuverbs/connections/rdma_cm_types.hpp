@@ -19,6 +19,10 @@
 
 namespace gpuverbs {
 
+/// How long accept, connect, establish, CmListener::accept and cm_resolve
+/// wait when not told (the one source of that default, Python's included).
+inline constexpr std::chrono::milliseconds default_cm_timeout{30000};
+
 /// What one side asks for when it connects or accepts. The read depths are
 /// upper bounds: the agreed value is the smallest of this, what the device
 /// allows and what the peer asked for (CmConnection::parameters()).
@@ -38,12 +42,14 @@ struct CmOptions {
     /// IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries forever). The connection
     /// manager carries it to the peer (InfiniBand CM: the request holds the
     /// server's, the answer the client's); our own queue pair retries as the
-    /// peer asked — parameters().rnr_retry_count. Finite by default: a peer
-    /// that sends while we have no receive posted for longer than about
-    /// 7 x min_rnr_timer (~18 ms with the defaults) gets an error instead of
-    /// stalling silently. Post receives before accept/connect and ahead of the
-    /// peer's sends; docs/rdma-cm.md.
-    std::uint8_t rnr_retry_count = 6;
+    /// peer asked — parameters().rnr_retry_count. 7 by default, as
+    /// ConnectOptions: the peer's send waits for our receive for as long as we
+    /// take, and gpuverbs bounds that wait itself (AsyncOptions::receiver_wait,
+    /// 10 s: the peer's queue pair is then declared stalled). A finite count
+    /// fails a send that finds no receive within about (count + 1) x
+    /// min_rnr_timer (~18 ms for 6 with the defaults). Post receives before
+    /// accept/connect and ahead of the peer's sends; docs/rdma-cm.md.
+    std::uint8_t rnr_retry_count = 7;
     /// How long a peer waits before retrying a send we had no receive for, in
     /// the InfiniBand encoding (16 = 2.56 ms, 12 = 0.64 ms, 0 = 655 ms: what
     /// rdma_cm alone leaves). Set on our queue pair once it is connected.

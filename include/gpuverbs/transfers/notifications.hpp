@@ -77,7 +77,9 @@ public:
     /// receive queue's room. Its receives stay posted until the queue pair
     /// ends: a new inbox on the same queue pair finds the old one's slots
     /// taking notifications first (make one inbox per queue pair, for its life).
-    NotificationInbox(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots = 16);
+    /// The receives an inbox posts when not told (the one source of that default, Python's included).
+    static constexpr std::uint32_t default_slots = 16;
+    NotificationInbox(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots = default_slots);
     static NotificationInbox create(QueuePair& qp, const ProtectionDomain& pd, std::uint32_t slots,
                                     std::error_code& ec);
     NotificationInbox(NotificationInbox&&) noexcept = default;

@@ -105,12 +105,15 @@ struct ConnectOptions {
     std::uint8_t retry_count = 6;
     /// Receiver-not-ready retries our sends make when the peer has no receive
     /// posted, before failing with IBV_WC_RNR_RETRY_EXC_ERR (0-6; 7 retries
-    /// for as long as the peer takes). 7 here, unlike CmOptions' 6: a
-    /// PreparedQueuePair cannot post receives before it is connected, so a
+    /// for as long as the peer takes). 7 by default, as CmOptions and Python:
+    /// a PreparedQueuePair cannot post receives before it is connected, so a
     /// peer's first send can always arrive before our first receive (with a
     /// finite count, the lazy mesh and the echo service failed that way in the
-    /// rig). A dead peer still fails a request: transport retries (above) are
-    /// finite.
+    /// rig). The wait is bounded by gpuverbs, not the provider: an
+    /// asynchronous send that waits for a receive longer than
+    /// AsyncOptions::receiver_wait (10 s) fails its queue pair as stalled, a
+    /// transfer's notification at TransferOptions::notification_timeout. A
+    /// dead peer fails a request sooner: transport retries (above) are finite.
     std::uint8_t rnr_retry_count = 7;
     /// Deprecated: 0.1's name of rnr_retry_count (set it instead).
     detail::RenamedRnrRetry rnr_retry{};

@@ -355,7 +355,7 @@ class Mesh(metaclass=_pybind11_type):
     def __init__(self, rendezvous: object, pd: ProtectionDomain, cq: CompletionQueue,
                  regions: List[MemoryRegion] = ..., *, name: str = "gpuverbs.mesh", timeout: float = 30.0,
                  remote_access: Optional[int] = None, max_send_wr: int = 256, max_recv_wr: int = 256,
-                 max_send_sge: int = 1, max_recv_sge: int = 1, max_inline_data: int = 0, retry_count: int = 7,
+                 max_send_sge: int = 1, max_recv_sge: int = 1, max_inline_data: int = 0, retry_count: int = 6,
                  rnr_retry_count: int = 7) -> None: ...
     @property
     def rank(self) -> int: ...

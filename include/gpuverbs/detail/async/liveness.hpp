@@ -49,15 +49,20 @@ inline std::optional<std::chrono::nanoseconds> transport_retry_bound(std::uint8_
 /// How long a send queue with requests outstanding may go without a single
 /// completion before gpuverbs declares it stalled: twice the transport's
 /// retry bound plus `margin` (a device that is only slow keeps completing
-/// chains well inside it). Never (empty) when the transport has no bound, or
-/// when the oldest request waits for the peer to post a receive and
-/// rnr_retry is 7 (the peer may take as long as it likes: that wait is the
-/// application's, not a fault).
+/// chains well inside it). When the oldest request waits for the peer to
+/// post a receive and rnr_retry is 7 (the transport retries "for as long as
+/// the peer takes"), `receiver_wait` instead (AsyncOptions::receiver_wait):
+/// the library's own bound on that wait, never (empty) when it is zero.
+/// Never when the transport has no bound (timeout 0).
 inline std::optional<std::chrono::nanoseconds> stall_bound(const QpWatch& w, Opcode oldest,
-                                                           std::chrono::nanoseconds margin) noexcept {
+                                                           std::chrono::nanoseconds margin,
+                                                           std::chrono::nanoseconds receiver_wait) noexcept {
     const bool needs_receive =
         oldest == Opcode::send || oldest == Opcode::send_with_imm || oldest == Opcode::write_with_imm;
-    if (needs_receive && w.rnr_retry >= 7) return std::nullopt;
+    if (needs_receive && w.rnr_retry >= 7) {
+        if (receiver_wait <= std::chrono::nanoseconds::zero()) return std::nullopt;
+        return receiver_wait;
+    }
     const auto bound = transport_retry_bound(w.timeout, w.retry_count);
     if (!bound) return std::nullopt;
     return *bound * 2 + margin;

@@ -13,8 +13,10 @@
 // stream is stream k, takeover streams follow in the order they were made.
 // What it must ask of the world (is a rail usable, does it reach the
 // notification's region, how to stripe a range) it asks through Rails, only
-// when a decision needs it. Unit-tested without a device
-// (tests/unit/transfer_fsm_test.cpp). Not thread-safe: the job's mutex guards it.
+// when a decision needs it. A late or doubled event (a stream's second end,
+// a release without a pin, an answer nobody asked for, a stop or an abandon
+// once finished) is answered `wait` and changes nothing. Unit-tested without a
+// device (tests/unit/transfer_fsm_test.cpp). Not thread-safe: the job's mutex guards it.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -201,6 +203,8 @@ private:
     std::vector<Rail> rails_;
     StreamEnd ending_;                   ///< the stream whose failure is being decided
     std::uint32_t proposed_ = 0;         ///< the first stream of a make_streams not yet answered
+    bool proposing_ = false;             ///< … while it is not answered
+    bool pinned_ = false;                ///< a stop's pin is held
     std::vector<std::uint64_t> weights_; ///< the takeover's weights (scratch)
     std::vector<std::uint32_t> bounds_;  ///< … and its stripes (scratch)
 };
