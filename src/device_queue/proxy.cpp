@@ -54,6 +54,19 @@ std::string words_of(const dq::Request& r) {
 } // namespace
 
 DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
+                                   const DeviceQueueProxyOptions& options, detail::Status& status)
+    : queue_(queue),
+      reader_(queue),
+      options_(options),
+      done_(queue.capacity()),
+      posted_(queue.capacity()),
+      peer_of_(queue.capacity()),
+      rail_of_(queue.capacity()) {
+    if (options_.batch == 0) options_.batch = 1;
+    (void)add_device_impl(pd, cq, status);
+}
+
+DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                                    const DeviceQueueProxyOptions& options)
     : queue_(queue),
       reader_(queue),
@@ -66,62 +79,95 @@ DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionD
     add_device(pd, cq);
 }
 
-DeviceQueueProxy::~DeviceQueueProxy() {
-    close();
+DeviceQueueProxy DeviceQueueProxy::create(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
+                                          const DeviceQueueProxyOptions& options, std::error_code& ec) {
+    detail::Status status;
+    DeviceQueueProxy proxy(queue, pd, cq, options, status);
+    ec = status.code;
+    return proxy;
 }
 
-void DeviceQueueProxy::add_device(const ProtectionDomain& pd, CompletionQueue& cq) {
-    if (std::find(cqs_.begin(), cqs_.end(), &cq) == cqs_.end()) cqs_.push_back(&cq);
+DeviceQueueProxy DeviceQueueProxy::create(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
+                                          const DeviceQueueProxyOptions& options, std::error_code& ec,
+                                          Diagnostics& diagnostics) {
+    detail::Status status;
+    DeviceQueueProxy proxy(queue, pd, cq, options, status);
+    ec = status.code;
+    status.report(diagnostics);
+    return proxy;
+}
+
+DeviceQueueProxy::~DeviceQueueProxy() {
+    // An empty proxy (create() failed, or moved from) never had the queue.
+    if (!locals_.empty()) close();
+}
+
+bool DeviceQueueProxy::add_device_impl(const ProtectionDomain& pd, CompletionQueue& cq, detail::Status& status) {
     for (const auto& l : locals_) {
-        if (l->pd == pd.native_handle()) return;
+        if (l->pd == pd.native_handle()) {
+            if (std::find(cqs_.begin(), cqs_.end(), &cq) == cqs_.end()) cqs_.push_back(&cq);
+            return true;
+        }
     }
     auto l = std::make_unique<Local>();
     l->pd = pd.native_handle();
     l->cq = &cq;
     l->scratch.resize(queue_.capacity() * scratch_words_per_slot);
-    l->scratch_region = MemoryRegion(pd, std::as_writable_bytes(std::span(l->scratch)), Access::local_write);
+    std::error_code ec;
+    Diagnostics why;
+    l->scratch_region = MemoryRegion::create(pd, l->scratch.data(), l->scratch.size() * sizeof(std::uint64_t),
+                                             Access::local_write, ec, why);
+    if (ec) {
+        status.fail(ec, "DeviceQueueProxy", "registering its scratch words: " + why.message());
+        return false;
+    }
+    if (std::find(cqs_.begin(), cqs_.end(), &cq) == cqs_.end()) cqs_.push_back(&cq);
     locals_.push_back(std::move(l));
+    return true;
 }
 
-void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region) {
+bool DeviceQueueProxy::add_window_impl(std::uint16_t id, const MemoryRegion& region, detail::Status& status) {
     for (const auto& l : locals_) {
         if (region.native_handle() != nullptr && l->pd == region.native_handle()->pd) {
             if (l->windows.size() <= id) l->windows.resize(std::size_t{id} + 1);
             l->windows[id] = &region;
-            return;
+            return true;
         }
     }
-    throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_window",
+    status.fail(errc::invalid_argument, "DeviceQueueProxy::add_window",
                 "window " + std::to_string(id) +
                     " is registered in a protection domain the proxy has not: give its device to the "
                     "constructor or to add_device() first");
+    return false;
 }
 
-DeviceQueueProxy::Local& DeviceQueueProxy::local_of(const QueuePair& qp, const char* verb) {
+DeviceQueueProxy::Local* DeviceQueueProxy::local_of(const QueuePair& qp, const char* verb, detail::Status& status) {
     if (qp.native_handle() != nullptr) {
         for (const auto& l : locals_) {
-            if (l->pd == qp.native_handle()->pd) return *l;
+            if (l->pd == qp.native_handle()->pd) return l.get();
         }
     }
-    throw Error(make_error_code(errc::invalid_argument), verb,
+    status.fail(errc::invalid_argument, verb,
                 qp ? "the queue pair's protection domain is not one the proxy has: give its device to the "
                      "constructor or to add_device() first"
                    : "the queue pair is empty");
+    return nullptr;
 }
 
-DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows,
-                                                   const char* verb) {
-    Rail rail;
+bool DeviceQueueProxy::make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows, const char* verb,
+                                 Rail& rail, detail::Status& status) {
     rail.qp = &qp;
-    rail.local = &local_of(qp, verb);
+    rail.local = local_of(qp, verb, status);
+    if (rail.local == nullptr) return false;
     if (qp.capabilities().max_send_wr < 2) {
-        throw Error(make_error_code(errc::invalid_argument), verb,
+        status.fail(errc::invalid_argument, verb,
                     "the queue pair's send queue holds " + std::to_string(qp.capabilities().max_send_wr) +
                         " request: a put_signal is two (QueuePairOptions::max_send_wr)");
+        return false;
     }
     if (rail_ids_.size() == max_rails) {
-        throw Error(make_error_code(errc::invalid_argument), verb,
-                    "the proxy has " + std::to_string(max_rails) + " rails already");
+        status.fail(errc::invalid_argument, verb, "the proxy has " + std::to_string(max_rails) + " rails already");
+        return false;
     }
     rail.id_bits = static_cast<std::uint64_t>(rail_ids_.size()) << rail_shift;
     const std::size_t index = peer < peers_.size() ? peers_[peer].rails.size() : 0;
@@ -130,29 +176,81 @@ DeviceQueueProxy::Rail DeviceQueueProxy::make_rail(QueuePair& qp, std::uint16_t 
         if (rail.windows.size() <= id) rail.windows.resize(std::size_t{id} + 1);
         rail.windows[id] = memory;
     }
-    return rail;
+    return true;
 }
 
-void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+bool DeviceQueueProxy::add_peer_impl(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows,
+                                     detail::Status& status) {
     if (this->peer(peer) != nullptr) {
-        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_peer",
+        status.fail(errc::invalid_argument, "DeviceQueueProxy::add_peer",
                     "peer " + std::to_string(peer) + " was added before: add_rail() gives it another rail");
+        return false;
     }
-    Rail rail = make_rail(qp, peer, windows, "DeviceQueueProxy::add_peer");
+    Rail rail;
+    if (!make_rail(qp, peer, windows, "DeviceQueueProxy::add_peer", rail, status)) return false;
     if (peers_.size() <= peer) peers_.resize(std::size_t{peer} + 1);
     peers_[peer].rails.push_back(std::move(rail));
+    return true;
 }
 
-void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+bool DeviceQueueProxy::add_rail_impl(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows,
+                                     detail::Status& status) {
     if (this->peer(peer) == nullptr) {
-        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_rail",
+        status.fail(errc::invalid_argument, "DeviceQueueProxy::add_rail",
                     "peer " + std::to_string(peer) + " was not added: add_peer() gives its first rail");
+        return false;
     }
     if (peers_[peer].rails.size() >= unposted) {
-        throw Error(make_error_code(errc::invalid_argument), "DeviceQueueProxy::add_rail",
+        status.fail(errc::invalid_argument, "DeviceQueueProxy::add_rail",
                     "peer " + std::to_string(peer) + " has " + std::to_string(unposted) + " rails already");
+        return false;
     }
-    peers_[peer].rails.push_back(make_rail(qp, peer, windows, "DeviceQueueProxy::add_rail"));
+    Rail rail;
+    if (!make_rail(qp, peer, windows, "DeviceQueueProxy::add_rail", rail, status)) return false;
+    peers_[peer].rails.push_back(std::move(rail));
+    return true;
+}
+
+// The three forms of each add_*: throwing, error_code, error_code with the words.
+void DeviceQueueProxy::add_device(const ProtectionDomain& pd, CompletionQueue& cq) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_device_impl(pd, cq, s); });
+}
+void DeviceQueueProxy::add_device(const ProtectionDomain& pd, CompletionQueue& cq, std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_device_impl(pd, cq, s); });
+}
+void DeviceQueueProxy::add_device(const ProtectionDomain& pd, CompletionQueue& cq, std::error_code& ec,
+                                  Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics, [&](detail::Status& s) { return add_device_impl(pd, cq, s); });
+}
+void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_window_impl(id, region, s); });
+}
+void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region, std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_window_impl(id, region, s); });
+}
+void DeviceQueueProxy::add_window(std::uint16_t id, const MemoryRegion& region, std::error_code& ec,
+                                  Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics, [&](detail::Status& s) { return add_window_impl(id, region, s); });
+}
+void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_peer_impl(peer, qp, windows, s); });
+}
+void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_peer_impl(peer, qp, windows, s); });
+}
+void DeviceQueueProxy::add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec,
+                                Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics, [&](detail::Status& s) { return add_peer_impl(peer, qp, windows, s); });
+}
+void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows) {
+    (void)detail::or_throw([&](detail::Status& s) { return add_rail_impl(peer, qp, windows, s); });
+}
+void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec) {
+    (void)detail::or_code(ec, [&](detail::Status& s) { return add_rail_impl(peer, qp, windows, s); });
+}
+void DeviceQueueProxy::add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec,
+                                Diagnostics& diagnostics) {
+    (void)detail::or_code(ec, diagnostics, [&](detail::Status& s) { return add_rail_impl(peer, qp, windows, s); });
 }
 
 std::vector<DeviceQueueRailState> DeviceQueueProxy::rails() const {

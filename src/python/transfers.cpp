@@ -346,7 +346,12 @@ py::dict inbox_statistics_dict(const NotificationInbox::Statistics& s) {
 
 } // namespace
 
-void bind_transfers(py::module_& m) {
+// One function per concern; bind_transfers calls them in the order a
+// signature needs its classes (a class is named in a docstring only once bound).
+namespace {
+
+/// Notifications and their inbox; the records they report in.
+void bind_notifications(py::module_& m) {
     record_fields(m, "TransferReport::Rail", rail_dict(TransferReport::Rail{}));
     record_fields(m, "NotificationInbox::Statistics", inbox_statistics_dict(NotificationInbox::Statistics{}));
 
@@ -409,7 +414,10 @@ void bind_transfers(py::module_& m) {
         .def_property_readonly("unread", [](const Inbox& in) { return in.inbox.unread(); })
         .def_property_readonly("statistics",
                                [](const Inbox& in) { return inbox_statistics_dict(in.inbox.statistics()); });
+}
 
+/// Block lists (ours and a peer's) and the plan made of two of them.
+void bind_block_lists(py::module_& m) {
     py::class_<LocalBlocks>(m, "LocalBlocks", "Blocks of a registered region: offsets and lengths (arrays).")
         .def(py::init(&make_local), py::arg("region"), py::arg("offsets"), py::arg("lengths"),
              "offsets: an array (or sequence) of byte offsets into region; lengths: one per offset, or one int for "
@@ -475,7 +483,10 @@ void bind_transfers(py::module_& m) {
         .def(
             "blocks_of", [](const Plan& p, std::size_t request) { return p.plan.blocks_of(request); },
             py::arg("request"));
+}
 
+/// KV-cache layouts and a peer's pool as loaded from its record.
+void bind_kv_layouts(py::module_& m) {
     py::class_<KvLayout>(m, "KvLayout",
                          "Where block b of half h (K, V) of layer l lies in a KV cache's tensors: "
                          "l * layer_stride + h * half_stride + b * block_stride (layer_stride 0: a tensor per layer).")
@@ -527,7 +538,10 @@ void bind_transfers(py::module_& m) {
             [](const RemoteKvPool& p) { return std::vector<RemoteMemory>(p.tensors().begin(), p.tensors().end()); },
             "Per tensor, the peer's RemoteMemory (on rail 0).")
         .def_property_readonly("rails", &RemoteKvPool::rails, "The rails (NICs) the peer registered its pool on.");
+}
 
+/// Rails and rail groups (health across transfers).
+void bind_rails(py::module_& m) {
     py::class_<Rail, std::shared_ptr<Rail>>(m, "TransferRail",
                                             "A rail of a KvPool's transfer: a queue pair and that rail's keys.")
         .def_property_readonly("qp", [](const Rail& r) { return r.qp; });
@@ -605,7 +619,10 @@ void bind_transfers(py::module_& m) {
             },
             py::arg("k"), py::arg("rail"),
             "Rail k is now this queue pair (reconnected after a failure): it takes part in the next transfer.");
+}
 
+/// Our KV pool: tensors under a layout, plans by block id.
+void bind_kv_pools(py::module_& m) {
     py::class_<PyKvPool, std::shared_ptr<PyKvPool>>(
         m, "KvPool", "A KV cache over registered regions (one per tensor, in layer order), named by block ids.")
         .def(py::init([](const KvLayout& layout, const std::vector<std::shared_ptr<Region>>& regions) {
@@ -687,7 +704,10 @@ void bind_transfers(py::module_& m) {
             py::arg("layers") = py::none(),
             "The TransferPlan moving our blocks local_ids[i] and the peer's remote_ids[i] (any integer arrays) for "
             "both halves of each layer: 'write' ours to theirs, 'read' theirs to ours; layers=(first, count).");
+}
 
+/// The transfer itself, its report, and the operation that awaits it.
+void bind_transfer_call(py::module_& m) {
     py::class_<TransferReport>(m, "TransferReport", "Which blocks landed, which never moved, which may have.")
         .def_readonly("landed", &TransferReport::landed)
         .def_readonly("not_posted", &TransferReport::not_posted)
@@ -729,6 +749,17 @@ void bind_transfers(py::module_& m) {
           "transfer ends at once. notification_timeout (seconds; 0: none): the same for a notification the peer "
           "does not take in that time, whatever rnr_retry_count is. Await it, wait() or poll(): bytes moved; "
           ".report says what landed.");
+}
+
+} // namespace
+
+void bind_transfers(py::module_& m) {
+    bind_notifications(m);
+    bind_block_lists(m);
+    bind_kv_layouts(m);
+    bind_rails(m);
+    bind_kv_pools(m);
+    bind_transfer_call(m);
 }
 
 } // namespace gpuverbs::python

@@ -45,7 +45,6 @@ TransferFsm::Action TransferFsm::start(std::span<const std::uint32_t> bounds, bo
                                        Rails& rails) {
     assert(phase_ == Phase::idle && bounds.size() >= 2);
     const std::size_t n = bounds.size() - 1;
-    streams_.clear();
     streams_.reserve(n);
     rails_.assign(n, Rail{});
     failover_ = failover && n > 1;
@@ -84,18 +83,18 @@ TransferFsm::Action TransferFsm::stream_finished(const StreamEnd& end, Rails& ra
     // Not once the notification is armed (every block has landed, and it is
     // never posted twice), stopping, destroyed, or failed already.
     const bool could_move = failover_ && phase_ == Phase::running && !destroyed_ && end.failure == StreamFailure::path;
-    if (!could_move) return conclude(false, false, rails, Action{});
+    if (!could_move) return conclude(Settled::stream_failed, rails, Action{});
     // The rails that have not failed and can still run, weighted equally.
     bool any = false;
     for (std::size_t j = 0; j < rails_.size(); ++j) {
         weights_[j] = 0;
-        if (j == s.rail || rails_[j].error || !rails.usable(j)) continue;
+        if (j == s.rail || rails_[j].error || rails.usable[j] == 0) continue;
         weights_[j] = 1;
         any = true;
     }
-    if (!any) return conclude(true, false, rails, Action{});
+    if (!any) return conclude(Settled::every_rail_failed, rails, Action{});
     if (s.landed_end == s.end)
-        return conclude(true, true, rails, Action{}); // every request of it landed (it failed after them)
+        return conclude(Settled::moved_on, rails, Action{}); // every request of it landed (it failed after them)
     // Never from its start: what landed is not posted again.
     rails.stripe(s.landed_end, s.end, weights_, bounds_);
     const auto first = static_cast<std::uint32_t>(streams_.size());
@@ -105,7 +104,6 @@ TransferFsm::Action TransferFsm::stream_finished(const StreamEnd& end, Rails& ra
                 Stream{static_cast<std::uint32_t>(j), bounds_[j], bounds_[j + 1], bounds_[j], bounds_[j], false});
         }
     }
-    if (streams_.size() == first) return conclude(true, false, rails, Action{}); // a striping that gave nobody anything
     proposed_ = first;
     proposing_ = true;
     Action a;
@@ -121,7 +119,7 @@ TransferFsm::Action TransferFsm::takeover_made(bool made, Rails& rails) {
     const std::uint32_t first = proposed_;
     if (!made) {
         streams_.resize(first); // counted once every stream could be made: nothing is
-        return conclude(true, false, rails, Action{});
+        return conclude(Settled::every_rail_failed, rails, Action{});
     }
     std::uint32_t moved = 0;
     for (std::size_t i = first; i < streams_.size(); ++i) {
@@ -136,10 +134,10 @@ TransferFsm::Action TransferFsm::takeover_made(bool made, Rails& rails) {
     a.kind = Action::Kind::submit;
     a.first_stream = first;
     a.end_stream = static_cast<std::uint32_t>(streams_.size());
-    return conclude(true, true, rails, a);
+    return conclude(Settled::moved_on, rails, a);
 }
 
-TransferFsm::Action TransferFsm::conclude(bool could_move, bool moved_on, Rails& rails, Action a) {
+TransferFsm::Action TransferFsm::conclude(Settled how, Rails& rails, Action a) {
     const StreamEnd& end = ending_;
     Rail& rail = rails_[streams_[end.stream].rail];
     // A rail that failed while the transfer was stopping failed all the same
@@ -148,7 +146,7 @@ TransferFsm::Action TransferFsm::conclude(bool could_move, bool moved_on, Rails&
         rail.error = end.error;
         a.record_failure = true;
     }
-    if (!moved_on && !error_) {
+    if (how != Settled::moved_on && !error_) {
         if (phase_ == Phase::notifying && abandoned_) {
             // The notification failed because it was abandoned: the reason is why.
             error_ = abandon_reason_;
@@ -156,7 +154,7 @@ TransferFsm::Action TransferFsm::conclude(bool could_move, bool moved_on, Rails&
         } else {
             error_ = end.error;
             // No rail was left to take its requests: the words name every rail that failed.
-            a.why = could_move ? Why::every_rail_failed : Why::stream_failed;
+            a.why = how == Settled::every_rail_failed ? Why::every_rail_failed : Why::stream_failed;
         }
         if (phase_ == Phase::running) phase_ = Phase::draining;
     }
@@ -169,8 +167,8 @@ TransferFsm::Action TransferFsm::settle(Action a, Rails& rails) {
         // On the first rail that has not failed and reaches the plan's last remote block.
         for (std::size_t j = 0; j < rails_.size(); ++j) {
             if (rails_[j].error) continue;
-            if (failover_ && !rails.usable(j)) continue;
-            if (!rails.reaches_notification(j)) continue;
+            if (failover_ && rails.usable[j] == 0) continue;
+            if (rails.reaches[j] == 0) continue;
             phase_ = Phase::notifying;
             notify_rail_ = j;
             streams_[j].running = true; // the rail's own stream carries it
@@ -220,13 +218,12 @@ TransferFsm::Action TransferFsm::unpin(Rails& rails) {
 
 void TransferFsm::request_states(std::span<RequestState> out) const noexcept {
     std::fill(out.begin(), out.end(), RequestState::not_posted);
+    // [first, landed_end) landed, [landed_end, posted_end) uncertain; the rest stays not posted.
     for (const Stream& s : streams_) {
-        for (std::uint32_t i = s.first; i < s.end && i < out.size(); ++i) {
-            const RequestState state = i < s.landed_end   ? RequestState::landed
-                                       : i < s.posted_end ? RequestState::uncertain
-                                                          : RequestState::not_posted;
-            out[i] = std::max(out[i], state);
-        }
+        const std::size_t landed = std::min<std::size_t>(s.landed_end, out.size());
+        const std::size_t posted = std::min<std::size_t>(s.posted_end, out.size());
+        for (std::size_t i = s.first; i < landed; ++i) out[i] = RequestState::landed;
+        for (std::size_t i = landed; i < posted; ++i) out[i] = std::max(out[i], RequestState::uncertain);
     }
 }
 

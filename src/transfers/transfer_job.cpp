@@ -199,7 +199,16 @@ bool TransferJobBase::setup(std::span<const BoundRail> bound, const TransferPlan
     chain_ = options.doorbell_batch;
     failover_ = options.failover && rail_count_ > 1;
     bound_.assign(bound.begin(), bound.end()); // to take over, and to fail an overdue notification's queue pair
-    if (failover_) usable_.resize(rail_count_);
+    if (failover_) {
+        usable_.resize(rail_count_);
+        usable_now_.resize(rail_count_);
+    }
+    // Which rails have a key for the remote region the notification goes to (the plan's last remote byte).
+    reaches_.resize(rail_count_);
+    if (!plan.requests().empty()) {
+        for (std::size_t k = 0; k < rail_count_; ++k)
+            reaches_[k] = rails_[k].reaches_remote(plan.requests().back().remote.rkey) ? 1 : 0;
+    }
     // Per rail what it did: kept with several rails (failover needs it), or when asked for.
     if (rail_count_ > 1 || report_blocks_ || every_rail) outcomes_.resize(rail_count_);
     return true;
@@ -215,19 +224,23 @@ struct TransferJobBase::Deadline {
     TransferJobBase* job;
 };
 
-/// What the machine asks while it decides, answered under the job's lock:
-/// a rail is usable when its queue pair is alive and accepts asynchronous
-/// operations (then held in usable_ until its streams are submitted).
+/// What the machine is told of the rails at an event, computed under the
+/// job's lock just before it: with failover, which rails are usable (their
+/// queue pair alive and accepting asynchronous operations; each held in
+/// usable_ until the event's streams are submitted), and which reach the
+/// notification's region (read at the start).
 class TransferJobBase::Probe final : public TransferFsm::Rails {
 public:
-    explicit Probe(TransferJobBase& job) noexcept : job_(job) {}
-    bool usable(std::size_t rail) override {
-        std::shared_ptr<QpCore>& qp = job_.usable_[rail];
-        qp = job_.bound_[rail].qp.lock();
-        return qp && !async_refusal(qp.get());
-    }
-    bool reaches_notification(std::size_t rail) override {
-        return job_.rails_[rail].reaches_remote(job_.plan_->requests().back().remote.rkey);
+    explicit Probe(TransferJobBase& job) noexcept : job_(job) {
+        if (job.failover_) {
+            for (std::size_t k = 0; k < job.rail_count_; ++k) {
+                std::shared_ptr<QpCore>& qp = job.usable_[k];
+                qp = job.bound_[k].qp.lock();
+                job.usable_now_[k] = qp && !async_refusal(qp.get()) ? 1 : 0;
+            }
+        }
+        usable = job.usable_now_;
+        reaches = job.reaches_;
     }
     void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
                 std::span<std::uint32_t> bounds) override {
@@ -352,7 +365,7 @@ void TransferJobBase::stop_pinned() noexcept {
             if (all[id].running) streams.push_back(&stream(id));
         }
     }
-    for (RailStream* s : streams) s->driver->stop_stream(*s);
+    for (RailStream* s : streams) s->driver->stop(*s);
     std::unique_lock lock(mutex_);
     Probe probe(*this);
     const TransferFsm::Action a = fsm_.unpin(probe);

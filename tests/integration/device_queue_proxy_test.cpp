@@ -553,6 +553,48 @@ TEST_SUITE("device queue proxy on real RDMA") {
     }
 
     TEST_CASE(
+        "the error_code forms refuse with the throwing form's code and words, throw nothing, and leave the "
+        "proxy usable") {
+        Pair pair(signals_at + 4096, proxy_qp_options());
+        Pair other(4096, proxy_qp_options());
+        HostRing ring(4);
+        std::error_code ec = errc::unsupported; // a success clears it
+        Diagnostics why;
+        DeviceQueueProxy proxy = DeviceQueueProxy::create(ring.view, pair.a.pd, pair.a.cq, {}, ec, why);
+        REQUIRE_FALSE(ec);
+        CHECK(static_cast<bool>(proxy));
+        proxy.add_rail(0, pair.a.qp, {}, ec, why);
+        CHECK(ec == errc::invalid_argument);
+        CHECK(why.verb() == "DeviceQueueProxy::add_rail");
+        CHECK(why.detail() == "peer 0 was not added: add_peer() gives its first rail");
+        proxy.add_window(1, other.a.mr, ec);
+        CHECK(ec == errc::invalid_argument);
+        proxy.add_peer(0, other.a.qp, {}, ec, why);
+        CHECK(ec == errc::invalid_argument);
+        CHECK(why.detail().find("the queue pair's protection domain is not one the proxy has") == 0);
+        CHECK(proxy.rails().empty()); // nothing half-added
+        // Then what it can use is taken, by the same forms.
+        proxy.add_device(other.a.pd, other.a.cq, ec, why);
+        CHECK_FALSE(ec);
+        CHECK(why.message().empty());
+        proxy.add_window(1, other.a.mr, ec);
+        CHECK_FALSE(ec);
+        proxy.add_peer(0, other.a.qp, {}, ec);
+        CHECK_FALSE(ec);
+        proxy.add_peer(0, pair.a.qp, {}, ec, why);
+        CHECK(ec == errc::invalid_argument);
+        CHECK(why.detail() == "peer 0 was added before: add_rail() gives it another rail");
+        proxy.add_rail(0, pair.a.qp, {}, ec);
+        CHECK_FALSE(ec);
+        CHECK(proxy.rails().size() == 2);
+        // Moved, the proxy keeps the queue; the one moved from is empty and closes nothing.
+        DeviceQueueProxy moved(std::move(proxy));
+        CHECK(static_cast<bool>(moved));
+        CHECK_FALSE(static_cast<bool>(proxy)); // NOLINT(bugprone-use-after-move): what a moved-from proxy is
+        CHECK(moved.rails().size() == 2);
+    }
+
+    TEST_CASE(
         "the proxy driven by an io_context: puts land; a cancellation closes the queue, a failure ends the "
         "drive with its code") {
         namespace asio = boost::asio;

@@ -51,7 +51,7 @@ TEST_CASE(
     CHECK(stall_bound(watch_with(14, 6, 6), Opcode::send, 500ms, 0s) ==
           bound * 2 + 500ms); // a finite RNR count: the transport's bound
     CHECK_FALSE(stall_bound(watch_with(0, 6, 6), Opcode::write, 500ms, 10s).has_value());
-    CHECK(AsyncOptions{}.receiver_wait == 10s); // docs/transfers.md states it (scripts/check-docs)
+    CHECK(gpuverbs::AsyncOptions{}.receiver_wait == 10s); // docs/transfers.md states it (scripts/check-docs)
 }
 
 TEST_CASE("judge: a healthy queue pair that keeps completing is never declared failed") {
@@ -116,6 +116,32 @@ TEST_CASE("judge: a port seen down once between two ACTIVE readings does not fai
     CHECK(judge(w, down, t0 + 2050ms, 250ms) == LivenessVerdict::port_down);
 }
 
+TEST_CASE(
+    "judge: one sighting before an idle period and one after are not two in a row (a first look starts the "
+    "count again)") {
+    QpWatch w = watch_with(14, 6, 7);
+    const auto t0 = LivenessClock::now();
+    QpSight down;
+    down.send_outstanding = 1;
+    down.port_active = false;
+    QpSight unreadable;
+    unreadable.send_outstanding = 1;
+    unreadable.query_failed = true;
+    CHECK(judge(w, down, t0, 250ms) == LivenessVerdict::healthy);
+    // The watch stopped looking (idle); the next tick is a first look, its port down again.
+    QpSight down_again = down;
+    down_again.first_look = true;
+    CHECK(judge(w, down_again, t0 + 5s, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(w, down, t0 + 5050ms, 250ms) == LivenessVerdict::port_down);
+    // The same for a queue pair that could not be read.
+    QpWatch v = watch_with(14, 6, 7);
+    CHECK(judge(v, unreadable, t0, 250ms) == LivenessVerdict::healthy);
+    QpSight unreadable_again = unreadable;
+    unreadable_again.first_look = true;
+    CHECK(judge(v, unreadable_again, t0 + 5s, 250ms) == LivenessVerdict::healthy);
+    CHECK(judge(v, unreadable, t0 + 5050ms, 250ms) == LivenessVerdict::provider_error);
+}
+
 TEST_CASE("judge: a queue pair whose state cannot be read twice in a row is failed, once is not") {
     QpWatch w = watch_with(14, 6, 7);
     const auto t0 = LivenessClock::now();
@@ -175,6 +201,9 @@ TEST_CASE("judge: a requester sending new packets is progress without a completi
     CHECK(psn_after(5, 0xfffffe));
     CHECK_FALSE(psn_after(0xfffffe, 5));
     CHECK_FALSE(psn_after(9, 9));
+    // Half the sequence space ahead is as far as "after" reaches; exactly half is ambiguous, so not after.
+    CHECK(psn_after(0x7fffff, 0));
+    CHECK_FALSE(psn_after(0x800000, 0));
 }
 
 TEST_CASE("judge: a failed queue pair gets the flush grace from when it was learned, then gpuverbs completes it") {

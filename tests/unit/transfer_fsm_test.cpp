@@ -33,19 +33,38 @@ namespace {
 
 const std::error_code timed_out = std::make_error_code(std::errc::timed_out);
 
-// The world as the machine asks about it: which rails are usable, which reach
-// the notification's region, and a striping (equal counts over the weighted
-// rails, or random cuts when a generator is given).
+// The world as the machine is told of it: which rails are usable, which reach
+// the notification's region (the inputs `usable` and `reaches` view `up` and
+// `reach`), and a striping (equal counts over the weighted rails, or random
+// cuts when a generator is given).
 struct FakeRails final : TransferFsm::Rails {
-    std::vector<bool> up;
-    std::vector<bool> reach;
+    std::vector<std::uint8_t> up;
+    std::vector<std::uint8_t> reach;
     std::mt19937_64* random = nullptr;
+    bool misused = false; ///< asked to stripe into spans of the wrong size (indexes out of range abort under
+                          ///< _GLIBCXX_ASSERTIONS, as scripts/mutate builds it)
 
-    explicit FakeRails(std::size_t n) : up(n, true), reach(n, true) {}
-    bool usable(std::size_t rail) override { return up[rail]; }
-    bool reaches_notification(std::size_t rail) override { return reach[rail]; }
+    explicit FakeRails(std::size_t n) : up(n, 1), reach(n, 1) { view(); }
+    FakeRails(const FakeRails& o) : up(o.up), reach(o.reach), random(o.random), misused(o.misused) { view(); }
+    FakeRails& operator=(const FakeRails& o) {
+        up = o.up;
+        reach = o.reach;
+        random = o.random;
+        misused = o.misused;
+        view();
+        return *this;
+    }
+    ~FakeRails() = default;
+    void view() {
+        usable = up;
+        reaches = reach;
+    }
     void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
                 std::span<std::uint32_t> bounds) override {
+        if (weights.size() != up.size() || bounds.size() != weights.size() + 1 || first >= end) {
+            misused = true;
+            return;
+        }
         std::vector<std::size_t> weighted;
         for (std::size_t k = 0; k < weights.size(); ++k) {
             if (weights[k] > 0) weighted.push_back(k);
@@ -538,13 +557,15 @@ public:
             }
         }
         if (!failure_.empty()) return failure_;
+        if (rails_.misused) return "the machine asked about a rail it does not have, or striped wrongly";
         return finished_ ? check_end() : "the transfer did not finish within 400 events";
     }
 
 private:
     void fail(const std::string& what) {
         if (!failure_.empty()) return;
-        failure_ = what + " (events:";
+        if (rails_.misused) failure_ = "the machine asked about a rail it does not have, or striped wrongly; ";
+        failure_ += what + " (events:";
         for (std::size_t k = trace_.size() > 10 ? trace_.size() - 10 : 0; k < trace_.size(); ++k)
             failure_ += " " + trace_[k] + ";";
         failure_ += ")";
@@ -761,6 +782,13 @@ private:
                 unchanged(fsm_.stream_finished(again, rails_), "a stream's second end");
             }
         }
+        {
+            TransferFsm::StreamEnd stranger; // a stream id the machine never gave
+            stranger.stream = static_cast<std::uint32_t>(fsm_.streams().size());
+            stranger.error = aborted_error();
+            stranger.failure = StreamFailure::path;
+            unchanged(fsm_.stream_finished(stranger, rails_), "the end of a stream the machine never made");
+        }
         if (!pinned_) unchanged(fsm_.unpin(rails_), "a release without a pin");
         unchanged(fsm_.takeover_made(rng_() % 2 == 0, rails_), "an answer nobody asked for");
         if (finished_) {
@@ -775,6 +803,7 @@ private:
         for (std::uint32_t id = a.first_stream; id < a.end_stream; ++id) {
             const auto& t = fsm_.streams()[id];
             if (t.first != at || t.first >= t.end) fail("takeover ranges do not continue the failed stream's");
+            if (t.running) fail("a proposed takeover stream runs before it was made");
             at = t.end;
             if (t.rail == s.rail || rail_failed_[t.rail] || !rails_.up[t.rail])
                 fail("a takeover on a rail that cannot run");
@@ -868,6 +897,7 @@ private:
     }
 
     std::string check_end() {
+        if (rails_.misused) fail("the machine asked about a rail it does not have, or striped wrongly");
         if (fsm_.destroyed() != destroyed_) fail("destroyed() disagrees with the events");
         check_report();
         coverage_.destroyed += destroyed_ ? 1 : 0;

@@ -100,21 +100,40 @@ public:
     /// takes every completion in it as its own: no other queue pair may use it).
     DeviceQueueProxy(const device_queue::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                      const DeviceQueueProxyOptions& options = {});
+    /// The error_code form (nothing thrown, nothing caught): a proxy that
+    /// could not register its scratch words in `pd` is empty (false), leaves
+    /// the queue as it was and refuses every add_*.
+    static DeviceQueueProxy create(const device_queue::QueueView& queue, const ProtectionDomain& pd,
+                                   CompletionQueue& cq, const DeviceQueueProxyOptions& options, std::error_code& ec);
+    /// … with the explanation the exception would carry kept in `diagnostics`.
+    static DeviceQueueProxy create(const device_queue::QueueView& queue, const ProtectionDomain& pd,
+                                   CompletionQueue& cq, const DeviceQueueProxyOptions& options, std::error_code& ec,
+                                   Diagnostics& diagnostics);
     DeviceQueueProxy(const DeviceQueueProxy&) = delete;
     DeviceQueueProxy& operator=(const DeviceQueueProxy&) = delete;
-    /// Closes the queue (producers' waits end queue_closed).
+    /// Moved, the proxy keeps the queue (the one moved from is empty); move it
+    /// before a thread or async_drive holds it, never after.
+    DeviceQueueProxy(DeviceQueueProxy&&) noexcept = default;
+    DeviceQueueProxy& operator=(DeviceQueueProxy&&) = delete;
+    /// Closes the queue (producers' waits end queue_closed), unless the proxy is empty.
     ~DeviceQueueProxy();
+    /// False when create() failed.
+    explicit operator bool() const noexcept { return !locals_.empty(); }
 
     /// Another NIC the proxy posts from (a rail on another device): its
     /// protection domain (the proxy registers its scratch words there) and the
     /// send CQ of its queue pairs, which progress() polls too.
     void add_device(const ProtectionDomain& pd, CompletionQueue& cq);
+    void add_device(const ProtectionDomain& pd, CompletionQueue& cq, std::error_code& ec);
+    void add_device(const ProtectionDomain& pd, CompletionQueue& cq, std::error_code& ec, Diagnostics& diagnostics);
     /// A local window that puts read from, as registered in one of the
     /// proxy's protection domains; add it once per device that has a rail
     /// (the same memory registered on each). Throws gpuverbs::Error
     /// (errc::invalid_argument) for a region of a protection domain the proxy
     /// has not.
     void add_window(std::uint16_t id, const MemoryRegion& region);
+    void add_window(std::uint16_t id, const MemoryRegion& region, std::error_code& ec);
+    void add_window(std::uint16_t id, const MemoryRegion& region, std::error_code& ec, Diagnostics& diagnostics);
     /// A peer and its first rail: a queue pair (with max_inline_data >= 8 for
     /// signals that set, its PD one of the proxy's) and the peer's windows as
     /// it reaches them: puts write into them, signals land in them. Throws
@@ -123,16 +142,23 @@ public:
     /// proxy has not, or one whose send queue holds fewer than 2 requests (a
     /// put_signal is two).
     void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
+    void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec);
+    void add_peer(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec,
+                  Diagnostics& diagnostics);
     /// Another rail to `peer` (added before): it takes the peer's requests
     /// over when the rails before it failed. Throws gpuverbs::Error
     /// (errc::invalid_argument) for an unknown peer or a queue pair of a
     /// protection domain the proxy has not.
     void add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows);
+    void add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec);
+    void add_rail(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, std::error_code& ec,
+                  Diagnostics& diagnostics);
 
     /// One pass, never blocking: reaps completions and returns credits in
     /// order, fails the queue on a failed completion or a request past its
     /// timeout, then takes up to `batch` descriptors and posts them. The
-    /// number of descriptors taken.
+    /// number of descriptors taken. What goes wrong here fails the queue
+    /// (error(), failure(): producers see it), it is not thrown.
     std::size_t progress();
 
     /// Ends the queue: every producer's wait ends queue_closed.
@@ -182,9 +208,16 @@ private:
     /// The slot's rail while it waits in a peer's retry list.
     static constexpr std::uint8_t unposted = 0xff;
 
+    DeviceQueueProxy(const device_queue::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
+                     const DeviceQueueProxyOptions& options, detail::Status& status);
     [[nodiscard]] Peer* peer(std::uint16_t id) noexcept;
-    [[nodiscard]] Local& local_of(const QueuePair& qp, const char* verb);
-    Rail make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows, const char* verb);
+    [[nodiscard]] Local* local_of(const QueuePair& qp, const char* verb, detail::Status& status);
+    bool make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows, const char* verb, Rail& rail,
+                   detail::Status& status);
+    bool add_device_impl(const ProtectionDomain& pd, CompletionQueue& cq, detail::Status& status);
+    bool add_window_impl(std::uint16_t id, const MemoryRegion& region, detail::Status& status);
+    bool add_peer_impl(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, detail::Status& status);
+    bool add_rail_impl(std::uint16_t peer, QueuePair& qp, const RemoteWindows& windows, detail::Status& status);
     /// Whether a failed rail still has requests with its NIC (their flushes not polled yet).
     bool draining() noexcept;
     void reap();

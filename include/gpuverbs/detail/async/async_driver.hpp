@@ -71,24 +71,32 @@ private:
 };
 
 struct AsyncOpBase;
-class RailStream;
-class AsyncDriver;
+
+/// What a completion did to its operation, as an Asio reactor operation's
+/// perform() says whether it is done.
+enum class Completed : std::uint8_t {
+    still_posted, ///< it has more in flight (or its completions lead nowhere any more): nothing to do
+    wait_again,   ///< nothing in flight, and no room for its next part: it waits in order like a new operation
+    finished,     ///< its handler is due
+};
 
 /// What an operation does, chosen when it is made (Asio's reactor_op idiom):
 /// the driver calls through these and never branches on the kind of
-/// operation. A single send or receive, and a transfer's rail
-/// (transfer_stream.hpp), are the behaviours there are. All run under the driver's lock.
+/// operation, nor knows the kinds there are (a single send or receive here;
+/// a transfer's rail, posted in parts, elsewhere). All run under the driver's lock.
 struct OpBehaviour {
     /// Whether its work queue has room for what it posts next.
     bool (*has_room)(const AsyncOpBase& op) noexcept;
     /// Posts it (or its next part); an error means it is finished with that error.
     std::error_code (*post)(AsyncOpBase& op) noexcept;
-    /// A completion of one of its requests (`sequence`: the request's place in its queue).
-    void (*completed)(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
-                      OpList& done) noexcept;
+    /// A completion of one of its requests (`sequence`: the request's place in
+    /// its queue): records it, posts its next part if it has one and room.
+    Completed (*completed)(AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence) noexcept;
     /// Its queue pair failed and the provider did not complete what it holds
     /// within the flush grace: gpuverbs ends it with `ec` (liveness.hpp).
     void (*abandon)(AsyncOpBase& op, std::error_code ec) noexcept;
+    /// AsyncDriver::stop: post nothing more (null: an operation posted in one piece).
+    void (*stop)(AsyncOpBase& op) noexcept;
 };
 /// The behaviours of a single asynchronous send-side operation and receive.
 extern const OpBehaviour send_behaviour;
@@ -108,15 +116,16 @@ public:
 
     /// Takes a lowered operation (any thread): posted at once, or waiting in
     /// order while its work queue is full. A refusal is posted to its handler.
-    void submit(AsyncOpBase* op) noexcept; // NOLINT(bugprone-exception-escape): see driver.cpp
+    void submit(AsyncOpBase* op) noexcept; // NOLINT(bugprone-exception-escape): see async_driver.cpp
     /// A cancellation for `op` (from its cancellation slot).
     void cancel(AsyncOpBase* op) noexcept;
-    /// Stops a transfer's rail (any thread): it posts nothing more; waiting,
-    /// it is taken back and completed with operation_aborted at once (inline:
-    /// the caller holds the transfer open); posted, it finishes when what it
-    /// has in flight completes (or its queue pair fails: liveness.hpp). Not
-    /// yet submitted, its submission finishes it.
-    void stop_stream(RailStream& s) noexcept;
+    /// Stops an operation posted in parts (a transfer's rail), from any
+    /// thread: it posts nothing more (OpBehaviour::stop); waiting, it is taken
+    /// back and completed with operation_aborted at once (inline: the caller
+    /// holds it open); posted, it finishes when what it has in flight
+    /// completes (or its queue pair fails: liveness.hpp). Not yet submitted,
+    /// its submission finishes it.
+    void stop(AsyncOpBase& op) noexcept;
     /// The user dropped a QueuePair: abort its operations, destroy it (any thread).
     void release_qp(std::shared_ptr<QpCore> qp) noexcept;
     /// CompletionMode::polled: reaps the CQ, posts what waits, runs the
@@ -143,13 +152,9 @@ public:
 
     [[nodiscard]] AsyncStatistics statistics() noexcept;
 
-    // For the behaviours' completed() (under the lock).
-    /// A single operation's completion: it is finished, its result recorded, queued in `done`.
-    void finish(AsyncOpBase& op, const ibv_wc& wc, OpList& done) noexcept;
-    /// A completion of a transfer's rail: record it, refill, finish it when it is done.
-    void advance(RailStream& s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
-
 private:
+    /// A completion of `op`'s: what its behaviour says it did, then waiting again or finished into `done`.
+    void completed(AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept;
     /// Posts waiting operations that have room now; failures go to `done`.
     void post_ready(OpList& done) noexcept;
     /// Polls until the CQ is empty; completed operations go to `done`. Returns how many completions.

@@ -11,9 +11,10 @@
 // queue pairs, its lock and the executors. The machine knows rails by index,
 // requests by plan index and streams by the id it gave them: rail k's own
 // stream is stream k, takeover streams follow in the order they were made.
-// What it must ask of the world (is a rail usable, does it reach the
-// notification's region, how to stripe a range) it asks through Rails, only
-// when a decision needs it. A late or doubled event (a stream's second end,
+// What it knows of the world comes with each event as inputs (Rails: which
+// rails are usable now, which reach the notification's region), computed by
+// the job before the event; the one question it asks mid-decision, how to
+// stripe a range, is a pure function of the plan. A late or doubled event (a stream's second end,
 // a release without a pin, an answer nobody asked for, a stop or an abandon
 // once finished) is answered `wait` and changes nothing. Unit-tested without a
 // device (tests/unit/transfer_fsm_test.cpp). Not thread-safe: the job's mutex guards it.
@@ -91,14 +92,16 @@ public:
         std::uint32_t took_over = 0;  ///< requests of failed rails it posted
     };
 
-    /// What the machine asks of the world, only when a decision needs it (the
-    /// job answers from its queue pairs and plan; a test from its model).
+    /// What the machine is told of the rails at an event (the job computes it
+    /// from its queue pairs and plan before the event; a test from its model),
+    /// and the striping it may ask for.
     class Rails {
     public:
-        /// Rail `rail`'s queue pair is alive and accepts asynchronous operations.
-        virtual bool usable(std::size_t rail) = 0;
-        /// Rail `rail` has a key for the remote region the notification goes to.
-        virtual bool reaches_notification(std::size_t rail) = 0;
+        /// Per rail, non-zero when its queue pair is alive and accepts
+        /// asynchronous operations, as seen just before this event (read with failover only).
+        std::span<const std::uint8_t> usable;
+        /// Per rail, non-zero when it has a key for the remote region the notification goes to.
+        std::span<const std::uint8_t> reaches;
         /// Cuts [first, end) into weights.size() contiguous ranges, rail k's
         /// [bounds[k], bounds[k + 1]); a rail of weight 0 gets an empty one (detail::stripe).
         virtual void stripe(std::uint32_t first, std::uint32_t end, std::span<const std::uint64_t> weights,
@@ -185,8 +188,14 @@ public:
     void request_states(std::span<RequestState> out) const noexcept;
 
 private:
-    /// The rest of a stream's end, once its takeover is decided (`moved_on`: its requests are taken care of).
-    Action conclude(bool could_move, bool moved_on, Rails& rails, Action a);
+    /// How a failed stream's requests were settled.
+    enum class Settled : std::uint8_t {
+        moved_on,          ///< taken care of: they landed, or other rails took them over
+        every_rail_failed, ///< they could have moved, but no rail was left (or the takeover could not be made)
+        stream_failed,     ///< they cannot move: the stream's own failure is the transfer's
+    };
+    /// The rest of a stream's end, once its takeover is decided.
+    Action conclude(Settled how, Rails& rails, Action a);
     /// A participant (stream or pin) is done: notify, finish, or wait for the others.
     Action settle(Action a, Rails& rails);
 

@@ -143,7 +143,9 @@ private:
     bool failover_ = false;
     std::uint32_t chain_ = 32;
     std::vector<BoundRail> bound_;                   ///< the rails as given, to take over
-    Holds usable_;                                   ///< per rail: locked when the machine asked if it is usable
+    Holds usable_;                                   ///< per rail: locked for the event being decided
+    std::vector<std::uint8_t> usable_now_;           ///< … and whether it is usable (the machine's input)
+    std::vector<std::uint8_t> reaches_;              ///< per rail: has a key for the notification's region
     Stripes stripes_;                                ///< the last takeover's striping (its bytes per rail)
     std::vector<TransferReport::Rail> outcomes_;     ///< per rail: bytes, busy, the failure in words
     std::vector<std::unique_ptr<RailStream>> extra_; ///< streams that took over a failed rail's requests

@@ -9,11 +9,14 @@
 // Every request's slot leads back to it (so an error on an unsignaled request
 // names its block), which is safe because completions of one send queue come
 // in order and each chain ends with a signaled request: the stream is alive
-// until the completion of its last chain, success or flush.
+// until the completion of its last chain, success or flush. What the
+// completions mean (landed, uncertain, never posted) is its StreamLedger's
+// (stream_ledger.hpp, tested without a device); this class does the I/O.
 #pragma once
 
 #include "gpuverbs/detail/async/async_op.hpp"
 #include "gpuverbs/detail/transfers/key_map.hpp"
+#include "gpuverbs/detail/transfers/stream_ledger.hpp"
 #include "gpuverbs/detail/verbs/queue_cores.hpp"
 
 #include <infiniband/verbs.h>
@@ -59,55 +62,49 @@ public:
 
     // What the driver asks (under its lock).
     /// Slots the next chain needs; 0 when nothing is left to post.
-    [[nodiscard]] std::uint32_t needs() const noexcept {
-        if (failed() || stopped_) return 0;
-        if (notify_) return 1;
-        return std::min(chain_, end_ - next_);
-    }
+    [[nodiscard]] std::uint32_t needs() const noexcept { return ledger_.needs(); }
     /// Posts chains while the send queue has room for them.
     void post_some() noexcept;
     /// A completion of one of its requests (`sequence`: its place in the queue).
-    void completed(const ibv_wc& wc, std::uint64_t sequence) noexcept;
+    void completed(const ibv_wc& wc, std::uint64_t sequence) noexcept { ledger_.completed(wc.status, sequence); }
     /// Nothing in flight and nothing more to post (after an error or a stop: nothing in flight).
-    [[nodiscard]] bool finished() const noexcept {
-        return chains_in_flight_ == 0 && (next_ == end_ || failed() || stopped_);
-    }
+    [[nodiscard]] bool finished() const noexcept { return ledger_.finished(); }
     /// Its queue pair failed and the provider did not complete what it
     /// holds (liveness.hpp): what is in flight ends now, as not known to have
     /// landed, and the rail has failed with `ec` (errc::port_down,
     /// queue_pair_stalled or queue_pair_in_error: its path's failure).
-    void abandon(std::error_code ec) noexcept;
+    void abandon(std::error_code ec) noexcept { ledger_.abandon(ec); }
     /// Posts nothing more (a deadline passed, or the transfer was cancelled);
     /// what is in flight drains. Under the driver's lock.
-    void stop() noexcept { stopped_ = true; }
-    [[nodiscard]] bool stopped() const noexcept { return stopped_; }
-    [[nodiscard]] bool in_flight() const noexcept { return chains_in_flight_ > 0; }
+    void stop() noexcept { ledger_.stop(); }
+    [[nodiscard]] bool stopped() const noexcept { return ledger_.stopped(); }
+    [[nodiscard]] bool in_flight() const noexcept { return ledger_.in_flight(); }
 
-    // What the transfer reads once the rail has finished.
-    [[nodiscard]] bool failed() const noexcept { return wc_error_ != IBV_WC_SUCCESS || post_error_; }
-    [[nodiscard]] std::error_code error() const noexcept;
+    // What the transfer reads once the rail has finished (StreamLedger's).
+    [[nodiscard]] bool failed() const noexcept { return ledger_.failed(); }
+    [[nodiscard]] std::error_code error() const noexcept { return ledger_.error(); }
     /// The first failed completion's status (IBV_WC_SUCCESS: none; IBV_WC_WR_FLUSH_ERR when gpuverbs ended it).
-    [[nodiscard]] ibv_wc_status wc_status() const noexcept { return wc_error_; }
+    [[nodiscard]] ibv_wc_status wc_status() const noexcept { return ledger_.wc_status(); }
     /// The provider refused a post (error() is its errno), or gpuverbs did (its queue pair is in error).
-    [[nodiscard]] bool post_refused() const noexcept { return static_cast<bool>(post_error_); }
+    [[nodiscard]] bool post_refused() const noexcept { return ledger_.post_refused(); }
     /// gpuverbs ended it (abandon()): its queue pair failed as a path fails.
-    [[nodiscard]] bool abandoned() const noexcept { return static_cast<bool>(abandon_error_); }
+    [[nodiscard]] bool abandoned() const noexcept { return ledger_.abandoned(); }
     /// Whether it carried the notification and that failed.
-    [[nodiscard]] bool notification_failed() const noexcept;
+    [[nodiscard]] bool notification_failed() const noexcept { return ledger_.notification_failed(); }
     /// Whether this rail has a key for the plan's remote key `plan_rkey`.
     [[nodiscard]] bool reaches_remote(std::uint32_t plan_rkey) const noexcept;
     /// The plan's request that failed first (requests().size() for the notification).
-    [[nodiscard]] std::uint32_t failed_request() const noexcept { return failed_request_; }
+    [[nodiscard]] std::uint32_t failed_request() const noexcept { return ledger_.failed_request(); }
     /// Bytes of its requests that completed (since the notification was armed, if it was).
     [[nodiscard]] std::uint64_t bytes() const noexcept;
-    [[nodiscard]] std::uint32_t first() const noexcept { return first_; }
-    [[nodiscard]] std::uint32_t end() const noexcept { return end_; }
+    [[nodiscard]] std::uint32_t first() const noexcept { return ledger_.first(); }
+    [[nodiscard]] std::uint32_t end() const noexcept { return ledger_.end(); }
     /// Where its requests stand once it has finished: [first, landed_end())
     /// completed without error; [landed_end(), posted_end()) were handed to
     /// the device and are not known to have completed (they may or may not
     /// have landed); [posted_end(), end) were never posted.
-    [[nodiscard]] std::uint32_t landed_end() const noexcept;
-    [[nodiscard]] std::uint32_t posted_end() const noexcept;
+    [[nodiscard]] std::uint32_t landed_end() const noexcept { return ledger_.landed_end(); }
+    [[nodiscard]] std::uint32_t posted_end() const noexcept { return ledger_.posted_end(); }
 
     /// Back to a fresh operation, for the notification's submission.
     void reset_for_resubmit() noexcept;
@@ -116,12 +113,6 @@ public:
     std::size_t index = 0;          ///< which rail
 
 private:
-    struct Chain {
-        std::uint64_t first_sequence; ///< the sequence of its first request
-        std::uint64_t last_sequence;  ///< … of its last (signaled) request
-        std::uint32_t first_request;
-        std::uint32_t count; ///< requests of the plan in it (0 for the notification)
-    };
     /// This rail's rkey for a plan's rkey (every key was checked in setup).
     [[nodiscard]] std::uint32_t rkey_of(std::uint32_t plan_key) const noexcept {
         if (remote_keys_.empty()) return plan_key;
@@ -136,29 +127,13 @@ private:
     std::uint32_t sge_offset_ = 0;        ///< the plan's piece number of sges_[0]
     std::vector<KeyMap> remote_keys_;
     ibv_wr_opcode opcode_ = IBV_WR_RDMA_WRITE;
-    std::uint32_t first_ = 0;
-    std::uint32_t next_ = 0;
-    std::uint32_t end_ = 0;
-    std::uint32_t chain_ = 32;
-    bool stopped_ = false; ///< stop(): nothing more is posted
-    // The notification, when armed.
-    bool notify_ = false;
+    StreamLedger ledger_; ///< what went out, what completed, where each request stands
+    // The notification's payload, when armed.
     std::uint32_t immediate_ = 0;
     std::span<const std::byte> message_;
-    ibv_sge message_sge_{}; ///< the message's one piece, alive while its request is posted
-    // Chains in flight, oldest first (a ring as large as the send queue).
-    std::unique_ptr<Chain[]> ring_;
-    std::uint32_t ring_size_ = 0;
-    std::uint32_t ring_head_ = 0;
-    std::uint32_t chains_in_flight_ = 0;
-    // The outcome.
-    std::uint32_t done_until_ = 0;  ///< every request before it completed without error
+    ibv_sge message_sge_{};         ///< the message's one piece, alive while its request is posted
     std::uint64_t total_bytes_ = 0; ///< of requests [first, end)
     std::uint64_t counted_ = 0;     ///< bytes already reported (before the notification)
-    ibv_wc_status wc_error_ = IBV_WC_SUCCESS;
-    std::error_code post_error_;
-    std::error_code abandon_error_;
-    std::uint32_t failed_request_ = 0;
 };
 
 } // namespace gpuverbs::detail

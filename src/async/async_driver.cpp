@@ -9,7 +9,6 @@
 #include "gpuverbs/detail/async/liveness.hpp"
 #include "gpuverbs/detail/data_path/completion_path.hpp"
 #include "gpuverbs/detail/data_path/posting_path.hpp"
-#include "gpuverbs/detail/transfers/transfer_stream.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -67,22 +66,27 @@ std::error_code receive_post(AsyncOpBase& op) noexcept {
     if (std::error_code ec = receive_target(*op.qp, target)) return ec; // also checked at initiation
     return submit_receive(target, static_cast<SingleOp&>(op).recv_wr, context_of(op));
 }
-void single_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t /*sequence*/,
-                      OpList& done) noexcept {
-    driver.finish(op, wc, done);
+Completed single_completed(AsyncOpBase& op, const ibv_wc& wc, std::uint64_t /*sequence*/) noexcept {
+    if (op.state != OpState::posted) return Completed::still_posted; // aborted or cancelled: it leads nowhere
+    op.record(wc);
+    return Completed::finished;
 }
 void single_abandon(AsyncOpBase& op, std::error_code ec) noexcept {
     op.failure = ec;
 }
 } // namespace
 
-const OpBehaviour send_behaviour{&send_has_room, &send_post, &single_completed, &single_abandon};
-const OpBehaviour receive_behaviour{&receive_has_room, &receive_post, &single_completed, &single_abandon};
+const OpBehaviour send_behaviour{&send_has_room, &send_post, &single_completed, &single_abandon, nullptr};
+const OpBehaviour receive_behaviour{&receive_has_room, &receive_post, &single_completed, &single_abandon, nullptr};
 
-void AsyncDriver::finish(AsyncOpBase& op, const ibv_wc& wc, OpList& done) noexcept {
-    if (!fsm_.finished(&op)) return;
-    op.record(wc);
-    done.push_back(&op);
+void AsyncDriver::completed(AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
+    switch (op.behaviour->completed(op, wc, sequence)) {
+        case Completed::still_posted: return;
+        case Completed::wait_again: fsm_.wait_again(&op); return;
+        case Completed::finished:
+            if (fsm_.finished(&op)) done.push_back(&op);
+            return;
+    }
 }
 
 // Only std::bad_alloc from Asio (the wait's or the spin's handler) can escape
@@ -136,14 +140,14 @@ void AsyncDriver::cancel(AsyncOpBase* op) noexcept {
     if (taken) op->complete(AsyncOpBase::How::post, aborted_error());
 }
 
-void AsyncDriver::stop_stream(RailStream& s) noexcept {
+void AsyncDriver::stop(AsyncOpBase& op) noexcept {
     bool taken = false;
     {
         std::lock_guard lock(mutex_);
-        s.stop();
-        taken = fsm_.cancel(&s);
+        if (op.behaviour->stop != nullptr) op.behaviour->stop(op);
+        taken = fsm_.cancel(&op);
     }
-    if (taken) s.complete(AsyncOpBase::How::post, aborted_error());
+    if (taken) op.complete(AsyncOpBase::How::post, aborted_error());
 }
 
 void AsyncDriver::start_spinning() {
@@ -164,7 +168,7 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
             const WorkQueueState::Finished finished = queue->complete(WrId::slot(wc.wr_id));
             auto* op = reinterpret_cast<AsyncOpBase*>( // NOLINT(performance-no-int-to-ptr)
                 static_cast<std::uintptr_t>(finished.context));
-            if (op != nullptr) op->behaviour->completed(*this, *op, wc, finished.sequence, done);
+            if (op != nullptr) completed(*op, wc, finished.sequence, done);
         };
         // One thread: no QP can be destroyed during this poll, no guard needed.
         const int n = options_.single_threaded ? poll_completions<false>(cq_->cq(), cq_->registry(), batch, on)
@@ -179,22 +183,6 @@ std::size_t AsyncDriver::drain(OpList& done) noexcept {
         if (n < batch) break;
     }
     return total;
-}
-
-void AsyncDriver::advance(RailStream& s, const ibv_wc& wc, std::uint64_t sequence, OpList& done) noexcept {
-    if (s.state != OpState::posted) return; // aborted with its queue pair: the rest of its completions lead nowhere
-    s.completed(wc, sequence);
-    // Refill from the room this completion freed; with nothing in flight and
-    // no room (other operations hold the queue), wait again like any operation.
-    if (!s.finished() && s.needs() > 0) {
-        if (s.qp->send.has_room_for(s.needs())) {
-            s.post_some();
-        } else if (!s.in_flight()) {
-            fsm_.wait_again(&s);
-            return;
-        }
-    }
-    if (s.finished() && fsm_.finished(&s)) done.push_back(&s);
 }
 
 void AsyncDriver::post_ready(OpList& done) noexcept {

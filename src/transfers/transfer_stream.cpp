@@ -34,14 +34,28 @@ std::error_code rail_post(AsyncOpBase& op) noexcept {
     if (s.error()) return s.error();
     return s.stopped() ? aborted_error() : std::error_code(errc::invalid_argument);
 }
-void rail_completed(AsyncDriver& driver, AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence,
-                    OpList& done) noexcept {
-    driver.advance(static_cast<RailStream&>(op), wc, sequence, done);
+Completed rail_completed(AsyncOpBase& op, const ibv_wc& wc, std::uint64_t sequence) noexcept {
+    auto& s = static_cast<RailStream&>(op);
+    if (s.state != OpState::posted) return Completed::still_posted; // aborted with its queue pair: leads nowhere
+    s.completed(wc, sequence);
+    // Refill from the room this completion freed; with nothing in flight and
+    // no room (other operations hold the queue), wait again like any operation.
+    if (!s.finished() && s.needs() > 0) {
+        if (s.qp->send.has_room_for(s.needs())) {
+            s.post_some();
+        } else if (!s.in_flight()) {
+            return Completed::wait_again;
+        }
+    }
+    return s.finished() ? Completed::finished : Completed::still_posted;
 }
 void rail_abandon(AsyncOpBase& op, std::error_code ec) noexcept {
     static_cast<RailStream&>(op).abandon(ec);
 }
-const OpBehaviour rail_behaviour{&rail_has_room, &rail_post, &rail_completed, &rail_abandon};
+void rail_stop(AsyncOpBase& op) noexcept {
+    static_cast<RailStream&>(op).stop();
+}
+const OpBehaviour rail_behaviour{&rail_has_room, &rail_post, &rail_completed, &rail_abandon, &rail_stop};
 
 } // namespace
 
@@ -59,10 +73,8 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
         return errc::reads_not_granted;
     }
     plan_ = &plan;
-    first_ = next_ = done_until_ = first;
-    end_ = end;
     total_bytes_ = bytes;
-    chain_ = std::min({chain, max_transfer_chain, core.send.capacity()});
+    chain = std::min({chain, max_transfer_chain, core.send.capacity()});
     const auto requests = plan.requests();
     const std::span<const ibv_sge> pieces = plan.native_pieces();
     // Scatter/gather: the plan's own, or a copy with this rail's keys.
@@ -106,9 +118,9 @@ std::error_code RailStream::setup(QpCore& core, const TransferPlan& plan, std::u
             }
         }
     }
-    // At most one chain per request, and never more chains than the queue holds requests.
-    ring_size_ = std::max<std::uint32_t>(1, std::min<std::uint32_t>(core.send.capacity(), end - first + 1));
-    ring_ = std::make_unique<Chain[]>(ring_size_);
+    // At most one chain per request (and the notification), never more chains than the queue holds requests.
+    ledger_.start(first, end, chain, std::min<std::uint32_t>(core.send.capacity(), end - first + 1),
+                  static_cast<std::uint32_t>(requests.size()));
     return {};
 }
 
@@ -118,8 +130,8 @@ std::uint32_t RailStream::rkey_slow(std::uint32_t plan_key) const noexcept {
 }
 
 void RailStream::arm_notification(std::uint32_t immediate, std::span<const std::byte> message) noexcept {
-    notify_ = true;
     counted_ = bytes(); // its blocks' bytes were reported when the rail finished them
+    ledger_.arm_notification();
     immediate_ = immediate;
     message_ = message;
     opcode = message.empty() ? Opcode::write_with_imm : Opcode::send_with_imm;
@@ -138,9 +150,10 @@ void RailStream::post_some() noexcept {
     for (;;) {
         const std::uint32_t n = needs();
         SubmitChain<ibv_send_wr> chain(*qp);
-        if (n == 0 || chains_in_flight_ == ring_size_ || !chain.reserve(n)) return;
+        if (n == 0 || !ledger_.ring_has_room() || !chain.reserve(n)) return;
         const std::uint64_t first_sequence = chain.next_sequence();
-        if (notify_ && !message_.empty()) {
+        const bool notify = ledger_.notification_next();
+        if (notify && !message_.empty()) {
             // The notification with a message: a send with immediate, the bytes inline (setup checked the room).
             ibv_send_wr& wr = wrs[0];
             message_sge_.addr = reinterpret_cast<std::uintptr_t>(message_.data());
@@ -152,7 +165,7 @@ void RailStream::post_some() noexcept {
             wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
             wr.imm_data = htonl(immediate_);
             chain.push(wr, context, Opcode::send_with_imm);
-        } else if (notify_) {
+        } else if (notify) {
             // The notification: zero bytes to the last remote byte the plan names.
             const TransferPlan::Request& last = requests.back();
             ibv_send_wr& wr = wrs[0];
@@ -167,7 +180,7 @@ void RailStream::post_some() noexcept {
         } else {
             // The hot loop: what a raw loop writes per request; the chain adds
             // the slots that lead a completion (or an error) back here.
-            const TransferPlan::Request* r = requests.data() + next_;
+            const TransferPlan::Request* r = requests.data() + ledger_.next();
             const bool translate = !remote_keys_.empty();
             const ibv_wr_opcode op = opcode_;
             ibv_sge* const sges = const_cast<ibv_sge*>(sges_); // verbs only reads a request's list
@@ -191,8 +204,7 @@ void RailStream::post_some() noexcept {
             // stays alive until then); if even that is refused, their
             // completions are left without an owner.
             const std::uint32_t posted = chain.taken();
-            post_error_ = ec;
-            failed_request_ = notify_ ? static_cast<std::uint32_t>(requests.size()) : next_ + posted;
+            ledger_.refused(ec, posted);
             if (posted == 0) return;
             ibv_send_wr close{};
             close.opcode = IBV_WR_RDMA_WRITE;
@@ -209,97 +221,26 @@ void RailStream::post_some() noexcept {
                 qp->send.forget_last(posted);
                 return;
             }
-            ring_[(ring_head_ + chains_in_flight_) % ring_size_] =
-                Chain{first_sequence, first_sequence + posted, next_, 0};
-            ++chains_in_flight_;
+            ledger_.closed(first_sequence, posted);
             return;
         }
-        Chain& c = ring_[(ring_head_ + chains_in_flight_) % ring_size_];
-        c = Chain{first_sequence, first_sequence + n - 1, notify_ ? static_cast<std::uint32_t>(requests.size()) : next_,
-                  notify_ ? 0 : n};
-        ++chains_in_flight_;
-        if (notify_) {
-            notify_ = false;
-            next_ = end_; // nothing after it
-        } else {
-            next_ += n;
-        }
+        ledger_.posted(first_sequence);
     }
-}
-
-void RailStream::completed(const ibv_wc& wc, std::uint64_t sequence) noexcept {
-    // Completions come in order: this one belongs to the oldest chain in flight.
-    const Chain& c = ring_[ring_head_];
-    if (wc.status != IBV_WC_SUCCESS && wc_error_ == IBV_WC_SUCCESS && !post_error_) {
-        wc_error_ = wc.status;
-        failed_request_ = c.first_request + static_cast<std::uint32_t>(sequence - c.first_sequence);
-    }
-    if (sequence != c.last_sequence) return; // an unsignaled request that failed; its chain's end follows
-    // Chains that completed before any completion error count (also those in flight when a later post failed).
-    if (wc.status == IBV_WC_SUCCESS && wc_error_ == IBV_WC_SUCCESS && c.count > 0)
-        done_until_ = c.first_request + c.count;
-    ring_head_ = (ring_head_ + 1) % ring_size_;
-    --chains_in_flight_;
-}
-
-void RailStream::abandon(std::error_code ec) noexcept {
-    // Whether what it holds is the notification: armed and not yet posted, or its chain in flight.
-    const auto plan_size = static_cast<std::uint32_t>(plan_->requests().size());
-    const bool notification = notify_ || (chains_in_flight_ > 0 && ring_[ring_head_].count == 0 &&
-                                          ring_[ring_head_].first_request >= plan_size);
-    if (!failed()) {
-        abandon_error_ = ec;
-        // As if the provider had flushed it (a path's failure: failover may
-        // move its requests). Every request before done_until_ completed;
-        // those after it were posted and may or may not have landed.
-        wc_error_ = IBV_WC_WR_FLUSH_ERR;
-        failed_request_ = notification ? plan_size : done_until_;
-    }
-    notify_ = false;
-    chains_in_flight_ = 0;
-    ring_head_ = 0;
 }
 
 std::uint64_t RailStream::bytes() const noexcept {
     // The requests known to have completed without error (landed_end()), summed once, not per request.
     std::uint64_t total = total_bytes_;
-    if (const std::uint32_t landed = landed_end(); landed != end_) {
+    if (const std::uint32_t landed = landed_end(); landed != end()) {
         total = 0;
         const auto requests = plan_->requests();
-        for (std::uint32_t i = first_; i < landed; ++i) total += requests[i].remote.length;
+        for (std::uint32_t i = first(); i < landed; ++i) total += requests[i].remote.length;
     }
     return total - counted_;
 }
 
-std::uint32_t RailStream::landed_end() const noexcept {
-    // The notification failed: every request of the plan had completed before it was posted.
-    if (failed() && failed_request_ >= plan_->requests().size()) return end_;
-    // A completion error names the first request that failed; a queue pair's
-    // completions come in order, so every request before it completed.
-    if (wc_error_ != IBV_WC_SUCCESS) return failed_request_;
-    return done_until_;
-}
-
-std::uint32_t RailStream::posted_end() const noexcept {
-    if (failed() && failed_request_ >= plan_->requests().size()) return end_;
-    // A refused post: the refused request and those after it never went out.
-    if (post_error_) return failed_request_;
-    return next_;
-}
-
-bool RailStream::notification_failed() const noexcept {
-    return failed() && failed_request_ >= plan_->requests().size();
-}
-
 bool RailStream::reaches_remote(std::uint32_t plan_rkey) const noexcept {
     return remote_keys_.empty() || find_key(remote_keys_, plan_rkey) != nullptr;
-}
-
-std::error_code RailStream::error() const noexcept {
-    if (post_error_) return post_error_;
-    if (abandon_error_) return abandon_error_; // why gpuverbs ended it, rather than the flush it stands for
-    if (wc_error_ != IBV_WC_SUCCESS) return make_wc_error(wc_error_);
-    return {};
 }
 
 } // namespace gpuverbs::detail
