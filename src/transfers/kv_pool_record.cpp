@@ -6,6 +6,7 @@
 #include "transfers/kv_pool_parts.hpp"
 
 #include "connections/wire_codec.hpp"
+#include "text.hpp"
 
 #include <algorithm>
 #include <array>
