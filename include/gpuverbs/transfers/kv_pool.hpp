@@ -192,7 +192,8 @@ public:
     }
     /// The rails the pool is registered on (0 when empty; 1 + add_rail calls).
     [[nodiscard]] std::size_t rails() const noexcept {
-        return regions_.empty() ? 0 : regions_.size() / layout_.tensors();
+        const std::size_t per_rail = layout_.tensors(); // never 0 once created; said so for the analyzer too
+        return regions_.empty() || per_rail == 0 ? 0 : regions_.size() / per_rail;
     }
     /// Rail `rail`'s region of each tensor; empty past rails().
     [[nodiscard]] std::span<const MemoryRegion* const> regions(std::size_t rail) const noexcept {
