@@ -54,7 +54,7 @@ std::string words_of(const dq::Request& r) {
 } // namespace
 
 DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
-                                   const DeviceQueueProxyOptions& options, detail::Status& status)
+                                   const DeviceQueueProxyOptions& options, detail::Status* status)
     : queue_(queue),
       reader_(queue),
       options_(options),
@@ -63,26 +63,19 @@ DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionD
       peer_of_(queue.capacity()),
       rail_of_(queue.capacity()) {
     if (options_.batch == 0) options_.batch = 1;
-    (void)add_device_impl(pd, cq, status);
+    detail::Status thrown; // the throwing form's (status null): a refusal throws, and the queue is left alone
+    (void)add_device_impl(pd, cq, status != nullptr ? *status : thrown);
+    thrown.check();
 }
 
 DeviceQueueProxy::DeviceQueueProxy(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                                    const DeviceQueueProxyOptions& options)
-    : queue_(queue),
-      reader_(queue),
-      options_(options),
-      done_(queue.capacity()),
-      posted_(queue.capacity()),
-      peer_of_(queue.capacity()),
-      rail_of_(queue.capacity()) {
-    if (options_.batch == 0) options_.batch = 1;
-    add_device(pd, cq);
-}
+    : DeviceQueueProxy(queue, pd, cq, options, nullptr) {}
 
 DeviceQueueProxy DeviceQueueProxy::create(const dq::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                                           const DeviceQueueProxyOptions& options, std::error_code& ec) {
     detail::Status status;
-    DeviceQueueProxy proxy(queue, pd, cq, options, status);
+    DeviceQueueProxy proxy(queue, pd, cq, options, &status);
     ec = status.code;
     return proxy;
 }
@@ -91,7 +84,7 @@ DeviceQueueProxy DeviceQueueProxy::create(const dq::QueueView& queue, const Prot
                                           const DeviceQueueProxyOptions& options, std::error_code& ec,
                                           Diagnostics& diagnostics) {
     detail::Status status;
-    DeviceQueueProxy proxy(queue, pd, cq, options, status);
+    DeviceQueueProxy proxy(queue, pd, cq, options, &status);
     ec = status.code;
     status.report(diagnostics);
     return proxy;

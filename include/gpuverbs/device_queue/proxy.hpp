@@ -209,7 +209,7 @@ private:
     static constexpr std::uint8_t unposted = 0xff;
 
     DeviceQueueProxy(const device_queue::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
-                     const DeviceQueueProxyOptions& options, detail::Status& status);
+                     const DeviceQueueProxyOptions& options, detail::Status* status);
     [[nodiscard]] Peer* peer(std::uint16_t id) noexcept;
     [[nodiscard]] Local* local_of(const QueuePair& qp, const char* verb, detail::Status& status);
     bool make_rail(QueuePair& qp, std::uint16_t peer, const RemoteWindows& windows, const char* verb, Rail& rail,
