@@ -199,6 +199,16 @@ void Status::fail_errno(int err, std::string_view v, std::string_view what) {
     fail({err, std::system_category()}, v, std::move(d));
 }
 
+} // namespace detail
+
+void Diagnostics::set(std::error_code code, std::string_view verb, std::string_view detail) {
+    detail::Status status;
+    status.fail(code, verb, std::string(detail));
+    status.report(*this);
+}
+
+namespace detail {
+
 void Status::raise() const {
     throw Error(code, verb, detail);
 }
@@ -211,6 +221,15 @@ void Status::report(Diagnostics& diagnostics) const {
     diagnostics.verb_ = verb;
     diagnostics.detail_ = detail.empty() ? code.message() : detail;
     diagnostics.message_ = what_text(verb, detail, code);
+}
+
+void Status::adopt(std::error_code ec, const Diagnostics& diagnostics, std::string_view fallback_verb) {
+    if (!ec) {
+        *this = Status{};
+        return;
+    }
+    fail(ec, diagnostics.verb().empty() ? fallback_verb : std::string_view(diagnostics.verb()),
+         diagnostics.verb().empty() ? std::string() : diagnostics.detail());
 }
 
 } // namespace detail

@@ -148,6 +148,10 @@ public:
     [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
     /// "VERB: DETAIL": exactly the text Error::what() would have had.
     [[nodiscard]] const std::string& message() const noexcept { return message_; }
+    /// Sets the words as a gpuverbs call would: for code that implements one
+    /// of gpuverbs' extension points (a Rendezvous of its own) and reports its
+    /// failures the way the library's calls do. `detail` empty: the words of `code`.
+    void set(std::error_code code, std::string_view verb, std::string_view detail);
     /// Empties all three (the calls that take a Diagnostics clear it on success).
     void clear() noexcept {
         verb_.clear();
@@ -193,6 +197,9 @@ struct Status {
     [[noreturn]] void raise() const;
     /// Hands the words to the user's Diagnostics (cleared when this succeeded).
     void report(Diagnostics& diagnostics) const;
+    /// The outcome of a call's error_code form: `ec` and its words, kept as
+    /// this Status (`fallback_verb` when the call left `diagnostics` empty).
+    void adopt(std::error_code ec, const Diagnostics& diagnostics, std::string_view fallback_verb);
     /// Throws if failed, else does nothing.
     void check() const {
         if (!ok()) raise();
@@ -218,47 +225,48 @@ struct Outcome {
     }
 };
 
-/// Runs `f()`, a call built on parts that throw Error (Mesh's methods over a
-/// rendezvous), and keeps what it threw in `status` instead: how such a call
-/// gets its error_code and Diagnostics forms from its one implementation.
-/// Only gpuverbs::Error is kept; std::bad_alloc passes through, as from any
-/// call that allocates. On failure the result is value-initialised.
-template <class F>
-auto capture(Status& status, F&& f) -> decltype(f()) {
-    try {
-        return f();
-    } catch (const Error& e) {
-        status.fail(e.code(), e.verb(), e.detail());
-        if constexpr (!std::is_void_v<decltype(f())>) return {};
-    }
-}
-
 /// Runs `impl(Status&)` as the throwing form of a call.
 template <class Impl>
 auto or_throw(Impl&& impl) {
     Status status;
-    auto result = impl(status);
-    status.check();
-    return result;
+    if constexpr (std::is_void_v<decltype(impl(status))>) {
+        impl(status);
+        status.check();
+    } else {
+        auto result = impl(status);
+        status.check();
+        return result;
+    }
 }
 
 /// Runs `impl(Status&)` as the error_code form of a call.
 template <class Impl>
 auto or_code(std::error_code& ec, Impl&& impl) {
     Status status;
-    auto result = impl(status);
-    ec = status.code;
-    return result;
+    if constexpr (std::is_void_v<decltype(impl(status))>) {
+        impl(status);
+        ec = status.code;
+    } else {
+        auto result = impl(status);
+        ec = status.code;
+        return result;
+    }
 }
 
 /// The error_code form with the words kept in `diagnostics`.
 template <class Impl>
 auto or_code(std::error_code& ec, Diagnostics& diagnostics, Impl&& impl) {
     Status status;
-    auto result = impl(status);
-    ec = status.code;
-    status.report(diagnostics);
-    return result;
+    if constexpr (std::is_void_v<decltype(impl(status))>) {
+        impl(status);
+        ec = status.code;
+        status.report(diagnostics);
+    } else {
+        auto result = impl(status);
+        ec = status.code;
+        status.report(diagnostics);
+        return result;
+    }
 }
 
 } // namespace detail

@@ -88,10 +88,12 @@ Mesh Mesh::create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const 
     return create_impl(std::move(rendezvous), pd, cq, std::move(remote), std::move(options), status, access);
 }
 
-void Mesh::check_usable(const char* verb) const {
+bool Mesh::usable(const char* verb, detail::Status& status) const {
     if (!rendezvous_) {
-        throw Error(errc::invalid_argument, verb, "the Mesh is empty (create() refused it, or it was moved from)");
+        status.fail(errc::invalid_argument, verb, "the Mesh is empty (create() refused it, or it was moved from)");
+        return false;
     }
+    return true;
 }
 
 Mesh::Mesh(Mesh&&) noexcept = default;
@@ -105,8 +107,8 @@ std::uint32_t Mesh::world_size() const noexcept {
     return rendezvous_ ? rendezvous_->world_size() : 0;
 }
 
-void Mesh::fail(std::error_code code, std::uint32_t peer, const std::string& what) const {
-    throw Error(code, "Mesh",
+void Mesh::fail(detail::Status& status, std::error_code code, std::uint32_t peer, const std::string& what) const {
+    status.fail(code, "Mesh",
                 "rank " + std::to_string(rank()) + " connecting to peer " + std::to_string(peer) + " through " +
                     rendezvous_->name() + ": " + what);
 }
@@ -116,126 +118,182 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
     return std::max(std::chrono::milliseconds(0),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
 }
+/// "VERB: DETAIL" of a failed step, for the words of the Mesh error that wraps it.
+std::string words_of(const detail::Status& status) {
+    return status.verb + ": " + status.detail;
+}
 } // namespace
 
+// Every form of each call runs its one implementation: the throwing form
+// raises the Status it leaves, the error_code forms keep its code and words.
 void Mesh::connect_all() {
-    check_usable("Mesh::connect_all");
+    detail::or_throw([&](detail::Status& s) { connect_all_impl(s); });
+}
+void Mesh::connect_all(std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { connect_all_impl(s); });
+}
+void Mesh::connect_all(std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { connect_all_impl(s); });
+}
+void Mesh::connect(std::span<const std::uint32_t> peers) {
+    detail::or_throw([&](detail::Status& s) { connect_impl(peers, s); });
+}
+void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { connect_impl(peers, s); });
+}
+void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { connect_impl(peers, s); });
+}
+void Mesh::offer(std::span<const std::uint32_t> peers) {
+    detail::or_throw([&](detail::Status& s) { offer_impl(peers, s); });
+}
+void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec) {
+    detail::or_code(ec, [&](detail::Status& s) { offer_impl(peers, s); });
+}
+void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
+    detail::or_code(ec, diagnostics, [&](detail::Status& s) { offer_impl(peers, s); });
+}
+MeshPeer& Mesh::peer(std::uint32_t rank) {
+    return *detail::or_throw([&](detail::Status& s) { return peer_impl(rank, s); });
+}
+MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec) {
+    return detail::or_code(ec, [&](detail::Status& s) { return peer_impl(rank, s); });
+}
+MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec, Diagnostics& diagnostics) {
+    return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return peer_impl(rank, s); });
+}
+
+void Mesh::connect_all_impl(detail::Status& status) {
+    if (!usable("Mesh::connect_all", status)) return;
     auto deadline = detail::deadline_after(options_.timeout);
     std::uint32_t me = rank();
     std::uint32_t n = world_size();
     if (n == wire::max_world_size) {
-        throw Error(errc::unsupported, "Mesh::connect_all",
+        status.fail(errc::unsupported, "Mesh::connect_all",
                     rendezvous_->name() +
                         " is an open world (members join and leave): connect_all() needs a fixed "
                         "world size; connect() or offer() the peers that are present instead");
+        return;
     }
     if (!peers_.empty() || !offers_.empty()) {
-        throw Error(errc::invalid_argument, "Mesh::connect_all",
+        status.fail(errc::invalid_argument, "Mesh::connect_all",
                     "rank " + std::to_string(me) + " already has " + std::to_string(peers_.size() + offers_.size()) +
                         " peers connected or offered: connect_all() builds a fresh mesh; connect() the others");
+        return;
     }
     std::map<std::uint32_t, PreparedQueuePair> prepared;
     MeshRecord ours{me, n, {}, regions_};
     ours.endpoints.reserve(n - 1);
     for (std::uint32_t q = 0; q < n; ++q) {
         if (q == me) continue;
-        auto& qp = prepared[q] = PreparedQueuePair(*pd_, *cq_, *cq_, options_.queue_pair);
+        std::error_code ec;
+        Diagnostics words;
+        auto& qp = prepared[q] = PreparedQueuePair::create(*pd_, *cq_, *cq_, options_.queue_pair, ec, words);
+        if (ec) return fail(status, ec, q, words.message());
         ours.endpoints.emplace_back(q, qp.endpoint());
     }
-    rendezvous_->publish(options_.name, wire::serialize(ours));
-    rendezvous_->fence(left_until(deadline));
+    rendezvous_->publish(options_.name, wire::serialize(ours), status);
+    if (status.ok()) rendezvous_->fence(left_until(deadline), status);
+    if (!status.ok()) return;
     std::vector<std::uint32_t> connected;
     for (auto& [q, qp] : prepared) {
-        connect_peer(q, qp, options_.name, left_until(deadline));
+        if (!connect_peer(q, qp, options_.name, left_until(deadline), status)) return;
         connected.push_back(q);
     }
     // Our QPs are ready to receive; wait until every peer's are too.
-    rendezvous_->publish(options_.name + ".ready", ready_word());
-    rendezvous_->fence(left_until(deadline));
-    for (std::uint32_t q : connected) await_ready(q, options_.name + ".ready", deadline);
+    rendezvous_->publish(options_.name + ".ready", ready_word(), status);
+    if (status.ok()) rendezvous_->fence(left_until(deadline), status);
+    if (!status.ok()) return;
+    for (std::uint32_t q : connected) {
+        if (!await_ready(q, options_.name + ".ready", deadline, status)) return;
+    }
 }
 
 std::vector<std::byte> Mesh::ready_word() const {
     return {std::byte{'r'}, std::byte{'e'}, std::byte{'d'}, std::byte{'y'}};
 }
 
-void Mesh::await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline) {
-    try {
-        (void)rendezvous_->lookup(peer, key, left_until(deadline));
-    } catch (const Error& e) {
-        fail(e.code(), peer, std::string("our side is connected, the peer's did not say it was: ") + e.what());
-    }
+bool Mesh::await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline,
+                       detail::Status& status) {
+    detail::Status looked;
+    (void)rendezvous_->lookup(peer, key, left_until(deadline), looked);
+    if (looked.ok()) return true;
+    fail(status, looked.code, peer, "our side is connected, the peer's did not say it was: " + words_of(looked));
+    return false;
 }
 
-void Mesh::offer(std::span<const std::uint32_t> peers) {
-    check_usable("Mesh::connect");
+void Mesh::offer_impl(std::span<const std::uint32_t> peers, detail::Status& status) {
+    if (!usable("Mesh::connect", status)) return;
     std::uint32_t me = rank();
     for (std::uint32_t q : peers) {
         if (q == me || q >= world_size()) {
-            throw Error(errc::invalid_argument, "Mesh::connect",
+            status.fail(errc::invalid_argument, "Mesh::connect",
                         "rank " + std::to_string(me) + " cannot connect to rank " + std::to_string(q) +
                             (q == me ? " (itself)" : " (the world has " + std::to_string(world_size()) + " ranks)"));
+            return;
         }
     }
     // Publish every record before anything waits: a peer connecting to us at
     // the same time finds ours whatever the order.
     for (std::uint32_t q : peers) {
         if (peers_.contains(q) || offers_.contains(q)) continue;
-        PreparedQueuePair qp(*pd_, *cq_, *cq_, options_.queue_pair);
+        std::error_code ec;
+        Diagnostics words;
+        PreparedQueuePair qp = PreparedQueuePair::create(*pd_, *cq_, *cq_, options_.queue_pair, ec, words);
+        if (ec) return fail(status, ec, q, words.message());
         MeshRecord record{me, world_size(), {{q, qp.endpoint()}}, regions_};
-        try {
-            rendezvous_->publish(pair_key(q), wire::serialize(record));
-        } catch (const Error& e) {
-            fail(e.code(), q, std::string(e.what()));
-        }
+        detail::Status published;
+        rendezvous_->publish(pair_key(q), wire::serialize(record), published);
+        if (!published.ok()) return fail(status, published.code, q, words_of(published));
         offers_.emplace(q, std::move(qp));
     }
 }
 
-void Mesh::connect(std::span<const std::uint32_t> peers) {
+void Mesh::connect_impl(std::span<const std::uint32_t> peers, detail::Status& status) {
     auto deadline = detail::deadline_after(options_.timeout);
-    offer(peers);
+    offer_impl(peers, status);
+    if (!status.ok()) return;
     std::vector<std::uint32_t> connected;
     for (std::uint32_t q : peers) {
         auto it = offers_.find(q);
         if (it == offers_.end()) continue; // connected already (or listed twice)
-        connect_peer(q, it->second, pair_key(rank()), left_until(deadline));
+        if (!connect_peer(q, it->second, pair_key(rank()), left_until(deadline), status)) return;
         offers_.erase(q);
         connected.push_back(q);
-        rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word());
+        rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word(), status);
+        if (!status.ok()) return;
     }
-    for (std::uint32_t q : connected) await_ready(q, options_.name + ".ready." + std::to_string(rank()), deadline);
+    for (std::uint32_t q : connected) {
+        if (!await_ready(q, options_.name + ".ready." + std::to_string(rank()), deadline, status)) return;
+    }
 }
 
 Mesh::OfferProgress Mesh::complete_offers() {
     OfferProgress progress;
     for (auto it = offers_.begin(); it != offers_.end();) {
         std::uint32_t q = it->first;
-        try {
-            connect_peer(q, it->second, pair_key(rank()), std::chrono::milliseconds(0));
-        } catch (const Error& e) {
-            bool unusable = e.code() == errc::malformed_record || e.code() == errc::unsupported_version;
+        detail::Status status;
+        if (!connect_peer(q, it->second, pair_key(rank()), std::chrono::milliseconds(0), status)) {
+            bool unusable = status.code == errc::malformed_record || status.code == errc::unsupported_version;
             if (!unusable) { // not there yet, or the store failed for a moment: look again next time
                 ++it;
                 continue;
             }
-            // The refusal as values: the code and the same words (no exception kept).
-            detail::Status status;
-            status.fail(e.code(), e.verb(), e.detail());
+            // The refusal as values: the code and the same words.
             Refusal& r = progress.refused.emplace_back();
             r.peer = q;
-            r.code = e.code();
+            r.code = status.code;
             status.report(r.diagnostics);
             it = offers_.erase(it);
             continue;
         }
         it = offers_.erase(it);
         progress.connected.push_back(q);
-        try { // for a peer that connects to us with the blocking connect()
-            rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word());
-        } catch (const Error&) {
-            // The store failed for a moment: such a peer's connect() names us when its deadline passes.
-        }
+        // For a peer that connects to us with the blocking connect(). If the
+        // store failed for a moment, such a peer's connect() names us when its
+        // deadline passes.
+        detail::Status ignored;
+        rendezvous_->publish(options_.name + ".ready." + std::to_string(q), ready_word(), ignored);
     }
     return progress;
 }
@@ -246,69 +304,42 @@ std::vector<std::uint32_t> Mesh::offered() const {
     return ranks;
 }
 
-void Mesh::connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
-                        std::chrono::milliseconds timeout) {
+bool Mesh::connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
+                        std::chrono::milliseconds timeout, detail::Status& status) {
     std::uint32_t me = rank();
-    std::vector<std::byte> bytes;
-    try {
-        bytes = rendezvous_->lookup(peer, key, timeout);
-    } catch (const Error& e) {
-        fail(e.code(), peer, std::string(e.what()));
+    detail::Status looked;
+    std::vector<std::byte> bytes = rendezvous_->lookup(peer, key, timeout, looked);
+    if (!looked.ok()) {
+        fail(status, looked.code, peer, words_of(looked));
+        return false;
     }
-    detail::Status status;
-    MeshRecord record = wire::detail::parse_mesh_record(bytes, status);
-    if (!status.ok()) fail(status.code, peer, "its record '" + key + "' is unusable: " + status.detail);
+    detail::Status parsed;
+    MeshRecord record = wire::detail::parse_mesh_record(bytes, parsed);
+    if (!parsed.ok()) {
+        fail(status, parsed.code, peer, "its record '" + key + "' is unusable: " + parsed.detail);
+        return false;
+    }
     if (std::string problem = detail::mesh_peer_problem(record, peer, me, world_size()); !problem.empty()) {
-        fail(errc::malformed_record, peer, "its record '" + key + "' cannot connect us: " + problem);
+        fail(status, errc::malformed_record, peer, "its record '" + key + "' cannot connect us: " + problem);
+        return false;
     }
     std::error_code ec;
     Diagnostics diagnostics;
     QueuePair qp = std::move(prepared).connect(*record.endpoint_for(me), options_.connect, ec, diagnostics);
-    if (ec) fail(ec, peer, diagnostics.message());
+    if (ec) {
+        fail(status, ec, peer, diagnostics.message());
+        return false;
+    }
     rank_of_qp_[qp.qp_num()] = peer;
     peers_[peer] = MeshPeer{peer, std::move(qp), std::move(record.regions)};
+    return true;
 }
 
-MeshPeer& Mesh::peer(std::uint32_t rank) {
-    if (auto it = peers_.find(rank); it != peers_.end()) return it->second;
-    connect(rank);
-    return peers_.at(rank);
-}
-
-// The error_code and Diagnostics forms: the throwing form's one
-// implementation, with what it throws kept (detail::capture).
-namespace {
-template <class F>
-bool caught(detail::Status& status, F&& f) {
-    detail::capture(status, [&] { f(); });
-    return status.ok();
-}
-} // namespace
-
-void Mesh::connect_all(std::error_code& ec) {
-    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { connect_all(); }); });
-}
-void Mesh::connect_all(std::error_code& ec, Diagnostics& diagnostics) {
-    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { connect_all(); }); });
-}
-void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec) {
-    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { connect(peers); }); });
-}
-void Mesh::connect(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
-    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { connect(peers); }); });
-}
-void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec) {
-    detail::or_code(ec, [&](detail::Status& s) { return caught(s, [&] { offer(peers); }); });
-}
-void Mesh::offer(std::span<const std::uint32_t> peers, std::error_code& ec, Diagnostics& diagnostics) {
-    detail::or_code(ec, diagnostics, [&](detail::Status& s) { return caught(s, [&] { offer(peers); }); });
-}
-MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec) {
-    return detail::or_code(ec, [&](detail::Status& s) { return detail::capture(s, [&] { return &peer(rank); }); });
-}
-MeshPeer* Mesh::peer(std::uint32_t rank, std::error_code& ec, Diagnostics& diagnostics) {
-    return detail::or_code(ec, diagnostics,
-                           [&](detail::Status& s) { return detail::capture(s, [&] { return &peer(rank); }); });
+MeshPeer* Mesh::peer_impl(std::uint32_t rank, detail::Status& status) {
+    if (auto it = peers_.find(rank); it != peers_.end()) return &it->second;
+    connect_impl(std::span<const std::uint32_t>(&rank, 1), status);
+    if (!status.ok()) return nullptr;
+    return &peers_.at(rank);
 }
 
 MeshPeer* Mesh::find(std::uint32_t rank) noexcept {

@@ -53,7 +53,8 @@ void add_exchange(py::class_<R, std::shared_ptr<R>>& cls) {
             },
             py::arg("peer"), py::arg("key"), py::arg("timeout") = seconds_of(MeshOptions{}.timeout),
             "What peer published under key, waiting up to timeout seconds for it (GIL released).")
-        .def("withdraw", &R::withdraw, "Removes what this member published.")
+        .def(
+            "withdraw", [](R& r) { r.withdraw(); }, "Removes what this member published.")
         .def_static("available", &R::available,
                     "Whether this gpuverbs was built with it (otherwise creating one raises Errc.unsupported).");
 }

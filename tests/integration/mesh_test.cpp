@@ -4,6 +4,7 @@
 // every kind of bad input a rendezvous can hand a mesh.
 #include "child_process.hpp"
 #include "rig.hpp"
+#include "three_forms.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
 
@@ -18,10 +19,14 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <future>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 using namespace gpuverbs;
 using namespace std::chrono_literals;
@@ -451,6 +456,149 @@ TEST_SUITE("many peers: services" * doctest::skip(!test::rig_present() || !test:
             CHECK(workers[w]->wait(10s) == 0);
         }
         ::unsetenv("GPUVERBS_REDIS_PASSWORD"); // NOLINT(concurrency-mt-unsafe)
+    }
+}
+
+namespace {
+
+/// A rendezvous of the user's own with no throwing form at all (so Mesh can
+/// only call its error_code forms): one table shared by the members of this
+/// process, and a switch that makes an operation fail the way a store would.
+class SharedTable {
+public:
+    enum class Failing { nothing, publish, lookup };
+    SharedTable(std::map<std::pair<std::uint32_t, std::string>, std::vector<std::byte>>& table, std::mutex& mutex,
+                std::uint32_t rank)
+        : table_(&table), mutex_(&mutex), rank_(rank) {}
+    Failing failing = Failing::nothing;
+    [[nodiscard]] std::uint32_t rank() const { return rank_; }
+    [[nodiscard]] std::uint32_t world_size() const { return 2; }
+    [[nodiscard]] std::string name() const { return "the shared table"; }
+    void publish(const std::string& key, std::span<const std::byte> value, std::error_code& ec, Diagnostics& d) {
+        if (failing == Failing::publish) {
+            ec = errc::rendezvous_unavailable;
+            d.set(ec, "SharedTable::publish", "the table is read-only now");
+            return;
+        }
+        std::lock_guard lock(*mutex_);
+        (*table_)[{rank_, key}] = std::vector<std::byte>(value.begin(), value.end());
+        ec.clear();
+        d.clear();
+    }
+    void fence(std::chrono::milliseconds, std::error_code& ec, Diagnostics& d) {
+        ec.clear();
+        d.clear();
+    }
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout,
+                                  std::error_code& ec, Diagnostics& d) {
+        for (auto until = Clock::now() + timeout;; std::this_thread::sleep_for(1ms)) {
+            if (failing != Failing::lookup) {
+                std::lock_guard lock(*mutex_);
+                if (auto it = table_->find({peer, key}); it != table_->end()) {
+                    ec.clear();
+                    d.clear();
+                    return it->second;
+                }
+            }
+            if (Clock::now() >= until) break;
+        }
+        ec = errc::peer_missing;
+        d.set(ec, "SharedTable::lookup", "rank " + std::to_string(peer) + " published no '" + key + "'");
+        return {};
+    }
+    void withdraw(std::error_code& ec, Diagnostics& d) {
+        ec.clear();
+        d.clear();
+    }
+
+private:
+    std::map<std::pair<std::uint32_t, std::string>, std::vector<std::byte>>* table_;
+    std::mutex* mutex_;
+    std::uint32_t rank_;
+};
+static_assert(Rendezvous<SharedTable>);
+
+} // namespace
+
+TEST_SUITE("many peers: a rendezvous of the user's own" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("Mesh over error_code forms only: its three forms fail alike with the store's words, then connect") {
+        std::map<std::pair<std::uint32_t, std::string>, std::vector<std::byte>> table;
+        std::mutex mutex;
+        SharedTable store0(table, mutex, 0), store1(table, mutex, 1);
+        auto r = rig();
+        Member m0(r.dev0), m1(r.dev1);
+        MeshOptions options;
+        options.timeout = 300ms;
+        Mesh mesh0(store0, m0.pd, m0.cq, {m0.mr}, options);
+        Mesh mesh1(store1, m1.pd, m1.cq, {m1.mr}, options);
+
+        // The store refuses our record: offer and connect fail, naming it.
+        store0.failing = SharedTable::Failing::publish;
+        const std::string refused = test::check_fails_alike(
+            errc::rendezvous_unavailable,
+            [&] {
+                mesh0.connect(1);
+                return 0;
+            },
+            [&](std::error_code& ec) {
+                mesh0.connect(1, ec);
+                return 0;
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                mesh0.connect(1, ec, d);
+                return 0;
+            });
+        CHECK(refused ==
+              "Mesh: rank 0 connecting to peer 1 through the shared table: SharedTable::publish: the "
+              "table is read-only now");
+        CHECK(mesh0.offered().empty());
+
+        // The peer's record never comes: peer_missing at the deadline, in the store's words.
+        store0.failing = SharedTable::Failing::lookup;
+        const std::string missing = test::check_fails_alike(
+            errc::peer_missing,
+            [&] {
+                mesh0.connect(1);
+                return 0;
+            },
+            [&](std::error_code& ec) {
+                mesh0.connect(1, ec);
+                return 0;
+            },
+            [&](std::error_code& ec, Diagnostics& d) {
+                mesh0.connect(1, ec, d);
+                return 0;
+            });
+        CHECK(missing ==
+              "Mesh: rank 0 connecting to peer 1 through the shared table: SharedTable::lookup: rank 1 "
+              "published no 'gpuverbs.mesh.to.0'");
+        CHECK(mesh0.find(1) == nullptr);
+
+        // The store works again: both connect through the error_code forms, and a write lands.
+        store0.failing = SharedTable::Failing::nothing;
+        mesh0 = Mesh(store0, m0.pd, m0.cq, {m0.mr}, MeshOptions{});
+        {
+            std::lock_guard lock(mutex); // the old mesh's record named a queue pair that is gone
+            table.clear();
+        }
+        auto theirs = std::async(std::launch::async, [&] {
+            std::error_code ec;
+            Diagnostics d;
+            mesh1.connect(0, ec, d);
+            return d.message();
+        });
+        std::error_code ec = make_error_code(errc::invalid_argument);
+        Diagnostics d = test::stale_diagnostics();
+        mesh0.connect(1, ec, d);
+        CHECK_MESSAGE(!ec, d.message());
+        CHECK(d.message().empty());
+        CHECK(theirs.get().empty());
+        MeshPeer* peer = mesh0.peer(1, ec, d);
+        REQUIRE(peer != nullptr);
+        std::memset(m0.buffer.data(), 0x7e, 64);
+        REQUIRE_FALSE(peer->qp.post_write(m0.mr.slice(0, 64), peer->regions.at(0)));
+        CHECK(wait_completion(m0.cq).ok());
+        CHECK(m1.buffer[63] == std::byte{0x7e});
     }
 }
 

@@ -26,10 +26,14 @@ struct FixedRendezvous {
     [[nodiscard]] std::uint32_t rank() const { return my_rank; }
     [[nodiscard]] std::uint32_t world_size() const { return size; }
     [[nodiscard]] std::string name() const { return "a fixed rendezvous"; }
-    void publish(const std::string&, std::span<const std::byte>) {}
-    void fence(std::chrono::milliseconds) {}
-    std::vector<std::byte> lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) { return {}; }
-    void withdraw() {}
+    void publish(const std::string&, std::span<const std::byte>, std::error_code& ec, Diagnostics&) { ec.clear(); }
+    void fence(std::chrono::milliseconds, std::error_code& ec, Diagnostics&) { ec.clear(); }
+    std::vector<std::byte> lookup(std::uint32_t, const std::string&, std::chrono::milliseconds, std::error_code& ec,
+                                  Diagnostics&) {
+        ec.clear();
+        return {};
+    }
+    void withdraw(std::error_code& ec, Diagnostics&) { ec.clear(); }
 };
 
 /// The Rendezvous concept holds for every backend (and refuses what is not one).
@@ -197,6 +201,85 @@ TEST_SUITE("rendezvous backends without a store") {
         if (PmixRendezvous::available()) {
             CHECK_MESSAGE(what.starts_with("PMIx_Init: this process was not started by a PMIx launcher"), what);
         }
+    }
+    TEST_CASE("a rendezvous that did not join fails each operation alike in the three forms, naming it") {
+        using std::chrono::milliseconds;
+        const std::vector<std::byte> value(4, std::byte{1});
+        // Every backend's operations, each in its three forms (RendezvousForms
+        // gives the throwing and (…, ec) forms from the backend's own).
+        auto check_ops = [&](auto& r, std::error_code expected, const std::string& words) {
+            const std::string publish = test::check_fails_alike(
+                expected,
+                [&] {
+                    r.publish("k", value);
+                    return 0;
+                },
+                [&](std::error_code& ec) {
+                    r.publish("k", value, ec);
+                    return 0;
+                },
+                [&](std::error_code& ec, Diagnostics& d) {
+                    r.publish("k", value, ec, d);
+                    return 0;
+                });
+            CHECK_MESSAGE(publish.find(words) != std::string::npos, publish);
+            const std::string fence = test::check_fails_alike(
+                expected,
+                [&] {
+                    r.fence(milliseconds(10));
+                    return 0;
+                },
+                [&](std::error_code& ec) {
+                    r.fence(milliseconds(10), ec);
+                    return 0;
+                },
+                [&](std::error_code& ec, Diagnostics& d) {
+                    r.fence(milliseconds(10), ec, d);
+                    return 0;
+                });
+            CHECK_MESSAGE(fence.find(words) != std::string::npos, fence);
+            const std::string lookup = test::check_fails_alike(
+                expected, [&] { return r.lookup(0, "k", milliseconds(10)); },
+                [&](std::error_code& ec) { return r.lookup(0, "k", milliseconds(10), ec); },
+                [&](std::error_code& ec, Diagnostics& d) { return r.lookup(0, "k", milliseconds(10), ec, d); });
+            CHECK_MESSAGE(lookup.find(words) != std::string::npos, lookup);
+        };
+        {
+            std::error_code ec;
+            PmixRendezvous job = PmixRendezvous::create(ec);
+            REQUIRE(ec);
+            check_ops(job, PmixRendezvous::available() ? errc::rendezvous_unavailable : errc::unsupported,
+                      PmixRendezvous::available() ? "did not join a job (create() failed)" : "built without PMIx");
+            std::error_code withdrawn = make_error_code(errc::invalid_argument);
+            job.withdraw(withdrawn); // nothing to remove in PMIx
+            CHECK_FALSE(withdrawn);
+        }
+        {
+            std::error_code ec;
+            RedisOptions options;
+            options.port = 1; // nothing listens there
+            options.command_timeout = std::chrono::milliseconds(200);
+            RedisRendezvous store = RedisRendezvous::create(options, ec);
+            REQUIRE(ec);
+            check_ops(
+                store, RedisRendezvous::available() ? errc::rendezvous_unavailable : errc::unsupported,
+                RedisRendezvous::available() ? "did not join its service (create() failed)" : "built without hiredis");
+            std::error_code members_ec;
+            Diagnostics members_words;
+            CHECK(store.members(members_ec, members_words).empty());
+            CHECK(members_ec);
+            CHECK(members_words.message().starts_with("RedisRendezvous::members: "));
+        }
+    }
+    TEST_CASE("a rendezvous of one's own: the error_code forms alone make it one, and Diagnostics::set words them") {
+        static_assert(Rendezvous<FixedRendezvous>); // no throwing form at all
+        Diagnostics d;
+        d.set(errc::peer_missing, "MyStore::lookup", "rank 3 published nothing");
+        CHECK(d.verb() == "MyStore::lookup");
+        CHECK(d.detail() == "rank 3 published nothing");
+        CHECK(d.message() == "MyStore::lookup: rank 3 published nothing");
+        d.set(std::error_code(), "MyStore::lookup", "ignored"); // no error: no words
+        CHECK(d.message().empty());
     }
     TEST_CASE("the backends built here say so") {
         CHECK(PmixRendezvous::available() == (GPUVERBS_TEST_HAVE_PMIX != 0));

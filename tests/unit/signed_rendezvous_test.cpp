@@ -20,22 +20,43 @@ namespace {
 /// One shared table of (rank, key) -> bytes, seen by every member.
 using Table = std::map<std::pair<std::uint32_t, std::string>, std::vector<std::byte>>;
 
-class TableRendezvous {
+/// A rendezvous of the user's own, written as docs/many-peers.md says: the
+/// four error_code forms, the others from RendezvousForms.
+class TableRendezvous : public RendezvousForms<TableRendezvous> {
 public:
+    using RendezvousForms::fence;
+    using RendezvousForms::lookup;
+    using RendezvousForms::publish;
+    using RendezvousForms::withdraw;
     TableRendezvous(Table& table, std::uint32_t rank) : table_(&table), rank_(rank) {}
     [[nodiscard]] std::uint32_t rank() const { return rank_; }
     [[nodiscard]] std::uint32_t world_size() const { return 4; }
     [[nodiscard]] std::string name() const { return "table"; }
-    void publish(const std::string& key, std::span<const std::byte> value) {
+    void publish(const std::string& key, std::span<const std::byte> value, std::error_code& ec, Diagnostics& d) {
         (*table_)[{rank_, key}] = std::vector<std::byte>(value.begin(), value.end());
+        ec.clear();
+        d.clear();
     }
-    void fence(std::chrono::milliseconds) {}
-    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds) {
+    void fence(std::chrono::milliseconds, std::error_code& ec, Diagnostics& d) {
+        ec.clear();
+        d.clear();
+    }
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds,
+                                  std::error_code& ec, Diagnostics& d) {
         auto it = table_->find({peer, key});
-        if (it == table_->end()) throw Error(errc::peer_missing, "lookup", "nothing");
+        if (it == table_->end()) {
+            ec = errc::peer_missing;
+            d.set(ec, "TableRendezvous::lookup", "nothing under '" + key + "'");
+            return {};
+        }
+        ec.clear();
+        d.clear();
         return it->second;
     }
-    void withdraw() {}
+    void withdraw(std::error_code& ec, Diagnostics& d) {
+        ec.clear();
+        d.clear();
+    }
 
 private:
     Table* table_;
@@ -119,6 +140,25 @@ TEST_SUITE("signed rendezvous records" * doctest::skip(!GPUVERBS_HAVE_OPENSSL)) 
         // And the genuine one still verifies.
         s1.publish("endpoint", bytes_of("the real endpoint"));
         CHECK(s0.lookup(1, "endpoint", 1s) == bytes_of("the real endpoint"));
+    }
+
+    TEST_CASE("lookup's three forms agree: a forged record, and the inner rendezvous's own failure in its words") {
+        Table table;
+        const std::string secret(32, 'k');
+        TableRendezvous a0(table, 0);
+        TableRendezvous a1(table, 1);
+        SignedRendezvous s0(a0, secret);
+        a1.publish("endpoint", bytes_of("unsigned bytes, no tag at all, long enough to be one"));
+        const std::string forged = test::check_fails_alike(
+            errc::malformed_record, [&] { return s0.lookup(1, "endpoint", 1s); },
+            [&](std::error_code& ec) { return s0.lookup(1, "endpoint", 1s, ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return s0.lookup(1, "endpoint", 1s, ec, d); });
+        CHECK(forged.starts_with("SignedRendezvous::lookup: table (signed records): rank 1's 'endpoint' "));
+        const std::string missing = test::check_fails_alike(
+            errc::peer_missing, [&] { return s0.lookup(2, "endpoint", 1s); },
+            [&](std::error_code& ec) { return s0.lookup(2, "endpoint", 1s, ec); },
+            [&](std::error_code& ec, Diagnostics& d) { return s0.lookup(2, "endpoint", 1s, ec, d); });
+        CHECK(missing == "TableRendezvous::lookup: nothing under 'endpoint'");
     }
 
     TEST_CASE("a secret shorter than 16 bytes is refused by name") {

@@ -231,16 +231,24 @@ private:
     static Mesh create_impl(std::unique_ptr<detail::AnyRendezvous> rendezvous, const ProtectionDomain& pd,
                             const CompletionQueue& cq, std::vector<RemoteMemory> regions, MeshOptions options,
                             detail::Status& status, std::optional<Access> advertised = std::nullopt);
-    /// Throws errc::invalid_argument naming `verb` for an empty mesh.
-    void check_usable(const char* verb) const;
+    /// False, with errc::invalid_argument naming `verb`, for an empty mesh.
+    bool usable(const char* verb, detail::Status& status) const;
+    // Each public call's one implementation; its three forms run it.
+    void connect_all_impl(detail::Status& status);
+    void connect_impl(std::span<const std::uint32_t> peers, detail::Status& status);
+    void offer_impl(std::span<const std::uint32_t> peers, detail::Status& status);
+    MeshPeer* peer_impl(std::uint32_t rank, detail::Status& status);
 
-    /// Reads `peer`'s record under `key` and connects `prepared` to it.
-    void connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
-                      std::chrono::milliseconds timeout);
+    /// Reads `peer`'s record under `key` and connects `prepared` to it; false
+    /// (the reason in `status`, naming the peer) when it could not.
+    bool connect_peer(std::uint32_t peer, PreparedQueuePair& prepared, const std::string& key,
+                      std::chrono::milliseconds timeout, detail::Status& status);
     [[nodiscard]] std::string pair_key(std::uint32_t to) const { return options_.name + ".to." + std::to_string(to); }
     [[nodiscard]] std::vector<std::byte> ready_word() const;
-    void await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline);
-    [[noreturn]] void fail(std::error_code code, std::uint32_t peer, const std::string& what) const;
+    bool await_ready(std::uint32_t peer, const std::string& key, std::chrono::steady_clock::time_point deadline,
+                     detail::Status& status);
+    /// Fails `status` with `code`, naming this rank, the peer and the rendezvous.
+    void fail(detail::Status& status, std::error_code code, std::uint32_t peer, const std::string& what) const;
 
     std::unique_ptr<detail::AnyRendezvous> rendezvous_;
     const ProtectionDomain* pd_ = nullptr;

@@ -13,22 +13,14 @@ namespace detail {
 #if GPUVERBS_HAVE_HIREDIS
 std::optional<PeerEvent> next_peer_event(PeerWatchState& state, Status& status) {
     if (state.queue.empty()) {
-        try {
-            std::set<std::uint32_t> present = scan_members(*state.member);
-            present.erase(state.member->rank);
-            for (std::uint32_t r : present) {
-                if (!state.known.contains(r)) state.queue.push_back({PeerEvent::Kind::joined, r});
-            }
-            for (std::uint32_t r : state.known) {
-                if (!present.contains(r)) state.queue.push_back({PeerEvent::Kind::left, r});
-            }
-        } catch (const std::bad_alloc&) {
-            status.fail(std::make_error_code(std::errc::not_enough_memory), "PeerWatch", "out of memory");
-            return std::nullopt;
-        } catch (const Error& e) {
-            std::string_view text = e.what();
-            status.fail(e.code(), e.verb(), std::string(text.substr(std::min(text.size(), e.verb().size() + 2))));
-            return std::nullopt;
+        std::set<std::uint32_t> present = scan_members(*state.member, status);
+        if (!status.ok()) return std::nullopt;
+        present.erase(state.member->rank);
+        for (std::uint32_t r : present) {
+            if (!state.known.contains(r)) state.queue.push_back({PeerEvent::Kind::joined, r});
+        }
+        for (std::uint32_t r : state.known) {
+            if (!present.contains(r)) state.queue.push_back({PeerEvent::Kind::left, r});
         }
     }
     if (state.queue.empty()) return std::nullopt;
@@ -75,7 +67,16 @@ void PeerWatch::cancel() {
 std::optional<PeerEvent> PeerWatch::poll() {
     detail::Status status;
     std::optional<PeerEvent> event = detail::next_peer_event(*state_, status);
+    status.report(state_->diagnostics);
     status.check();
+    return event;
+}
+
+std::optional<PeerEvent> PeerWatch::poll(std::error_code& ec) {
+    detail::Status status;
+    std::optional<PeerEvent> event = detail::next_peer_event(*state_, status);
+    status.report(state_->diagnostics);
+    ec = status.code;
     return event;
 }
 

@@ -29,12 +29,14 @@ int timeout_seconds(std::chrono::milliseconds timeout) {
     return static_cast<int>(std::min<std::int64_t>((ms + 999) / 1000, 1 << 30));
 }
 
-void check_key(const std::string& key, const char* verb) {
+bool check_key(const std::string& key, const char* verb, detail::Status& status) {
     if (key.empty() || key.size() > PMIX_MAX_KEYLEN) {
-        throw Error(errc::invalid_argument, verb,
+        status.fail(errc::invalid_argument, verb,
                     "a PMIx key has 1 to " + std::to_string(PMIX_MAX_KEYLEN) + " characters; '" + key + "' has " +
                         std::to_string(key.size()));
+        return false;
     }
+    return true;
 }
 
 } // namespace
@@ -76,12 +78,12 @@ PmixRendezvous::PmixRendezvous(detail::Outcome outcome) {
     outcome.settle(status);
 }
 
-const PmixRendezvous::Impl& PmixRendezvous::joined(const char* verb) const {
+const PmixRendezvous::Impl* PmixRendezvous::joined(const char* verb, detail::Status& status) const {
     if (!impl_) {
-        throw Error(errc::rendezvous_unavailable, verb,
+        status.fail(errc::rendezvous_unavailable, verb,
                     "this PmixRendezvous did not join a job (create() failed): create it again");
     }
-    return *impl_;
+    return impl_.get();
 }
 
 PmixRendezvous::~PmixRendezvous() {
@@ -98,9 +100,8 @@ std::string PmixRendezvous::name() const {
     return impl_ ? std::string("PMIx namespace '") + impl_->me.nspace + "'" : std::string("PMIx (not joined)");
 }
 
-void PmixRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
-    (void)joined("PMIx_Put");
-    check_key(key, "PMIx_Put");
+void PmixRendezvous::publish_impl(const std::string& key, std::span<const std::byte> value, detail::Status& status) {
+    if (joined("PMIx_Put", status) == nullptr || !check_key(key, "PMIx_Put", status)) return;
     pmix_value_t v;
     PMIX_VALUE_CONSTRUCT(&v);
     v.type = PMIX_BYTE_OBJECT;
@@ -110,14 +111,16 @@ void PmixRendezvous::publish(const std::string& key, std::span<const std::byte> 
     pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v);
     if (rc == PMIX_SUCCESS) rc = PMIx_Commit();
     if (rc != PMIX_SUCCESS) {
-        throw Error(errc::rendezvous_unavailable, "PMIx_Put",
+        status.fail(errc::rendezvous_unavailable, "PMIx_Put",
                     name() + ": rank " + std::to_string(rank()) + " could not publish '" + key + "': " + pmix_text(rc));
     }
 }
 
-void PmixRendezvous::fence(std::chrono::milliseconds timeout) {
+void PmixRendezvous::fence_impl(std::chrono::milliseconds timeout, detail::Status& status) {
+    const Impl* impl = joined("PMIx_Fence", status);
+    if (impl == nullptr) return;
     pmix_proc_t job;
-    PMIX_LOAD_PROCID(&job, joined("PMIx_Fence").me.nspace, PMIX_RANK_WILDCARD);
+    PMIX_LOAD_PROCID(&job, impl->me.nspace, PMIX_RANK_WILDCARD);
     pmix_info_t info[2];
     bool collect = true;
     int seconds = timeout_seconds(timeout);
@@ -127,20 +130,22 @@ void PmixRendezvous::fence(std::chrono::milliseconds timeout) {
     PMIX_INFO_DESTRUCT(&info[0]);
     PMIX_INFO_DESTRUCT(&info[1]);
     if (rc == PMIX_ERR_TIMEOUT) {
-        throw Error(errc::peer_missing, "PMIx_Fence",
+        status.fail(errc::peer_missing, "PMIx_Fence",
                     name() + ": not every rank reached the fence within " + std::to_string(seconds) +
                         " s (a rank is stuck, crashed or never called it)");
+    } else if (rc != PMIX_SUCCESS) {
+        status.fail(errc::rendezvous_unavailable, "PMIx_Fence", name() + ": " + pmix_text(rc));
     }
-    if (rc != PMIX_SUCCESS) throw Error(errc::rendezvous_unavailable, "PMIx_Fence", name() + ": " + pmix_text(rc));
 }
 
-std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::string& key,
-                                              std::chrono::milliseconds timeout) {
-    check_key(key, "PMIx_Get");
-    if (peer >= joined("PMIx_Get").size) {
-        throw Error(
+std::vector<std::byte> PmixRendezvous::lookup_impl(std::uint32_t peer, const std::string& key,
+                                                   std::chrono::milliseconds timeout, detail::Status& status) {
+    if (!check_key(key, "PMIx_Get", status) || joined("PMIx_Get", status) == nullptr) return {};
+    if (peer >= impl_->size) {
+        status.fail(
             errc::invalid_argument, "PMIx_Get",
             name() + " has " + std::to_string(impl_->size) + " ranks; there is no rank " + std::to_string(peer));
+        return {};
     }
     pmix_proc_t proc;
     PMIX_LOAD_PROCID(&proc, impl_->me.nspace, peer);
@@ -163,18 +168,21 @@ std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t peer, const std::str
     }
     std::string who = name() + ": rank " + std::to_string(peer) + "'s '" + key + "'";
     if (rc == PMIX_ERR_TIMEOUT || rc == PMIX_ERR_NOT_FOUND) {
-        throw Error(errc::peer_missing, "PMIx_Get",
+        status.fail(errc::peer_missing, "PMIx_Get",
                     who + " was not published within " + std::to_string(seconds) + " s (" + pmix_text(rc) + ")");
+        return {};
     }
     if (rc != PMIX_SUCCESS || value == nullptr) {
         if (value != nullptr) PMIX_VALUE_RELEASE(value);
-        throw Error(errc::rendezvous_unavailable, "PMIx_Get", who + ": " + pmix_text(rc));
+        status.fail(errc::rendezvous_unavailable, "PMIx_Get", who + ": " + pmix_text(rc));
+        return {};
     }
     if (value->type != PMIX_BYTE_OBJECT) {
         int type = value->type;
         PMIX_VALUE_RELEASE(value);
-        throw Error(errc::malformed_record, "PMIx_Get",
+        status.fail(errc::malformed_record, "PMIx_Get",
                     who + " is PMIx data type " + std::to_string(type) + ", not the bytes gpuverbs publishes");
+        return {};
     }
     const auto* first = reinterpret_cast<const std::byte*>(value->data.bo.bytes);
     std::vector<std::byte> bytes(first, first + value->data.bo.size);
@@ -197,8 +205,9 @@ PmixRendezvous::PmixRendezvous(detail::Outcome outcome) {
                 "gpuverbs was built without PMIx: install libpmix-dev (scripts/install-deps) and configure again");
     outcome.settle(status);
 }
-const PmixRendezvous::Impl& PmixRendezvous::joined(const char* verb) const {
-    throw Error(errc::unsupported, verb, "gpuverbs was built without PMIx");
+const PmixRendezvous::Impl* PmixRendezvous::joined(const char* verb, detail::Status& status) const {
+    status.fail(errc::unsupported, verb, "gpuverbs was built without PMIx");
+    return nullptr;
 }
 PmixRendezvous::~PmixRendezvous() = default;
 std::uint32_t PmixRendezvous::rank() const noexcept {
@@ -211,14 +220,15 @@ std::string PmixRendezvous::name() const {
     return "PMIx (not built)";
 }
 // Without PMIx nothing joined: each operation refuses, saying why (never a silent no-op).
-void PmixRendezvous::publish(const std::string&, std::span<const std::byte>) {
-    (void)joined("PmixRendezvous::publish");
+void PmixRendezvous::publish_impl(const std::string&, std::span<const std::byte>, detail::Status& status) {
+    (void)joined("PmixRendezvous::publish", status);
 }
-void PmixRendezvous::fence(std::chrono::milliseconds) {
-    (void)joined("PmixRendezvous::fence");
+void PmixRendezvous::fence_impl(std::chrono::milliseconds, detail::Status& status) {
+    (void)joined("PmixRendezvous::fence", status);
 }
-std::vector<std::byte> PmixRendezvous::lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) {
-    (void)joined("PmixRendezvous::lookup");
+std::vector<std::byte> PmixRendezvous::lookup_impl(std::uint32_t, const std::string&, std::chrono::milliseconds,
+                                                   detail::Status& status) {
+    (void)joined("PmixRendezvous::lookup", status);
     return {};
 }
 bool PmixRendezvous::available() noexcept {

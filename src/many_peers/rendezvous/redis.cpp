@@ -30,23 +30,11 @@ std::string PeerEvent::describe() const {
 }
 
 #if GPUVERBS_HAVE_HIREDIS
-namespace {
-/// An Error from the client's depths, as a Status: the same code, verb and words.
-void keep(const Error& e, detail::Status& status) {
-    const std::string what = e.what(); // "VERB: DETAIL"
-    status.fail(e.code(), e.verb(), what.substr(std::min(what.size(), e.verb().size() + 2)));
-}
-} // namespace
-
 RedisRendezvous::RedisRendezvous(RedisOptions options) : RedisRendezvous(std::move(options), detail::Outcome{}) {}
 
 RedisRendezvous::RedisRendezvous(RedisOptions options, detail::Outcome outcome) {
     detail::Status status;
-    try {
-        join(std::move(options), status);
-    } catch (const Error& e) { // the store refused us, or went away: in words, as the throwing form's
-        keep(e, status);
-    }
+    join(std::move(options), status);
     if (!status.ok()) member_.reset(); // joined nothing: its keys (if any) expire with their TTL
     outcome.settle(status);
 }
@@ -80,7 +68,8 @@ void RedisRendezvous::join(RedisOptions options, detail::Status& status) {
     detail::RedisMember& m = *member_;
     m.token = detail::random_token();
     if (m.options_.rank) {
-        if (!m.claim(*m.options_.rank)) {
+        if (!m.claim(*m.options_.rank, status)) {
+            if (!status.ok()) return; // the store failed
             status.fail(errc::rank_taken, "RedisRendezvous",
                         "rank " + std::to_string(*m.options_.rank) + " of " + m.name() +
                             " is held by a live member (if that process died, its entry expires within the TTL); "
@@ -90,7 +79,8 @@ void RedisRendezvous::join(RedisOptions options, detail::Status& status) {
     } else if (m.options_.world_size) {
         // A fixed world: the lowest free rank, so that ranks are 0 .. N-1 whatever ran before.
         bool claimed = false;
-        for (std::uint32_t r = 0; r < limit && !claimed; ++r) claimed = m.claim(r);
+        for (std::uint32_t r = 0; r < limit && !claimed && status.ok(); ++r) claimed = m.claim(r, status);
+        if (!status.ok()) return;
         if (!claimed) {
             status.fail(errc::rank_taken, "RedisRendezvous",
                         "all " + std::to_string(limit) + " ranks of " + m.name() +
@@ -100,14 +90,17 @@ void RedisRendezvous::join(RedisOptions options, detail::Status& status) {
     } else {
         bool claimed = false;
         for (int attempt = 0; attempt < 16 && !claimed; ++attempt) {
-            detail::Reply next = m.checked({"INCR", m.options_.service + "/next-rank"}, "Redis INCR");
-            auto r = static_cast<std::uint64_t>(m.integer(next, "Redis INCR") - 1);
+            std::optional<long long> next =
+                m.integer({"INCR", m.options_.service + "/next-rank"}, "Redis INCR", status);
+            if (!next) return;
+            auto r = static_cast<std::uint64_t>(*next - 1);
             if (r >= limit) {
                 status.fail(errc::invalid_argument, "RedisRendezvous",
                             m.name() + " has handed out all " + std::to_string(limit) + " ranks");
                 return;
             }
-            claimed = m.claim(static_cast<std::uint32_t>(r));
+            claimed = m.claim(static_cast<std::uint32_t>(r), status);
+            if (!status.ok()) return;
         }
         if (!claimed) {
             status.fail(errc::rank_taken, "RedisRendezvous", m.name() + ": 16 ranks in a row were held by others");
@@ -118,20 +111,17 @@ void RedisRendezvous::join(RedisOptions options, detail::Status& status) {
 }
 
 RedisRendezvous::~RedisRendezvous() {
-    if (!member_) return; // never joined
-    try {
-        withdraw();
-    } catch (const std::exception&) {
-        // The store is gone: our keys expire with their TTL.
-    }
+    if (!member_) return;   // never joined
+    detail::Status ignored; // the store is gone: our keys expire with their TTL
+    withdraw_impl(ignored);
 }
 
-detail::RedisMember& RedisRendezvous::joined(const char* verb) const {
+detail::RedisMember* RedisRendezvous::joined(const char* verb, detail::Status& status) const {
     if (!member_) {
-        throw Error(errc::rendezvous_unavailable, verb,
+        status.fail(errc::rendezvous_unavailable, verb,
                     "this RedisRendezvous did not join its service (create() failed): create it again");
     }
-    return *member_;
+    return member_.get();
 }
 
 std::uint32_t RedisRendezvous::rank() const noexcept {
@@ -150,32 +140,36 @@ bool RedisRendezvous::available() noexcept {
     return true;
 }
 
-void RedisRendezvous::publish(const std::string& key, std::span<const std::byte> value) {
-    detail::RedisMember& m = joined("RedisRendezvous::publish");
-    m.check_alive("Redis HSET");
+void RedisRendezvous::publish_impl(const std::string& key, std::span<const std::byte> value, detail::Status& status) {
+    detail::RedisMember* joined_member = joined("RedisRendezvous::publish", status);
+    if (joined_member == nullptr || !joined_member->check_alive("Redis HSET", status)) return;
+    detail::RedisMember& m = *joined_member;
     if (value.size() > detail::max_value_size) {
-        throw Error(errc::invalid_argument, "RedisRendezvous::publish",
+        status.fail(errc::invalid_argument, "RedisRendezvous::publish",
                     "a value of " + std::to_string(value.size()) + " bytes is larger than a member may publish (" +
                         std::to_string(detail::max_value_size) + ", the largest mesh record and a signature)");
+        return;
     }
     std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
-    detail::Reply done = m.checked({"EVAL", detail::publish_script, "2", m.member_key(m.rank), m.data_key(m.rank),
-                                    m.token, key, bytes, m.ttl_text()},
-                                   "Redis EVAL");
-    if (m.integer(done, "Redis EVAL") == 0) {
-        throw Error(errc::rendezvous_unavailable, "RedisRendezvous::publish",
+    std::optional<long long> done = m.integer({"EVAL", detail::publish_script, "2", m.member_key(m.rank),
+                                               m.data_key(m.rank), m.token, key, bytes, m.ttl_text()},
+                                              "Redis EVAL", status);
+    if (done && *done == 0) {
+        status.fail(errc::rendezvous_unavailable, "RedisRendezvous::publish",
                     m.name() + ": rank " + std::to_string(m.rank) +
                         " is no longer ours (our entry expired: this process stalled longer than the TTL or the store "
                         "lost its data); nothing was published");
     }
 }
 
-void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
-    detail::RedisMember& m = joined("RedisRendezvous::fence");
-    m.check_alive("RedisRendezvous::fence");
+void RedisRendezvous::fence_impl(std::chrono::milliseconds timeout, detail::Status& status) {
+    detail::RedisMember* joined_member = joined("RedisRendezvous::fence", status);
+    if (joined_member == nullptr || !joined_member->check_alive("RedisRendezvous::fence", status)) return;
+    detail::RedisMember& m = *joined_member;
     if (!m.options_.world_size) {
-        throw Error(errc::unsupported, "RedisRendezvous::fence",
+        status.fail(errc::unsupported, "RedisRendezvous::fence",
                     m.name() + " is an open world: a fence needs RedisOptions::world_size");
+        return;
     }
     auto deadline = detail::deadline_after(timeout);
     const std::uint32_t n = *m.options_.world_size;
@@ -184,12 +178,14 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
         std::vector<std::string> keys;
         keys.reserve(n);
         for (std::uint32_t r = 0; r < n; ++r) keys.push_back(m.member_key(r));
-        if (m.count_existing(keys) == n) return;
+        std::optional<long long> present = m.count_existing(keys, status);
+        if (!present || *present == n) return;
         std::vector<std::uint32_t> missing;
         if (std::chrono::steady_clock::now() >= deadline) {
             for (std::uint32_t r = 0; r < n; ++r) {
-                if (m.integer(m.checked({"EXISTS", keys[r]}, "Redis EXISTS"), "Redis EXISTS") == 0)
-                    missing.push_back(r);
+                std::optional<long long> exists = m.integer({"EXISTS", keys[r]}, "Redis EXISTS", status);
+                if (!exists) return;
+                if (*exists == 0) missing.push_back(r);
             }
         }
         if (!missing.empty()) {
@@ -197,26 +193,30 @@ void RedisRendezvous::fence(std::chrono::milliseconds timeout) {
             for (std::size_t i = 0; i < missing.size() && i < 8; ++i)
                 list += (i ? ", " : "") + std::to_string(missing[i]);
             if (missing.size() > 8) list += ", …";
-            throw Error(errc::peer_missing, "RedisRendezvous::fence",
+            status.fail(errc::peer_missing, "RedisRendezvous::fence",
                         m.name() + ": " + std::to_string(missing.size()) + " of " +
                             std::to_string(*m.options_.world_size) + " ranks did not join within " +
                             std::to_string(timeout.count()) + " ms (missing: " + list + ")");
+            return;
         }
         std::this_thread::sleep_for(m.options_.poll_interval);
     }
 }
 
-std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::string& key,
-                                               std::chrono::milliseconds timeout) {
-    detail::RedisMember& m = joined("RedisRendezvous::lookup");
-    m.check_alive("RedisRendezvous::lookup");
+std::vector<std::byte> RedisRendezvous::lookup_impl(std::uint32_t peer, const std::string& key,
+                                                    std::chrono::milliseconds timeout, detail::Status& status) {
+    detail::RedisMember* joined_member = joined("RedisRendezvous::lookup", status);
+    if (joined_member == nullptr || !joined_member->check_alive("RedisRendezvous::lookup", status)) return {};
+    detail::RedisMember& m = *joined_member;
     if (peer >= world_size()) {
-        throw Error(errc::invalid_argument, "RedisRendezvous::lookup",
+        status.fail(errc::invalid_argument, "RedisRendezvous::lookup",
                     m.name() + ": rank " + std::to_string(peer) + " is outside the world");
+        return {};
     }
     auto deadline = detail::deadline_after(timeout);
     for (;;) {
-        detail::Reply reply = m.checked({"HGET", m.data_key(peer), key}, "Redis HGET");
+        detail::Reply reply = m.checked({"HGET", m.data_key(peer), key}, "Redis HGET", status);
+        if (!reply) return {};
         if (reply->type == REDIS_REPLY_STRING) {
             std::vector<std::byte> value;
             std::string why;
@@ -228,35 +228,44 @@ std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t peer, const std::st
                 words += key;
                 words += "': ";
                 words += why;
-                throw Error(errc::malformed_record, "RedisRendezvous::lookup", words);
+                status.fail(errc::malformed_record, "RedisRendezvous::lookup", words);
+                return {};
             }
             return value;
         }
         auto now = std::chrono::steady_clock::now();
         if (now >= deadline) {
-            bool member = m.integer(m.checked({"EXISTS", m.member_key(peer)}, "Redis EXISTS"), "Redis EXISTS") != 0;
-            throw Error(errc::peer_missing, "RedisRendezvous::lookup",
+            std::optional<long long> exists = m.integer({"EXISTS", m.member_key(peer)}, "Redis EXISTS", status);
+            if (!exists) return {};
+            bool member = *exists != 0;
+            status.fail(errc::peer_missing, "RedisRendezvous::lookup",
                         "rank " + std::to_string(peer) + (member ? " is a live member of " : " is not a member of ") +
                             m.name() +
                             (member ? " but did not publish '" : " (it never joined or has left) and published no '") +
                             key + "' within " + std::to_string(timeout.count()) + " ms");
+            return {};
         }
         std::this_thread::sleep_for(
             std::min<std::chrono::steady_clock::duration>(m.options_.poll_interval, deadline - now));
     }
 }
 
-void RedisRendezvous::withdraw() {
-    detail::RedisMember& m = joined("RedisRendezvous::withdraw");
+void RedisRendezvous::withdraw_impl(detail::Status& status) {
+    detail::RedisMember* joined_member = joined("RedisRendezvous::withdraw", status);
+    if (joined_member == nullptr) return;
+    detail::RedisMember& m = *joined_member;
     if (m.withdrawn) return;
     m.withdrawn = true;
     m.stop_refresher();
     // Only if the rank is still ours: another process may hold it after our entry expired.
-    m.checked({"EVAL", detail::withdraw_script, "2", m.member_key(m.rank), m.data_key(m.rank), m.token}, "Redis EVAL");
+    (void)m.checked({"EVAL", detail::withdraw_script, "2", m.member_key(m.rank), m.data_key(m.rank), m.token},
+                    "Redis EVAL", status);
 }
 
-std::vector<std::uint32_t> RedisRendezvous::members() {
-    std::set<std::uint32_t> present = detail::scan_members(joined("RedisRendezvous::members"));
+std::vector<std::uint32_t> RedisRendezvous::members_impl(detail::Status& status) {
+    detail::RedisMember* m = joined("RedisRendezvous::members", status);
+    if (m == nullptr) return {};
+    std::set<std::uint32_t> present = detail::scan_members(*m, status);
     return {present.begin(), present.end()};
 }
 
@@ -289,22 +298,25 @@ bool RedisRendezvous::available() noexcept {
 // Without hiredis nothing joined: each operation refuses, saying why (never a
 // silent no-op); leaving what was never joined is nothing to do.
 namespace {
-[[noreturn]] void not_built(const char* verb) {
-    throw Error(errc::unsupported, verb, "gpuverbs was built without hiredis");
+void not_built(const char* verb, detail::Status& status) {
+    status.fail(errc::unsupported, verb, "gpuverbs was built without hiredis");
 }
 } // namespace
-void RedisRendezvous::publish(const std::string&, std::span<const std::byte>) {
-    not_built("RedisRendezvous::publish");
+void RedisRendezvous::publish_impl(const std::string&, std::span<const std::byte>, detail::Status& status) {
+    not_built("RedisRendezvous::publish", status);
 }
-void RedisRendezvous::fence(std::chrono::milliseconds) {
-    not_built("RedisRendezvous::fence");
+void RedisRendezvous::fence_impl(std::chrono::milliseconds, detail::Status& status) {
+    not_built("RedisRendezvous::fence", status);
 }
-std::vector<std::byte> RedisRendezvous::lookup(std::uint32_t, const std::string&, std::chrono::milliseconds) {
-    not_built("RedisRendezvous::lookup");
+std::vector<std::byte> RedisRendezvous::lookup_impl(std::uint32_t, const std::string&, std::chrono::milliseconds,
+                                                    detail::Status& status) {
+    not_built("RedisRendezvous::lookup", status);
+    return {};
 }
-void RedisRendezvous::withdraw() {}
-std::vector<std::uint32_t> RedisRendezvous::members() {
-    not_built("RedisRendezvous::members");
+void RedisRendezvous::withdraw_impl(detail::Status&) {}
+std::vector<std::uint32_t> RedisRendezvous::members_impl(detail::Status& status) {
+    not_built("RedisRendezvous::members", status);
+    return {};
 }
 
 #endif

@@ -7,8 +7,9 @@
 namespace gpuverbs::detail {
 
 /// The ranks whose member key exists now (one SCAN pass). A reply of
-/// another shape is the store misbehaving: errc::rendezvous_unavailable.
-std::set<std::uint32_t> scan_members(RedisMember& m) {
+/// another shape is the store misbehaving: errc::rendezvous_unavailable in
+/// `status` (and an empty set).
+std::set<std::uint32_t> scan_members(RedisMember& m, Status& status) {
     std::string cursor = "0";
     const std::string prefix = m.options_.service + "/member/";
     const std::string pattern = prefix + "*";
@@ -20,13 +21,16 @@ std::set<std::uint32_t> scan_members(RedisMember& m) {
     int pages = 0;
     do {
         if (++pages > max_pages) {
-            throw Error(errc::rendezvous_unavailable, "Redis SCAN",
+            status.fail(errc::rendezvous_unavailable, "Redis SCAN",
                         m.name() + " did not finish a SCAN within " + std::to_string(max_pages) +
                             " pages (a cursor that never returns to 0)");
+            return {};
         }
-        Reply reply = m.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "Redis SCAN");
+        Reply reply = m.checked({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, "Redis SCAN", status);
+        if (!reply) return {};
         if (!redis::parse_scan_reply(*reply, prefix, page, why)) {
-            throw Error(errc::rendezvous_unavailable, "Redis SCAN", m.name() + " answered SCAN wrongly: " + why);
+            status.fail(errc::rendezvous_unavailable, "Redis SCAN", m.name() + " answered SCAN wrongly: " + why);
+            return {};
         }
         present.insert(page.ranks.begin(), page.ranks.end());
         cursor = page.cursor;

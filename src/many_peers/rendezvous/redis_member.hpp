@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -73,31 +74,35 @@ public:
 
     [[nodiscard]] std::string where() const { return options_->host + ":" + std::to_string(options_->port); }
 
-    /// Runs one command; a reply of type error is returned as a reply (the caller words it).
-    Reply command(std::initializer_list<std::string_view> args, const char* verb) {
-        return command(std::span<const std::string_view>(args.begin(), args.size()), verb);
+    /// Runs one command; a reply of type error is returned as a reply (the
+    /// caller words it). No reply (null), with the words in `status`, when
+    /// the store cannot be reached or did not answer twice.
+    Reply command(std::initializer_list<std::string_view> args, const char* verb, Status& status) {
+        return command(std::span<const std::string_view>(args.begin(), args.size()), verb, status);
     }
-    Reply command(std::span<const std::string_view> args, const char* verb) {
+    Reply command(std::span<const std::string_view> args, const char* verb, Status& status) {
         std::lock_guard lock(mutex_);
         for (int attempt = 0;; ++attempt) {
-            if (context_ == nullptr) open(verb);
+            if (context_ == nullptr && !open(verb, status)) return Reply(nullptr, &freeReplyObject);
             Reply reply = send(args);
             if (reply) return reply;
             std::string why = context_->errstr;
             context_err_ = context_->err;
             close();
             if (attempt == 1 && context_err_ == REDIS_ERR_OOM) {
-                throw Error(errc::rendezvous_unavailable, verb,
+                status.fail(errc::rendezvous_unavailable, verb,
                             "Redis at " + where() +
                                 " sent a reply larger than gpuverbs accepts (an array of more than " +
                                 std::to_string(redis::max_array_elements) +
                                 " elements, or arrays nested deeper than SCAN's): a hostile or broken store");
+                return reply;
             }
             if (attempt == 1) {
-                throw Error(errc::rendezvous_unavailable, verb,
+                status.fail(errc::rendezvous_unavailable, verb,
                             "Redis at " + where() + " did not answer (" + why +
                                 "): it is down, unreachable, or slower than command_timeout (" +
                                 std::to_string(options_->command_timeout.count()) + " ms)");
+                return reply;
             }
         }
     }
@@ -118,14 +123,16 @@ private:
                      &freeReplyObject);
     }
 
-    void open(const char* verb) {
+    /// Connects and authenticates; false, with the words in `status`, when the store cannot be used.
+    bool open(const char* verb, Status& status) {
         timeval tv = to_timeval(options_->command_timeout);
         context_ = redisConnectWithTimeout(options_->host.c_str(), options_->port, tv);
         if (context_ == nullptr || context_->err != 0) {
             std::string why = context_ == nullptr ? "out of memory" : context_->errstr;
             close();
-            throw Error(errc::rendezvous_unavailable, verb,
+            status.fail(errc::rendezvous_unavailable, verb,
                         "cannot reach Redis at " + where() + ": " + why + " (is redis-server running there?)");
+            return false;
         }
         redisSetTimeout(context_, tv);
         redis::bound_arrays(*context_);
@@ -136,10 +143,11 @@ private:
                 std::string answer =
                     reply ? redis::server_text({reply->str, reply->len}) : std::string(context_->errstr);
                 close();
-                throw Error(errc::rendezvous_unavailable, verb,
+                status.fail(errc::rendezvous_unavailable, verb,
                             "Redis at " + where() + " refused the credentials" +
                                 (options_->user.empty() ? std::string() : " of user '" + options_->user + "'") + ": " +
                                 answer);
+                return false;
             }
         }
         Reply pong = send({"PING"});
@@ -147,11 +155,13 @@ private:
             std::string answer = pong ? redis::server_text({pong->str, pong->len}) : std::string(context_->errstr);
             close();
             bool auth = answer.find("NOAUTH") != std::string::npos;
-            throw Error(errc::rendezvous_unavailable, verb,
+            status.fail(errc::rendezvous_unavailable, verb,
                         "Redis at " + where() + " refused us: " + answer +
                             (auth ? " (it needs a password: set RedisOptions::password)" : ""));
+            return false;
         }
         warn_if_open();
+        return true;
     }
 
     /// Once per store and process: a store that took us without a password
@@ -206,52 +216,71 @@ public:
     }
     [[nodiscard]] std::string ttl_text() const { return std::to_string(options_.ttl.count()); }
 
-    Reply checked(std::initializer_list<std::string_view> args, const char* verb) {
-        Reply reply = connection_.command(args, verb);
-        if (reply->type == REDIS_REPLY_ERROR) {
-            throw Error(errc::rendezvous_unavailable, verb,
+    /// The reply to one command; null, with the words in `status`, when the
+    /// store failed or answered with an error.
+    Reply checked(std::initializer_list<std::string_view> args, const char* verb, Status& status) {
+        return checked(std::span<const std::string_view>(args.begin(), args.size()), verb, status);
+    }
+    Reply checked(std::span<const std::string_view> args, const char* verb, Status& status) {
+        Reply reply = connection_.command(args, verb, status);
+        if (reply && reply->type == REDIS_REPLY_ERROR) {
+            status.fail(errc::rendezvous_unavailable, verb,
                         name() + " answered: " + redis::server_text({reply->str, reply->len}));
+            reply.reset();
         }
         return reply;
     }
 
-    /// How many of `keys` exist (one EXISTS).
-    std::uint32_t count_existing(const std::vector<std::string>& keys) {
-        std::vector<std::string_view> args{"EXISTS"};
-        args.insert(args.end(), keys.begin(), keys.end());
-        Reply reply = connection_.command(std::span<const std::string_view>(args), "Redis EXISTS");
-        if (reply->type == REDIS_REPLY_ERROR) {
-            throw Error(errc::rendezvous_unavailable, "Redis EXISTS",
-                        name() + " answered: " + redis::server_text({reply->str, reply->len}));
-        }
-        return static_cast<std::uint32_t>(integer(reply, "Redis EXISTS"));
-    }
-
-    /// An integer reply's value; anything else is the store misbehaving.
-    long long integer(const Reply& reply, const char* verb) const {
+    /// The integer answer to one command; nothing, with the words in
+    /// `status`, when the store failed or answered with something else.
+    std::optional<long long> integer(std::span<const std::string_view> args, const char* verb, Status& status) {
+        Reply reply = checked(args, verb, status);
+        if (!reply) return std::nullopt;
         if (reply->type != REDIS_REPLY_INTEGER) {
-            throw Error(errc::rendezvous_unavailable, verb, name() + " answered with a reply that is not an integer");
+            status.fail(errc::rendezvous_unavailable, verb, name() + " answered with a reply that is not an integer");
+            return std::nullopt;
         }
         return reply->integer;
     }
-
-    void check_alive(const char* verb) {
-        if (withdrawn) throw Error(errc::invalid_argument, verb, name() + ": this member has withdrawn");
-        std::lock_guard lock(refresh_mutex_);
-        if (!lost_.empty()) throw Error(errc::rendezvous_unavailable, verb, name() + ": " + lost_);
+    std::optional<long long> integer(std::initializer_list<std::string_view> args, const char* verb, Status& status) {
+        return integer(std::span<const std::string_view>(args.begin(), args.size()), verb, status);
     }
 
-    /// Claims `r` (SET NX with the TTL): false when a live member holds it.
-    bool claim(std::uint32_t r) {
-        Reply reply = checked({"SET", member_key(r), token, "NX", "PX", ttl_text()}, "Redis SET");
+    /// How many of `keys` exist (one EXISTS); nothing when the store failed.
+    std::optional<long long> count_existing(const std::vector<std::string>& keys, Status& status) {
+        std::vector<std::string_view> args{"EXISTS"};
+        args.insert(args.end(), keys.begin(), keys.end());
+        return integer(std::span<const std::string_view>(args), "Redis EXISTS", status);
+    }
+
+    /// False, with the words in `status`, once this member withdrew or lost its membership.
+    bool check_alive(const char* verb, Status& status) {
+        if (withdrawn) {
+            status.fail(errc::invalid_argument, verb, name() + ": this member has withdrawn");
+            return false;
+        }
+        std::lock_guard lock(refresh_mutex_);
+        if (!lost_.empty()) {
+            status.fail(errc::rendezvous_unavailable, verb, name() + ": " + lost_);
+            return false;
+        }
+        return true;
+    }
+
+    /// Claims `r` (SET NX with the TTL): false when a live member holds it
+    /// or the store failed (then `status` says so).
+    bool claim(std::uint32_t r, Status& status) {
+        Reply reply = checked({"SET", member_key(r), token, "NX", "PX", ttl_text()}, "Redis SET", status);
+        if (!reply) return false;
         if (reply->type == REDIS_REPLY_NIL) {
             // Taken, or ours: a SET whose answer was lost and that was sent again.
-            Reply holder = checked({"GET", member_key(r)}, "Redis GET");
-            if (holder->type != REDIS_REPLY_STRING || std::string_view(holder->str, holder->len) != token) return false;
+            Reply holder = checked({"GET", member_key(r)}, "Redis GET", status);
+            if (!holder || holder->type != REDIS_REPLY_STRING || std::string_view(holder->str, holder->len) != token)
+                return false;
         }
-        rank = r;
         // Whatever a dead holder of this rank left behind is not ours.
-        checked({"DEL", data_key(r)}, "Redis DEL");
+        if (!checked({"DEL", data_key(r)}, "Redis DEL", status)) return false;
+        rank = r;
         return true;
     }
 
@@ -279,16 +308,16 @@ private:
             if (stopping_) break;
             lock.unlock();
             std::string problem;
-            try {
-                Reply reply = connection.command(
-                    {"EVAL", refresh_script, "2", member_key(rank), data_key(rank), token, ttl_text()}, "Redis EVAL");
-                if (reply->type != REDIS_REPLY_INTEGER || reply->integer == 0) {
-                    problem = "our membership (rank " + std::to_string(rank) +
-                              ") expired: this process stalled longer than the TTL or the store lost its data; "
-                              "peers consider this member gone";
-                }
-            } catch (const std::exception& e) {
-                problem = std::string("refreshing our membership failed: ") + e.what();
+            Status status;
+            Reply reply =
+                connection.command({"EVAL", refresh_script, "2", member_key(rank), data_key(rank), token, ttl_text()},
+                                   "Redis EVAL", status);
+            if (!reply) {
+                problem = "refreshing our membership failed: " + status.verb + ": " + status.detail;
+            } else if (reply->type != REDIS_REPLY_INTEGER || reply->integer == 0) {
+                problem = "our membership (rank " + std::to_string(rank) +
+                          ") expired: this process stalled longer than the TTL or the store lost its data; "
+                          "peers consider this member gone";
             }
             lock.lock();
             // A failed refresh is remembered until one succeeds (Redis may come back in time).
@@ -304,7 +333,8 @@ private:
 };
 
 /// The ranks whose member key exists now (one SCAN pass). A reply of
-/// another shape is the store misbehaving: errc::rendezvous_unavailable.
-std::set<std::uint32_t> scan_members(RedisMember& m);
+/// another shape is the store misbehaving: errc::rendezvous_unavailable in
+/// `status` (and an empty set).
+std::set<std::uint32_t> scan_members(RedisMember& m, Status& status);
 
 } // namespace gpuverbs::detail

@@ -16,10 +16,9 @@ namespace {
 
 #if GPUVERBS_HAVE_OPENSSL
 /// The tag over a label, the caller's domain (with its length), the rank,
-/// the key (with its length) and the value.
-std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, const std::string& domain,
-                                                  std::uint32_t rank, const std::string& key,
-                                                  std::span<const std::byte> value) {
+/// the key (with its length) and the value; false if OpenSSL failed.
+bool tag_of(const std::string& secret, const std::string& domain, std::uint32_t rank, const std::string& key,
+            std::span<const std::byte> value, std::array<unsigned char, record_tag_size>& tag) {
     std::vector<unsigned char> message;
     constexpr std::string_view label = "gpuverbs signed record v1";
     message.reserve(label.size() + 12 + domain.size() + key.size() + value.size());
@@ -34,15 +33,12 @@ std::array<unsigned char, record_tag_size> tag_of(const std::string& secret, con
     message.insert(message.end(), key.begin(), key.end());
     const auto* v = reinterpret_cast<const unsigned char*>(value.data());
     message.insert(message.end(), v, v + value.size());
-    std::array<unsigned char, record_tag_size> tag{};
     unsigned int length = 0;
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(), message.size(), tag.data(),
-             &length) == nullptr ||
-        length != tag.size()) {
-        throw Error(errc::unsupported, "SignedRendezvous", "OpenSSL's HMAC-SHA-256 failed");
-    }
-    return tag;
+    return HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(), message.size(),
+                tag.data(), &length) != nullptr &&
+           length == tag.size();
 }
+constexpr const char* hmac_failed = "OpenSSL's HMAC-SHA-256 failed";
 #endif
 
 } // namespace
@@ -70,15 +66,19 @@ void check_secret(const std::string& secret) {
 }
 
 std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,
-                                   const std::string& key, std::span<const std::byte> value) {
+                                   const std::string& key, std::span<const std::byte> value, Status& status) {
+    if (!check_secret(secret, status)) return {};
 #if GPUVERBS_HAVE_OPENSSL
-    const auto tag = tag_of(secret, domain, rank, key, value);
+    std::array<unsigned char, record_tag_size> tag{};
+    if (!tag_of(secret, domain, rank, key, value, tag)) {
+        status.fail(errc::unsupported, "SignedRendezvous", hmac_failed);
+        return {};
+    }
     std::vector<std::byte> out(value.begin(), value.end());
     for (unsigned char c : tag) out.push_back(static_cast<std::byte>(c));
     return out;
 #else
     (void)domain, (void)rank, (void)key, (void)value;
-    check_secret(secret);
     return {};
 #endif
 }
@@ -93,7 +93,11 @@ bool open_record(const std::string& secret, const std::string& domain, std::uint
         return false;
     }
     const std::span<const std::byte> body = signed_bytes.first(signed_bytes.size() - record_tag_size);
-    const auto expected = tag_of(secret, domain, rank, key, body);
+    std::array<unsigned char, record_tag_size> expected{};
+    if (!tag_of(secret, domain, rank, key, body, expected)) {
+        why = std::string("could not be checked: ") + hmac_failed;
+        return false;
+    }
     if (CRYPTO_memcmp(expected.data(), signed_bytes.data() + body.size(), record_tag_size) != 0) {
         why =
             "does not carry a signature of this service's secret for that rank and key: it was forged, "
@@ -103,8 +107,8 @@ bool open_record(const std::string& secret, const std::string& domain, std::uint
     value.assign(body.begin(), body.end());
     return true;
 #else
-    (void)domain, (void)rank, (void)key, (void)signed_bytes, (void)why;
-    check_secret(secret);
+    (void)secret, (void)domain, (void)rank, (void)key, (void)signed_bytes;
+    why = "cannot be checked: this gpuverbs was built without OpenSSL's libcrypto";
     return false;
 #endif
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "gpuverbs/error.hpp"
+#include "gpuverbs/many_peers/rendezvous.hpp"
 
 #include <mpi.h>
 
@@ -31,8 +32,13 @@
 
 namespace gpuverbs {
 
-class MpiRendezvous {
+class MpiRendezvous : public RendezvousForms<MpiRendezvous> {
 public:
+    using RendezvousForms::fence;
+    using RendezvousForms::lookup;
+    using RendezvousForms::publish;
+    using RendezvousForms::withdraw;
+
     /// A member of `comm` (MPI must be initialised; the communicator must
     /// outlive this object). Throws gpuverbs::Error
     /// (errc::rendezvous_unavailable): MPI not initialised, or the
@@ -40,7 +46,7 @@ public:
     explicit MpiRendezvous(MPI_Comm comm = MPI_COMM_WORLD)
         : MpiRendezvous(detail::or_throw([&](detail::Status& s) { return create_impl(comm, s); })) {}
     /// The same without throwing: on failure `ec` is set and the member
-    /// returned has no world (world_size() 0; fence() throws).
+    /// returned has no world (world_size() 0; fence() fails).
     static MpiRendezvous create(MPI_Comm comm, std::error_code& ec) {
         return detail::or_code(ec, [&](detail::Status& s) { return create_impl(comm, s); });
     }
@@ -53,75 +59,36 @@ public:
     [[nodiscard]] std::uint32_t world_size() const noexcept { return size_; }
     [[nodiscard]] std::string name() const { return "an MPI communicator of " + std::to_string(size_) + " ranks"; }
 
-    /// Kept until the next fence().
-    void publish(const std::string& key, std::span<const std::byte> value) {
+    /// Kept until the next fence(). Each operation also has the throwing and
+    /// (…, ec) forms (RendezvousForms).
+    void publish(const std::string& key, std::span<const std::byte> value, std::error_code& ec,
+                 Diagnostics& diagnostics) {
         pending_[key] = std::vector<std::byte>(value.begin(), value.end());
+        ec.clear();
+        diagnostics.clear();
     }
 
     /// Collective over the communicator: everyone's publications since the
     /// last fence become readable (later ones replace earlier ones). A
     /// malformed table from any rank fails it (errc::malformed_record, naming
     /// the rank) with nothing merged: lookups answer as before the fence.
-    void fence(std::chrono::milliseconds /*timeout: MPI collectives cannot time out*/) {
-        if (size_ == 0) {
-            throw Error(errc::rendezvous_unavailable, "MpiRendezvous::fence",
-                        "this MpiRendezvous has no world (create() failed): create it again");
-        }
-        std::vector<std::byte> mine = encode(pending_);
-        if (mine.size() > static_cast<std::size_t>(INT_MAX)) {
-            throw Error(errc::invalid_argument, "MPI_Allgatherv",
-                        "rank " + std::to_string(rank_) + " publishes " + std::to_string(mine.size()) +
-                            " bytes; MPI counts are int");
-        }
-        int count = static_cast<int>(mine.size());
-        std::vector<int> counts(size_);
-        check(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_), "MPI_Allgather");
-        std::vector<int> displacements(size_);
-        std::size_t total = 0;
-        for (std::uint32_t r = 0; r < size_; ++r) {
-            if (counts[r] < 0 || total + static_cast<std::size_t>(counts[r]) > static_cast<std::size_t>(INT_MAX)) {
-                throw Error(errc::invalid_argument, "MPI_Allgatherv",
-                            "the ranks publish more than " + std::to_string(INT_MAX) + " bytes in all");
-            }
-            displacements[r] = static_cast<int>(total);
-            total += static_cast<std::size_t>(counts[r]);
-        }
-        std::vector<std::byte> all(total);
-        check(MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(), MPI_BYTE,
-                             comm_),
-              "MPI_Allgatherv");
-        // Every rank's table is read before any is merged: one malformed table
-        // fails the fence and leaves what lookup() answers as it was.
-        std::vector<Entries> decoded(size_);
-        for (std::uint32_t r = 0; r < size_; ++r) {
-            auto part =
-                std::span(all).subspan(static_cast<std::size_t>(displacements[r]), static_cast<std::size_t>(counts[r]));
-            decoded[r] = decode(part, r);
-        }
-        for (std::uint32_t r = 0; r < size_; ++r) {
-            for (auto& [key, value] : decoded[r]) table_[r][key] = std::move(value);
-        }
-        pending_.clear();
+    void fence(std::chrono::milliseconds /*timeout: MPI collectives cannot time out*/, std::error_code& ec,
+               Diagnostics& diagnostics) {
+        detail::or_code(ec, diagnostics, [&](detail::Status& s) { fence_impl(s); });
     }
 
     /// What `peer` published under `key` before the last fence (never waits).
-    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds /*timeout*/) {
-        if (peer >= size_) {
-            throw Error(errc::invalid_argument, "MpiRendezvous::lookup",
-                        name() + ": there is no rank " + std::to_string(peer));
-        }
-        auto it = table_[peer].find(key);
-        if (it == table_[peer].end()) {
-            throw Error(errc::unsupported, "MpiRendezvous::lookup",
-                        "rank " + std::to_string(peer) + " of " + name() + " published no '" + key +
-                            "' before the last fence(): the MPI flavour exchanges only at fence() (Mesh::connect_all); "
-                            "connecting peers lazily needs PMIx or Redis");
-        }
-        return it->second;
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds /*timeout*/,
+                                  std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return lookup_impl(peer, key, s); });
     }
 
     /// Forgets what was published and not yet fenced.
-    void withdraw() { pending_.clear(); }
+    void withdraw(std::error_code& ec, Diagnostics& diagnostics) {
+        pending_.clear();
+        ec.clear();
+        diagnostics.clear();
+    }
 
 private:
     using Entries = std::map<std::string, std::vector<std::byte>>;
@@ -159,8 +126,68 @@ private:
         return false;
     }
 
-    static void check(int rc, const char* verb) {
-        (void)detail::or_throw([&](detail::Status& s) { return checked(rc, verb, s); });
+    void fence_impl(detail::Status& status) {
+        if (size_ == 0) {
+            status.fail(errc::rendezvous_unavailable, "MpiRendezvous::fence",
+                        "this MpiRendezvous has no world (create() failed): create it again");
+            return;
+        }
+        std::vector<std::byte> mine = encode(pending_);
+        if (mine.size() > static_cast<std::size_t>(INT_MAX)) {
+            status.fail(errc::invalid_argument, "MPI_Allgatherv",
+                        "rank " + std::to_string(rank_) + " publishes " + std::to_string(mine.size()) +
+                            " bytes; MPI counts are int");
+            return;
+        }
+        int count = static_cast<int>(mine.size());
+        std::vector<int> counts(size_);
+        if (!checked(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_), "MPI_Allgather", status))
+            return;
+        std::vector<int> displacements(size_);
+        std::size_t total = 0;
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            if (counts[r] < 0 || total + static_cast<std::size_t>(counts[r]) > static_cast<std::size_t>(INT_MAX)) {
+                status.fail(errc::invalid_argument, "MPI_Allgatherv",
+                            "the ranks publish more than " + std::to_string(INT_MAX) + " bytes in all");
+                return;
+            }
+            displacements[r] = static_cast<int>(total);
+            total += static_cast<std::size_t>(counts[r]);
+        }
+        std::vector<std::byte> all(total);
+        if (!checked(MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displacements.data(),
+                                    MPI_BYTE, comm_),
+                     "MPI_Allgatherv", status))
+            return;
+        // Every rank's table is read before any is merged: one malformed table
+        // fails the fence and leaves what lookup() answers as it was.
+        std::vector<Entries> decoded(size_);
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            auto part =
+                std::span(all).subspan(static_cast<std::size_t>(displacements[r]), static_cast<std::size_t>(counts[r]));
+            if (!decode(part, r, decoded[r], status)) return;
+        }
+        for (std::uint32_t r = 0; r < size_; ++r) {
+            for (auto& [key, value] : decoded[r]) table_[r][key] = std::move(value);
+        }
+        pending_.clear();
+    }
+
+    std::vector<std::byte> lookup_impl(std::uint32_t peer, const std::string& key, detail::Status& status) const {
+        if (peer >= size_) {
+            status.fail(errc::invalid_argument, "MpiRendezvous::lookup",
+                        name() + ": there is no rank " + std::to_string(peer));
+            return {};
+        }
+        auto it = table_[peer].find(key);
+        if (it == table_[peer].end()) {
+            status.fail(errc::unsupported, "MpiRendezvous::lookup",
+                        "rank " + std::to_string(peer) + " of " + name() + " published no '" + key +
+                            "' before the last fence(): the MPI flavour exchanges only at fence() (Mesh::connect_all); "
+                            "connecting peers lazily needs PMIx or Redis");
+            return {};
+        }
+        return it->second;
     }
 
     // Entries as u32 key length, key, u32 value length, value (host order: one program on one kind of machine).
@@ -181,12 +208,14 @@ private:
         return out;
     }
 
-    Entries decode(std::span<const std::byte> in, std::uint32_t from) const {
-        Entries entries;
+    /// `from`'s table into `entries`; false (errc::malformed_record in
+    /// `status`) for a table cut short.
+    bool decode(std::span<const std::byte> in, std::uint32_t from, Entries& entries, detail::Status& status) const {
+        bool whole = true;
         auto take = [&](std::size_t n) {
-            if (in.size() < n) {
-                throw Error(errc::malformed_record, "MpiRendezvous::fence",
-                            "rank " + std::to_string(from) + " of " + name() + " sent a truncated table");
+            if (!whole || in.size() < n) {
+                whole = false;
+                return std::span<const std::byte>();
             }
             auto part = in.first(n);
             in = in.subspan(n);
@@ -194,16 +223,20 @@ private:
         };
         auto length = [&] {
             std::uint32_t n = 0;
-            std::memcpy(&n, take(4).data(), 4);
+            if (auto word = take(4); whole) std::memcpy(&n, word.data(), 4);
             return n;
         };
-        while (!in.empty()) {
+        while (whole && !in.empty()) {
             auto k = take(length());
             std::string key(reinterpret_cast<const char*>(k.data()), k.size());
             auto v = take(length());
-            entries[key] = std::vector<std::byte>(v.begin(), v.end());
+            if (whole) entries[key] = std::vector<std::byte>(v.begin(), v.end());
         }
-        return entries;
+        if (!whole) {
+            status.fail(errc::malformed_record, "MpiRendezvous::fence",
+                        "rank " + std::to_string(from) + " of " + name() + " sent a truncated table");
+        }
+        return whole;
     }
 
     MPI_Comm comm_;

@@ -26,6 +26,7 @@
 
 #include "gpuverbs/async_types.hpp"
 #include "gpuverbs/error.hpp"
+#include "gpuverbs/many_peers/rendezvous.hpp"
 
 #include "gpuverbs/detail/async/async_token.hpp"
 
@@ -90,8 +91,13 @@ struct PeerWatchState;
 std::optional<PeerEvent> next_peer_event(PeerWatchState& state, Status& status);
 } // namespace detail
 
-class RedisRendezvous {
+class RedisRendezvous : public RendezvousForms<RedisRendezvous> {
 public:
+    using RendezvousForms::fence;
+    using RendezvousForms::lookup;
+    using RendezvousForms::publish;
+    using RendezvousForms::withdraw;
+
     /// Connects, authenticates and joins the service (its rank claimed with
     /// SET NX). Throws gpuverbs::Error: errc::rendezvous_unavailable (cannot
     /// reach Redis, credentials refused), errc::rank_taken (options.rank held
@@ -100,7 +106,7 @@ public:
     explicit RedisRendezvous(RedisOptions options);
     /// The same without throwing: on failure `ec` is set and the member
     /// returned has not joined (explicit operator bool is false; its
-    /// operations throw errc::rendezvous_unavailable). Not movable, it is
+    /// operations fail with errc::rendezvous_unavailable). Not movable, it is
     /// returned in place: `RedisRendezvous store = RedisRendezvous::create(options, ec);`.
     static RedisRendezvous create(RedisOptions options, std::error_code& ec) {
         return RedisRendezvous(std::move(options), detail::Outcome{&ec, nullptr});
@@ -120,16 +126,36 @@ public:
     /// "Redis service 'SERVICE' at HOST:PORT" (never the password).
     [[nodiscard]] std::string name() const;
 
-    void publish(const std::string& key, std::span<const std::byte> value);
+    /// One token-checked command. Each operation also has the throwing and
+    /// (…, ec) forms (RendezvousForms).
+    void publish(const std::string& key, std::span<const std::byte> value, std::error_code& ec,
+                 Diagnostics& diagnostics) {
+        detail::or_code(ec, diagnostics, [&](detail::Status& s) { publish_impl(key, value, s); });
+    }
     /// Fixed world only: waits until ranks 0 .. world_size-1 are all members.
-    void fence(std::chrono::milliseconds timeout);
+    void fence(std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
+        detail::or_code(ec, diagnostics, [&](detail::Status& s) { fence_impl(timeout, s); });
+    }
     /// Waits (polling) until `peer` has published `key`.
-    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout);
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout,
+                                  std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return lookup_impl(peer, key, timeout, s); });
+    }
     /// Leaves the service now: its keys are deleted; the object can do nothing more.
-    void withdraw();
+    void withdraw(std::error_code& ec, Diagnostics& diagnostics) {
+        detail::or_code(ec, diagnostics, [&](detail::Status& s) { withdraw_impl(s); });
+    }
 
     /// The live members' ranks (ours included), ascending.
-    [[nodiscard]] std::vector<std::uint32_t> members();
+    [[nodiscard]] std::vector<std::uint32_t> members() {
+        return detail::or_throw([&](detail::Status& s) { return members_impl(s); });
+    }
+    [[nodiscard]] std::vector<std::uint32_t> members(std::error_code& ec) {
+        return detail::or_code(ec, [&](detail::Status& s) { return members_impl(s); });
+    }
+    [[nodiscard]] std::vector<std::uint32_t> members(std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& s) { return members_impl(s); });
+    }
     /// The bound on seeing a crashed member leave: ttl + poll_interval.
     [[nodiscard]] std::chrono::milliseconds leave_bound() const noexcept;
     /// Whether this gpuverbs was built with hiredis.
@@ -141,8 +167,14 @@ private:
     friend class PeerWatch;
     RedisRendezvous(RedisOptions options, detail::Outcome outcome);
     void join(RedisOptions options, detail::Status& status);
-    /// The member, or errc::rendezvous_unavailable naming `verb` when create() could not join.
-    [[nodiscard]] detail::RedisMember& joined(const char* verb) const;
+    /// The member, or null with errc::rendezvous_unavailable naming `verb` when create() could not join.
+    [[nodiscard]] detail::RedisMember* joined(const char* verb, detail::Status& status) const;
+    void publish_impl(const std::string& key, std::span<const std::byte> value, detail::Status& status);
+    void fence_impl(std::chrono::milliseconds timeout, detail::Status& status);
+    std::vector<std::byte> lookup_impl(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout,
+                                       detail::Status& status);
+    void withdraw_impl(detail::Status& status);
+    std::vector<std::uint32_t> members_impl(detail::Status& status);
     std::shared_ptr<detail::RedisMember> member_;
 };
 
@@ -186,6 +218,9 @@ public:
     }
     /// One check now: the next event, or nothing. Throws gpuverbs::Error when the store fails.
     std::optional<PeerEvent> poll();
+    /// The same without throwing: nothing, with `ec` set, when the store fails
+    /// (the words in diagnostics()).
+    std::optional<PeerEvent> poll(std::error_code& ec);
     void cancel();
     /// The members seen so far, ourselves excluded.
     [[nodiscard]] const std::set<std::uint32_t>& known() const noexcept { return state_->known; }

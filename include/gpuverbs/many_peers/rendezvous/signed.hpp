@@ -50,9 +50,10 @@ inline constexpr std::size_t min_secret_size = 16;
 void check_secret(const std::string& secret);
 /// check_secret with the failure in `status`; false when it failed.
 bool check_secret(const std::string& secret, Status& status);
-/// `value` followed by its tag over (domain, rank, key, value).
+/// `value` followed by its tag over (domain, rank, key, value); empty, with
+/// the reason in `status`, for a secret check_secret refuses or a failed HMAC.
 std::vector<std::byte> sign_record(const std::string& secret, const std::string& domain, std::uint32_t rank,
-                                   const std::string& key, std::span<const std::byte> value);
+                                   const std::string& key, std::span<const std::byte> value, Status& status);
 /// The value of `signed_bytes` when its tag is right for (domain, rank,
 /// key); otherwise false, and `why` says what is wrong (never the secret).
 bool open_record(const std::string& secret, const std::string& domain, std::uint32_t rank, const std::string& key,
@@ -62,8 +63,15 @@ bool open_record(const std::string& secret, const std::string& domain, std::uint
 
 /// A Rendezvous whose values are signed and checked with a shared secret.
 template <Rendezvous R>
-class SignedRendezvous {
+class SignedRendezvous : public RendezvousForms<SignedRendezvous<R>> {
+    using Forms = RendezvousForms<SignedRendezvous<R>>;
+
 public:
+    using Forms::fence;
+    using Forms::lookup;
+    using Forms::publish;
+    using Forms::withdraw;
+
     /// `inner` must outlive this object. `domain` names what the records
     /// belong to (a service, a job id): it is signed with each, so a record
     /// of another domain signed with the same secret is refused too. Throws
@@ -73,7 +81,7 @@ public:
         detail::check_secret(secret_);
     }
     /// The same without throwing: on failure `ec` is set and the object
-    /// returned holds no secret: its publish and lookup throw the same error.
+    /// returned holds no secret: its publish and lookup fail with the same error.
     static SignedRendezvous create(R& inner, std::string secret, std::string domain, std::error_code& ec) {
         return detail::or_code(
             ec, [&](detail::Status& s) { return create_impl(inner, std::move(secret), std::move(domain), s); });
@@ -89,26 +97,46 @@ public:
     [[nodiscard]] std::uint32_t rank() const { return inner_->rank(); }
     [[nodiscard]] std::uint32_t world_size() const { return inner_->world_size(); }
     [[nodiscard]] std::string name() const { return inner_->name() + " (signed records)"; }
-    void publish(const std::string& key, std::span<const std::byte> value) {
-        detail::check_secret(secret_); // one that create() refused signs nothing
-        inner_->publish(key, detail::sign_record(secret_, domain_, inner_->rank(), key, value));
+    /// The value signed, published by the inner rendezvous. Each operation
+    /// also has the throwing and (…, ec) forms (RendezvousForms).
+    void publish(const std::string& key, std::span<const std::byte> value, std::error_code& ec,
+                 Diagnostics& diagnostics) {
+        detail::Status status; // a secret that create() refused signs nothing
+        const std::vector<std::byte> signed_value =
+            detail::sign_record(secret_, domain_, inner_->rank(), key, value, status);
+        if (!status.ok()) {
+            ec = status.code;
+            status.report(diagnostics);
+            return;
+        }
+        inner_->publish(key, signed_value, ec, diagnostics);
     }
-    void fence(std::chrono::milliseconds timeout) { inner_->fence(timeout); }
+    void fence(std::chrono::milliseconds timeout, std::error_code& ec, Diagnostics& diagnostics) {
+        inner_->fence(timeout, ec, diagnostics);
+    }
     /// The peer's value, after its tag was checked: errc::malformed_record
     /// when it is unsigned, signed with another secret, or signed for another
     /// rank or key (a forged or replayed record).
-    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout) {
-        detail::check_secret(secret_);
-        const std::vector<std::byte> bytes = inner_->lookup(peer, key, timeout);
-        std::vector<std::byte> value;
-        std::string why;
-        if (!detail::open_record(secret_, domain_, peer, key, bytes, value, why)) {
-            throw Error(errc::malformed_record, "SignedRendezvous::lookup",
-                        name() + ": rank " + std::to_string(peer) + "'s '" + key + "' " + why);
-        }
-        return value;
+    std::vector<std::byte> lookup(std::uint32_t peer, const std::string& key, std::chrono::milliseconds timeout,
+                                  std::error_code& ec, Diagnostics& diagnostics) {
+        return detail::or_code(ec, diagnostics, [&](detail::Status& status) -> std::vector<std::byte> {
+            if (!detail::check_secret(secret_, status)) return {};
+            std::error_code inner_ec;
+            Diagnostics inner_words;
+            const std::vector<std::byte> bytes = inner_->lookup(peer, key, timeout, inner_ec, inner_words);
+            status.adopt(inner_ec, inner_words, "lookup");
+            if (!status.ok()) return {};
+            std::vector<std::byte> value;
+            std::string why;
+            if (!detail::open_record(secret_, domain_, peer, key, bytes, value, why)) {
+                status.fail(errc::malformed_record, "SignedRendezvous::lookup",
+                            name() + ": rank " + std::to_string(peer) + "'s '" + key + "' " + why);
+                return {};
+            }
+            return value;
+        });
     }
-    void withdraw() { inner_->withdraw(); }
+    void withdraw(std::error_code& ec, Diagnostics& diagnostics) { inner_->withdraw(ec, diagnostics); }
 
 private:
     struct Unchecked {};
