@@ -20,6 +20,13 @@
 //   callback_adaptive   as callback, adaptive CQ (polls from the executor)
 //   coroutine_adaptive  as coroutine, adaptive CQ
 //   callback_pipelined  callbacks, event-driven, 32 writes in flight (each completion starts the next)
+//   hand_callback       the same dependent chain written by hand with Asio, without gpuverbs' async
+//                       layer (issue 49's fair anchor for the event-driven forms): the completion
+//                       channel's fd watched by an asio::posix::stream_descriptor; per write one
+//                       signaled ibv_post_send and async_wait(wait_read), then ibv_get_cq_event,
+//                       ibv_ack_cq_events, ibv_req_notify_cq and ibv_poll_cq until empty; the
+//                       handler posts the next write
+//   hand_coroutine      the same with co_await of the wait in a loop
 //   FORM_single         any async form above with AsyncOptions::single_threaded (no lock, no poll guard)
 //   FORM_unsafe         … and an io_context made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE (Asio's own locks off)
 //
@@ -47,6 +54,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
@@ -346,6 +354,109 @@ int run_async(const char* dev0, const char* dev1, const std::string& form, int o
     return 0;
 }
 
+// --- the hand-written loop: what a user writes with Asio and raw verbs -------
+
+/// One 64-byte RDMA write, signaled, built on the stack (as raw_post does).
+void hand_post(Pair& p) {
+    ibv_sge sge;
+    sge.addr = reinterpret_cast<std::uintptr_t>(p.m0.data());
+    sge.length = static_cast<std::uint32_t>(size);
+    sge.lkey = p.mr0.lkey();
+    ibv_send_wr wr;
+    wr.wr_id = 1;
+    wr.next = nullptr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    const gv::RemoteMemory dst = p.mr1.remote();
+    wr.wr.rdma.remote_addr = dst.address;
+    wr.wr.rdma.rkey = dst.rkey;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(p.qp.native_handle(), &wr, &bad) != 0) std::abort();
+}
+
+/// After the channel's fd was readable: take and acknowledge the event, re-arm,
+/// poll until the CQ is empty. Returns the completions reaped.
+int hand_reap(Pair& p) {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    if (ibv_get_cq_event(p.channel.native_handle(), &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
+    ibv_cq* own = p.cq0.native_handle();
+    if (ibv_req_notify_cq(own, 0) != 0) std::abort();
+    ibv_wc wc[4];
+    int reaped = 0;
+    for (int n; (n = ibv_poll_cq(own, 4, wc)) > 0;) {
+        for (int k = 0; k < n; ++k) {
+            if (wc[k].status != IBV_WC_SUCCESS) std::abort();
+        }
+        reaped += n;
+    }
+    return reaped;
+}
+
+/// The callback form: the wait's handler reaps, then posts the next write and waits again.
+struct HandChain {
+    Pair* p;
+    asio::posix::stream_descriptor* fd;
+    int* left;
+    int* completed;
+    void operator()(const boost::system::error_code& ec) const {
+        if (ec) std::abort();
+        *completed += hand_reap(*p);
+        if (*left > 0) start(*this);
+    }
+    static void start(const HandChain& c) {
+        --*c.left;
+        c.p->stamp();
+        hand_post(*c.p);
+        c.fd->async_wait(asio::posix::stream_descriptor::wait_read, c);
+    }
+};
+
+int run_hand_written(const char* dev0, const char* dev1, const std::string& form, int ops) {
+    asio::io_context io(1);
+    Pair p(dev0, dev1,
+           [](const gv::Device& d, const gv::CompletionChannel& c) { return gv::CompletionQueue(d, 256, c); });
+    asio::posix::stream_descriptor fd(io, p.channel.native_handle()->fd);
+    fd.non_blocking(true);
+    p.arm(); // armed once; each wake-up re-arms before it polls
+    const bool coroutine = form == "hand_coroutine";
+    int completed = 0;
+    auto run = [&](int n) {
+        int left = n;
+        if (coroutine) {
+            asio::co_spawn(
+                io,
+                [&]() -> asio::awaitable<void> {
+                    for (int i = 0; i < n; ++i) {
+                        p.stamp();
+                        hand_post(p);
+                        co_await fd.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
+                        completed += hand_reap(p);
+                    }
+                },
+                asio::detached);
+        } else {
+            HandChain::start(HandChain{&p, &fd, &left, &completed});
+        }
+        io.restart();
+        io.run();
+    };
+    run(50); // warm-up
+    completed = 0;
+    collect();
+    run(ops);
+    collect();
+    (void)fd.release(); // the channel owns the fd
+    if (completed != ops) {
+        std::fprintf(stderr, "%s: only %d of %d writes completed\n", form.c_str(), completed, ops);
+        return 1;
+    }
+    std::printf("%s: %d operations\n", form.c_str(), ops);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -374,6 +485,7 @@ int main(int argc, char** argv) {
         shape == "callback_pipelined") {
         return run_async(dev0, dev1, form, ops);
     }
+    if (form == "hand_callback" || form == "hand_coroutine") return run_hand_written(dev0, dev1, form, ops);
     std::fprintf(stderr, "unknown form '%s'\n", form.c_str());
     return 2;
 }

@@ -226,10 +226,13 @@ void AsyncDriver::on_readable(const boost::system::error_code& ec) {
         // saw waiting_ and relied on this wait, so the CQ is drained and, if
         // anything is outstanding, armed and waited on again.
         (void)ec;
-        // Take every event queued on the channel (acknowledged in batches by the CQ core).
+        // Take the event (acknowledged in batches by the CQ core). One read:
+        // the channel is this CQ's own (made with it) and is armed only when
+        // no event is outstanding (arm()), so it holds at most one; the drain
+        // below finds every completion whatever the events say.
         ibv_cq* cq = nullptr;
         void* context = nullptr;
-        while (ibv_get_cq_event(channel_->channel(), &cq, &context) == 0) {
+        if (ibv_get_cq_event(channel_->channel(), &cq, &context) == 0) {
             static_cast<CqCore*>(context)->count_event();
             ++wakeups_;
             armed_ = false; // an event disarms the CQ
@@ -398,6 +401,19 @@ bool AsyncDriver::examine(QpCore& qp, Clock::time_point now, bool first_look) no
         w.retry_count = attr.retry_cnt;
         w.rnr_retry = attr.rnr_retry;
         w.timers_known = true;
+    }
+    // Progress seen without asking the device: the queue pair finished
+    // requests since the last look, so it is not stalled and its port carried
+    // them. Only what judge() would record of such a look is recorded (its
+    // port and state are read again on the first look without progress), so
+    // a tick of a busy engine costs no verbs call.
+    if (!first_look && w.timers_known && !qp.health.failed() && w.last_progress != Clock::time_point{} &&
+        qp.send.retired() != w.last_retired) {
+        w.last_retired = qp.send.retired();
+        w.last_progress = now;
+        w.port_down_looks = 0;
+        w.query_failures = 0;
+        return false;
     }
     QpSight sight;
     sight.first_look = first_look;
