@@ -556,7 +556,17 @@ bool DeviceQueueProxy::peek(dq::Request& r, std::uint64_t ahead) {
         r = look_;
         return true;
     }
-    const dq::Decoded d = reader_.peek(r, ahead);
+    dq::Decoded d = reader_.peek(r, ahead);
+    // Positions whose producers gave up: taken with no request, completed as soon as those before them
+    // (a look-ahead stops at one: the chain ends there, the next pass skips it).
+    while (d == dq::Decoded::skipped && ahead == 0) {
+        const std::size_t slot = reader_.taken() & (queue_.capacity() - 1);
+        done_[slot] = 1;
+        posted_[slot] = now_;
+        reader_.skip();
+        ++counters_.skipped;
+        d = reader_.peek(r, 0);
+    }
     if (d == dq::Decoded::complete && ahead > 0) {
         look_ = r;
         looked_at_ = at;

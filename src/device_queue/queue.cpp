@@ -17,19 +17,12 @@ using detail::Status;
 
 namespace {
 
-constexpr std::uint32_t max_log2_capacity = 20;
-
 bool capacity_ok(std::uint32_t log2_capacity, const char* verb, Status& status) {
-    if (log2_capacity >= 1 && log2_capacity <= max_log2_capacity) return true;
+    if (log2_capacity <= dq::max_log2_capacity) return true;
     status.fail(make_error_code(errc::invalid_argument), verb,
-                "a device queue holds 2^1 to 2^" + std::to_string(max_log2_capacity) + " slots; 2^" +
+                "a device queue holds 2^0 to 2^" + std::to_string(dq::max_log2_capacity) + " slots; 2^" +
                     std::to_string(log2_capacity) + " asked");
     return false;
-}
-
-/// Slots, then the proxy's words: one block of host memory.
-std::size_t host_bytes(std::uint32_t log2_capacity) {
-    return (std::size_t{1} << log2_capacity) * sizeof(dq::Descriptor) + sizeof(dq::ProxyWords);
 }
 
 } // namespace
@@ -72,14 +65,11 @@ DeviceQueue DeviceQueue::on_host(std::uint32_t log2_capacity) {
     DeviceQueue q;
     q.state_ = std::make_unique<State>();
     State& s = *q.state_;
-    s.heap_bytes = host_bytes(log2_capacity);
+    s.heap_bytes = dq::host_bytes(log2_capacity);
     s.heap = static_cast<std::byte*>(::operator new (s.heap_bytes, std::align_val_t{alignof(dq::Descriptor)}));
     std::memset(s.heap, 0, s.heap_bytes);
     s.heap_producer = new dq::ProducerWords{};
-    q.view_.slots = reinterpret_cast<dq::Descriptor*>(s.heap);
-    q.view_.proxy = reinterpret_cast<dq::ProxyWords*>(s.heap + (s.heap_bytes - sizeof(dq::ProxyWords)));
-    q.view_.producer = s.heap_producer;
-    q.view_.log2_capacity = log2_capacity;
+    q.view_ = dq::layout(s.heap, s.heap_producer, log2_capacity);
     q.proxy_view_ = q.view_;
     return q;
 }
@@ -115,7 +105,7 @@ DeviceQueue DeviceQueue::on_gpu_impl(int gpu, std::uint32_t log2_capacity, Statu
     s.context = detail::cuda::PrimaryContext(*cu, gpu, status);
     if (!s.context) return DeviceQueue();
     detail::cuda::PrimaryContext::Scope scope(*cu, s.context.get());
-    const std::size_t bytes = host_bytes(log2_capacity);
+    const std::size_t bytes = dq::host_bytes(log2_capacity);
     // Mapped into every context's address space (portable), and into this GPU's.
     if (detail::cuda::failed(cu->cuMemHostAlloc(&s.pinned, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
                              "cuMemHostAlloc", "cannot pin " + std::to_string(bytes) + " bytes for a device queue",
@@ -133,17 +123,11 @@ DeviceQueue DeviceQueue::on_gpu_impl(int gpu, std::uint32_t log2_capacity, Statu
                              "cannot clear the device queue's producer words", status)) {
         return DeviceQueue();
     }
-    auto* host = static_cast<std::byte*>(s.pinned);
-    q.proxy_view_.slots = reinterpret_cast<dq::Descriptor*>(host);
-    q.proxy_view_.proxy = reinterpret_cast<dq::ProxyWords*>(host + (bytes - sizeof(dq::ProxyWords)));
-    q.proxy_view_.producer = nullptr; // GPU memory: the producers' own
-    q.proxy_view_.log2_capacity = log2_capacity;
+    q.proxy_view_ = dq::layout(s.pinned, nullptr, log2_capacity); // the producers' words are GPU memory
     // GPU addresses, as the driver API gives them: integers.
-    q.view_.slots = reinterpret_cast<dq::Descriptor*>(mapped); // NOLINT(performance-no-int-to-ptr)
-    q.view_.proxy = reinterpret_cast<dq::ProxyWords*>(         // NOLINT(performance-no-int-to-ptr)
-        mapped + (bytes - sizeof(dq::ProxyWords)));
-    q.view_.producer = reinterpret_cast<dq::ProducerWords*>(s.producer); // NOLINT(performance-no-int-to-ptr)
-    q.view_.log2_capacity = log2_capacity;
+    q.view_ = dq::layout(reinterpret_cast<void*>(mapped), // NOLINT(performance-no-int-to-ptr)
+                         reinterpret_cast<dq::ProducerWords*>(s.producer),
+                         log2_capacity); // NOLINT(performance-no-int-to-ptr)
     q.gpu_ = gpu;
     return q;
 #else

@@ -235,6 +235,9 @@ void PrometheusText::add(std::string_view name, const DeviceQueueProxy& proxy) {
             "Rails found failed (a path error, a refused post, the request timeout)", c.rail_failures);
     counter("gpuverbs_device_queue_reposted_total",
             "Descriptors posted again on another rail after theirs failed (failover)", c.reposted);
+    counter("gpuverbs_device_queue_skipped_total",
+            "Positions the proxy skipped: their producer gave up (a push that timed out or found the queue failed)",
+            c.skipped);
     sample("gpuverbs_device_queue_failed", "gauge", "1 once the queue failed or closed (DeviceQueueProxy::failure)",
            queue, proxy.failure().empty() ? 0 : 1);
     histogram("gpuverbs_device_queue_chain_descriptors", "Descriptors per chain (per doorbell)", queue,

@@ -111,6 +111,10 @@ void bind_device_queue(py::module_& m) {
                 }
                 py::dict out;
                 out["position"] = position;
+                if (d == dq::Decoded::skipped) { // its producer gave up: no request, a credit like any other's
+                    out["op"] = "skipped";
+                    return out;
+                }
                 out["op"] = op_name(r.op);
                 out["peer"] = r.peer;
                 out["src_window"] = r.src_window;
@@ -124,8 +128,9 @@ void bind_device_queue(py::module_& m) {
                 out["signal_op"] = r.signal_op == dq::SignalOp::add ? "add" : "set";
                 return out;
             },
-            "The next request as a dict (with its position), or None while there is none; ValueError for a corrupt "
-            "descriptor.")
+            "The next request as a dict (with its position), or None while there is none; a position whose producer "
+            "gave up comes as {'position': p, 'op': 'skipped'} (no request: complete it as any other); ValueError "
+            "for a corrupt descriptor.")
         .def_property_readonly(
             "taken", [](const PyDeviceQueue& q) { return q.reader.taken(); }, "How many requests take() returned.")
         .def(

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 // Inside a namespace, not with file-wide using-directives: the GPU tests
@@ -32,9 +33,18 @@ struct ReadResult {
     double seconds = 0;
 };
 
-/// The host reader: takes `total` descriptors from `threads` producers, checks each, returns credits every 32.
-ReadResult read_all(const QueueView& host, std::uint32_t threads, std::uint64_t total, std::chrono::seconds limit) {
+/// A stop of the reader: after taking `at` descriptors, it sleeps `pause`.
+struct ReaderPause {
+    std::uint64_t at;
+    std::chrono::milliseconds pause;
+};
+
+/// The host reader: takes `total` descriptors from `threads` producers, checks each, returns credits every 32
+/// (and pauses as `pauses` says). A skipped position (a producer gave up) counts as wrong.
+ReadResult read_all(const QueueView& host, std::uint32_t threads, std::uint64_t total, std::chrono::seconds limit,
+                    const std::vector<ReaderPause>& pauses = {}) {
     RingReader reader(host);
+    std::size_t next_pause = 0;
     std::vector<std::uint64_t> next(threads, 0);
     ReadResult r;
     const auto start = std::chrono::steady_clock::now();
@@ -44,6 +54,9 @@ ReadResult read_all(const QueueView& host, std::uint32_t threads, std::uint64_t 
         Request got;
         const Decoded d = reader.try_take(got);
         if (d == Decoded::incomplete) {
+            // Nothing to take: what was taken completes (as a proxy's requests do), or a ring smaller
+            // than a batch of 32 would wait on its own credits.
+            if (reader.taken() != 0) reader.complete(reader.taken());
             if (++spins % 4096 == 0 && std::chrono::steady_clock::now() > give_up) break;
             continue;
         }
@@ -51,7 +64,11 @@ ReadResult read_all(const QueueView& host, std::uint32_t threads, std::uint64_t 
             ++r.corrupt;
             break;
         }
-        if (got.peer >= threads) {
+        if (next_pause < pauses.size() && reader.taken() >= pauses[next_pause].at) {
+            reader.complete(reader.taken());
+            std::this_thread::sleep_for(pauses[next_pause++].pause);
+        }
+        if (d == Decoded::skipped || got.peer >= threads) {
             ++r.wrong;
         } else {
             if (got.signal_value != next[got.peer]) ++r.out_of_order;
@@ -158,14 +175,59 @@ TEST_SUITE("device queue ring on a real GPU" * doctest::skip(!gpuverbs::test::gp
         }
         ProducerWords words;
         REQUIRE_MESSAGE(ring.producer_words(words, why), why);
-        CHECK(words.reserved == 256); // the push that found no slot reserved none
+        CHECK(words.reserved == 257); // the push that found no slot took a ticket and gave it up:
+        RingReader skipper(ring.host);
+        Request got;
+        for (int i = 0; i < 256; ++i) REQUIRE(skipper.try_take(got) == Decoded::complete);
+        CHECK(skipper.try_take(got) == Decoded::skipped); // the reader skips it, never waits on it
 
         RingReader(ring.host).fail(QueueError::closed);
         REQUIRE_MESSAGE(probe_waits(ring.device, 1'000'000'000ULL, probe, why), why); // a second each, unused
+        // A push into a closed queue returns its code at once, even where slots are free.
+        CHECK(probe.push_into_free == static_cast<std::uint32_t>(WaitResult::queue_closed));
         CHECK(probe.push_into_full == static_cast<std::uint32_t>(WaitResult::queue_closed));
+        CHECK(probe.push_into_full_ns < 1'000'000'000ULL);
         CHECK(probe.quiet == static_cast<std::uint32_t>(WaitResult::queue_closed));
         CHECK(probe.wait_signal == static_cast<std::uint32_t>(WaitResult::queue_closed));
         CHECK(probe.quiet_ns < 1'000'000'000ULL);
+    }
+
+    TEST_CASE("more GPU threads than slots, with reader pauses: every push ends done, none starves") {
+        // Issue 50's cases: 132 x 32 threads into 4,096 slots and 32 x 32 into 64, the reader stopping
+        // three times for 30 ms, every push with no timeout (device::no_timeout: UINT64_MAX, which
+        // saturates instead of wrapping). Tickets are served in order: the longest push is reported
+        // against the reader's pauses.
+        struct Case {
+            std::uint32_t log2;
+            int blocks, threads;
+            std::uint64_t per_thread;
+        };
+        for (const Case c :
+             {Case{12, 132, 32, 2000}, Case{6, 32, 32, 2000}, Case{4, 1, 32, 20000}, Case{0, 1, 32, 2000}}) {
+            CAPTURE(c.log2);
+            CAPTURE(c.blocks);
+            DeviceRing ring;
+            std::string why;
+            REQUIRE_MESSAGE(ring.create(c.log2, why), why);
+            const std::uint64_t total = c.per_thread * c.blocks * c.threads;
+            REQUIRE_MESSAGE(start_producers(ring.device, c.blocks, c.threads, c.per_thread, ~std::uint64_t{0}, why),
+                            why);
+            const std::vector<ReaderPause> pauses{{total / 4, 30ms}, {total / 2, 30ms}, {3 * total / 4, 30ms}};
+            const ReadResult r = read_all(ring.host, c.blocks * c.threads, total, 300s, pauses);
+            std::uint64_t failed = 0, longest = 0;
+            REQUIRE_MESSAGE(finish(failed, longest, why), why);
+            std::printf(
+                "device queue: %d x %d GPU threads into %llu slots, %llu descriptors in %.2f s (%.1f M/s), "
+                "reader paused 3 x 30 ms; longest push %.2f ms; %llu not done, %llu wrong, %llu out of order\n",
+                c.blocks, c.threads, 1ULL << c.log2, static_cast<unsigned long long>(r.taken), r.seconds,
+                r.taken / r.seconds / 1e6, longest / 1e6, static_cast<unsigned long long>(failed),
+                static_cast<unsigned long long>(r.wrong), static_cast<unsigned long long>(r.out_of_order));
+            CHECK(r.taken == total);
+            CHECK(r.corrupt == 0);
+            CHECK(r.wrong == 0);
+            CHECK(r.out_of_order == 0);
+            CHECK(failed == 0);
+        }
     }
 }
 

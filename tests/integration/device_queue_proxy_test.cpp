@@ -304,6 +304,42 @@ TEST_SUITE("device queue proxy on real RDMA") {
                               << " passes found the send queue full");
     }
 
+    TEST_CASE("a push that gave up leaves no hole: the proxy skips its position and every other request lands") {
+        Pair pair(signals_at + 4096, proxy_qp_options());
+        for (std::size_t i = 0; i < pair.a.memory.size(); ++i) pair.a.memory[i] = pattern(i);
+        HostRing ring(4); // 16 slots
+        DeviceQueueProxy proxy(ring.view, pair.a.pd, pair.a.cq);
+        proxy.add_window(1, pair.a.mr);
+        proxy.add_peer(0, pair.a.qp, {{1, pair.b.mr.remote(0, signals_at)}});
+        std::uint64_t position = 0;
+        // The proxy not running: 16 pushes fill the ring, the 17th gives up at its deadline.
+        for (std::uint64_t i = 0; i < 16; ++i) {
+            REQUIRE(dq::push(ring.view, put(i), ring_deadline(1s), position) == dq::WaitResult::done);
+        }
+        CHECK(dq::push(ring.view, put(16), ring_deadline(20ms), position) == dq::WaitResult::timed_out);
+        {
+            ProxyThread running(proxy);
+            // The proxy takes the 16, skips position 16 and returns its credit with theirs: more pushes go.
+            for (std::uint64_t i = 16; i < 32; ++i) {
+                REQUIRE(dq::push(ring.view, put(i), ring_deadline(30s), position) == dq::WaitResult::done);
+            }
+            CHECK(position == 32);
+            CHECK(dq::quiet(ring.view, ring_deadline(30s)) == dq::WaitResult::done);
+        }
+        INFO("proxy: " << proxy.failure());
+        CHECK(proxy.failure().empty());
+        const DeviceQueueProxyCounters& c = proxy.counters();
+        CHECK(c.skipped == 1);
+        CHECK(c.descriptors == 32);
+        CHECK(c.completed == 33); // the skipped position's credit too
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < 32; ++i) {
+            const std::size_t src = ((i * 7) % blocks) * block;
+            if (std::memcmp(pair.b.memory.data() + i * block, pair.a.memory.data() + src, block) != 0) ++wrong;
+        }
+        CHECK(wrong == 0);
+    }
+
     TEST_CASE(
         "the peer's queue pair destroyed mid-stream ends the producer's quiet with peer failed within the bound") {
         Pair pair(signals_at + 4096, proxy_qp_options());

@@ -84,7 +84,7 @@ def test_bad_arguments_are_refused_in_words():
     with pytest.raises(gv.Error) as e:
         gv.DeviceQueue.on_host(21)
     assert e.value.code == gv.Errc.invalid_argument
-    assert "a device queue holds 2^1 to 2^20 slots; 2^21 asked" in str(e.value)
+    assert "a device queue holds 2^0 to 2^20 slots; 2^21 asked" in str(e.value)
 
 
 def test_a_gpu_queue_without_a_gpu_is_refused_as_listing_gpus_is():

@@ -39,14 +39,14 @@ TEST_SUITE("device queue memory") {
     }
 
     TEST_CASE("a capacity out of range is refused in words, before any memory is taken") {
-        for (const std::uint32_t log2 : {0U, 21U}) {
+        for (const std::uint32_t log2 : {21U, 64U}) {
             CAPTURE(log2);
             try {
                 (void)DeviceQueue::on_host(log2);
                 FAIL("taken");
             } catch (const Error& e) {
                 CHECK(e.code() == errc::invalid_argument);
-                CHECK(e.detail() == "a device queue holds 2^1 to 2^20 slots; 2^" + std::to_string(log2) + " asked");
+                CHECK(e.detail() == "a device queue holds 2^0 to 2^20 slots; 2^" + std::to_string(log2) + " asked");
             }
             std::error_code ec;
             CHECK_FALSE(DeviceQueue::on_gpu(0, log2, ec));

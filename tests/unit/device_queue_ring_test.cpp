@@ -151,7 +151,7 @@ TEST_SUITE("device queue ring") {
         CHECK(q.producer->reserved / q.view.capacity() >= 780); // wrapped the ring 781 times
     }
 
-    TEST_CASE("a full ring whose reader stopped ends a push with timed out by its deadline, reserving nothing") {
+    TEST_CASE("a full ring whose reader stopped ends a push timed out by its deadline; the reader skips its position") {
         HostQueue q(4);
         std::uint64_t position = 0;
         for (int i = 0; i < 16; ++i) REQUIRE(push(q.view, request_of(0, i), in_ns(1s), position) == WaitResult::done);
@@ -160,17 +160,167 @@ TEST_SUITE("device queue ring") {
         const auto took = std::chrono::steady_clock::now() - start;
         CHECK(took >= 50ms);
         CHECK(took < 2s);
-        CHECK(q.producer->reserved == 16); // no hole for the reader to wait on
+        CHECK(q.producer->reserved == 17); // its ticket was taken, and given up:
+        CHECK(*q.view.cancel_of(16) == 1); // marked, so the reader never waits on it
         CHECK(quiet(q.view, in_ns(20ms)) == WaitResult::timed_out);
-        // The reader takes and completes four: four pushes fit again, and quiet_until sees the first done.
+        // The reader takes and completes four: four pushes fit again (positions 17 to 20).
         RingReader reader(q.view);
         Request r;
         for (int i = 0; i < 4; ++i) REQUIRE(reader.try_take(r) == Decoded::complete);
         reader.complete(4);
         CHECK(quiet_until(q.view, 3, in_ns(1s)) == WaitResult::done);
-        for (int i = 0; i < 4; ++i) CHECK(push(q.view, request_of(0, 16 + i), in_ns(1s), position) == WaitResult::done);
+        // Positions 17 to 19 have free slots (below credit 4 + 16); 20 waits for credit 5 and gives up.
+        for (int i = 0; i < 3; ++i) CHECK(push(q.view, request_of(0, 17 + i), in_ns(1s), position) == WaitResult::done);
         CHECK(position == 19);
         CHECK(push(q.view, request_of(0, 20), in_ns(10ms), position) == WaitResult::timed_out);
+        // In order: 4 to 15, then 16 skipped (its mark cleared), then 17 to 19, then 20 skipped.
+        for (int i = 4; i < 16; ++i) REQUIRE(reader.try_take(r) == Decoded::complete);
+        CHECK(reader.try_take(r) == Decoded::skipped);
+        CHECK(*q.view.cancel_of(16) == 0);
+        for (int i = 17; i < 20; ++i) {
+            REQUIRE(reader.try_take(r) == Decoded::complete);
+            CHECK(r.signal_value == static_cast<std::uint64_t>(i));
+        }
+        CHECK(reader.try_take(r) == Decoded::skipped);
+        CHECK(reader.taken() == 21);
+        CHECK(reader.try_take(r) == Decoded::incomplete);
+        reader.complete(reader.taken()); // the skipped positions' credit returns with the rest
+        CHECK(push(q.view, request_of(0, 21), in_ns(1s), position) == WaitResult::done);
+        CHECK(position == 21);
+    }
+
+    TEST_CASE("more producers than slots: every push ends done, served in ticket order, none waits for ever") {
+        // 8 producers into a 4-slot ring whose reader pauses three times: with a
+        // compare-and-swap reservation a producer could lose every race; with
+        // tickets each waits only for the positions ahead of it.
+        HostQueue q(2);
+        constexpr std::uint16_t producers = 8;
+        constexpr std::uint64_t each = 500;
+        std::atomic<int> not_done{0};
+        std::atomic<std::uint64_t> longest_ns{0};
+        std::vector<std::thread> threads;
+        for (std::uint16_t t = 0; t < producers; ++t) {
+            threads.emplace_back([&, t] {
+                for (std::uint64_t n = 0; n < each; ++n) {
+                    std::uint64_t position = 0;
+                    const std::uint64_t before = detail::now_ns();
+                    if (push(q.view, request_of(t, n), in_ns(60s), position) != WaitResult::done) ++not_done;
+                    const std::uint64_t waited = detail::now_ns() - before;
+                    std::uint64_t seen = longest_ns.load();
+                    while (waited > seen && !longest_ns.compare_exchange_weak(seen, waited)) {
+                    }
+                }
+            });
+        }
+        RingReader reader(q.view);
+        std::vector<std::uint64_t> next(producers, 0);
+        std::uint64_t wrong = 0, out_of_order = 0, skipped = 0;
+        int pauses = 0;
+        const auto give_up = std::chrono::steady_clock::now() + 120s;
+        while (reader.taken() < producers * each && std::chrono::steady_clock::now() < give_up) {
+            Request r;
+            const Decoded d = reader.try_take(r);
+            if (d == Decoded::incomplete) {
+                std::this_thread::yield();
+                continue;
+            }
+            if (d == Decoded::skipped) {
+                ++skipped;
+            } else if (d != Decoded::complete || r.peer >= producers || !same(r, request_of(r.peer, r.signal_value))) {
+                ++wrong;
+            } else {
+                if (r.signal_value != next[r.peer]) ++out_of_order;
+                next[r.peer] = r.signal_value + 1;
+            }
+            reader.complete(reader.taken());
+            if (pauses < 3 && reader.taken() == (pauses + 1) * producers * each / 4) { // the reader stops a while
+                std::this_thread::sleep_for(30ms);
+                ++pauses;
+            }
+        }
+        for (auto& t : threads) t.join();
+        CHECK(not_done == 0);
+        CHECK(skipped == 0);
+        CHECK(wrong == 0);
+        CHECK(out_of_order == 0);
+        CHECK(reader.taken() == producers * each);
+        CHECK(pauses == 3);
+        MESSAGE("longest push: " << longest_ns.load() / 1000 << " us, with 3 reader pauses of 30 ms");
+    }
+
+    TEST_CASE("a push into a closed or failed queue returns its code at once, even with free slots, and is skipped") {
+        HostQueue q(6);
+        RingReader reader(q.view);
+        std::uint64_t position = 0;
+        REQUIRE(push(q.view, request_of(0, 0), in_ns(1s), position) == WaitResult::done);
+        reader.fail(QueueError::closed);
+        const auto start = std::chrono::steady_clock::now();
+        CHECK(push(q.view, request_of(0, 1), no_deadline, position) == WaitResult::queue_closed);
+        CHECK(std::chrono::steady_clock::now() - start < 1s);
+        reader.fail(QueueError::refused);
+        CHECK(push(q.view, request_of(0, 2), in_ns(1s), position) == WaitResult::refused);
+        reader.fail(QueueError::peer_failed);
+        CHECK(push(q.view, request_of(0, 3), in_ns(1s), position) == WaitResult::peer_failed);
+        Request r;
+        CHECK(reader.try_take(r) == Decoded::complete);
+        for (int i = 1; i < 4; ++i) CHECK(reader.try_take(r) == Decoded::skipped);
+        CHECK(reader.try_take(r) == Decoded::incomplete);
+    }
+
+    TEST_CASE("timeouts saturate: no_timeout never passes, a huge timeout is no deadline, not one in the past") {
+        CHECK(deadline_after(no_timeout) == no_deadline);
+        CHECK(deadline_after(no_timeout - 1) == no_deadline);
+        const std::uint64_t now = detail::now_ns();
+        const std::uint64_t soon = deadline_after(1'000'000);
+        CHECK(soon >= now + 1'000'000);
+        CHECK(soon < now + 1'000'000'000);
+        // A wait with no deadline ends with the queue's word.
+        HostQueue q(0); // one slot
+        std::uint64_t position = 0;
+        REQUIRE(push(q.view, request_of(0, 0), no_deadline, position) == WaitResult::done);
+        RingReader reader(q.view);
+        std::thread proxy([&] {
+            std::this_thread::sleep_for(20ms);
+            reader.fail(QueueError::closed);
+        });
+        CHECK(push(q.view, request_of(0, 1), no_deadline, position) == WaitResult::queue_closed);
+        CHECK(quiet(q.view, no_deadline) == WaitResult::queue_closed);
+        proxy.join();
+    }
+
+    TEST_CASE("a ring of one slot serves four producers in turn, every descriptor checked") {
+        HostQueue q(0);
+        constexpr std::uint16_t producers = 4;
+        constexpr std::uint64_t each = 500;
+        std::atomic<int> not_done{0};
+        std::vector<std::thread> threads;
+        for (std::uint16_t t = 0; t < producers; ++t) {
+            threads.emplace_back([&, t] {
+                for (std::uint64_t n = 0; n < each; ++n) {
+                    std::uint64_t position = 0;
+                    if (push(q.view, request_of(t, n), in_ns(60s), position) != WaitResult::done) ++not_done;
+                }
+            });
+        }
+        RingReader reader(q.view);
+        std::vector<std::uint64_t> next(producers, 0);
+        std::uint64_t wrong = 0;
+        const auto give_up = std::chrono::steady_clock::now() + 60s;
+        while (reader.taken() < producers * each && std::chrono::steady_clock::now() < give_up) {
+            Request r;
+            const Decoded d = reader.try_take(r);
+            if (d == Decoded::incomplete) {
+                std::this_thread::yield();
+                continue;
+            }
+            if (d != Decoded::complete || r.peer >= producers || r.signal_value != next[r.peer]) ++wrong;
+            if (d == Decoded::complete && r.peer < producers) next[r.peer] = r.signal_value + 1;
+            reader.complete(reader.taken());
+        }
+        for (auto& t : threads) t.join();
+        CHECK(not_done == 0);
+        CHECK(wrong == 0);
+        CHECK(reader.taken() == producers * each);
     }
 
     TEST_CASE("every wait ends with the proxy's word: a peer failed, the queue closed") {
@@ -207,15 +357,24 @@ TEST_SUITE("device queue ring") {
         CHECK(wait_signal(q.view, &signal, 2, in_ns(0ms)) == WaitResult::done);
     }
 
-    TEST_CASE("a warp-sized reservation is granted whole or not at all") {
+    TEST_CASE("a warp-sized reservation waits whole for its slots; given up, all of it is skipped") {
         HostQueue q(5); // 32 slots
         std::uint64_t first = 0;
         REQUIRE(reserve(q.view, 20, in_ns(1s), first) == WaitResult::done);
         CHECK(first == 0);
-        CHECK(reserve(q.view, 13, in_ns(10ms), first) == WaitResult::timed_out);
-        CHECK(q.producer->reserved == 20);
-        REQUIRE(reserve(q.view, 12, in_ns(1s), first) == WaitResult::done);
+        CHECK(reserve(q.view, 13, in_ns(10ms), first) == WaitResult::timed_out); // 20 + 13 > 32
         CHECK(first == 20);
+        CHECK(q.producer->reserved == 33);
+        for (std::uint64_t p = 20; p < 33; ++p) CHECK(*q.view.cancel_of(p) == 1);
+        REQUIRE(reserve(q.view, 12, in_ns(10ms), first) == WaitResult::timed_out); // 33 + 12 > 32 too
+        for (std::uint64_t p = 0; p < 20; ++p) write(q.view, p, request_of(0, p));
+        RingReader reader(q.view);
+        Request r;
+        for (int i = 0; i < 20; ++i) REQUIRE(reader.try_take(r) == Decoded::complete);
+        for (int i = 0; i < 25; ++i) CHECK(reader.try_take(r) == Decoded::skipped);
+        reader.complete(reader.taken());
+        REQUIRE(reserve(q.view, 32, in_ns(1s), first) == WaitResult::done); // the whole ring again
+        CHECK(first == 45);
     }
 }
 

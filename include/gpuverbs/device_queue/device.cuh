@@ -12,9 +12,10 @@
 //
 // Buffers are named by window ids the host registered (the kernel never sees
 // an rkey): the proxy resolves a window on whichever rail is healthy. Every
-// call that may wait takes a timeout in nanoseconds (the GPU's global timer)
-// and returns a WaitResult: done, timed out, the peer failed, or the queue
-// closed — never a hang.
+// call that may wait takes a timeout in nanoseconds (the GPU's global timer;
+// no_timeout, UINT64_MAX, for none: timeouts saturate, never wrap) and returns
+// a WaitResult: done, timed_out, peer_failed, queue_closed or refused (the
+// proxy refused a request and closed the queue) — never a hang.
 #pragma once
 
 #include "gpuverbs/device_queue/ring.hpp"
@@ -40,17 +41,35 @@ __host__ __device__ inline QueueView queue_view(unsigned long long slots, unsign
     return q;
 }
 
+using device_queue::no_timeout;
+
 /// Pushes `r`, reserving for every lane of the warp that pushes at the same
-/// time in one step (one compare-and-swap per warp, not per thread).
+/// time in one step (one ticket per warp, not per thread); in a ring smaller
+/// than the pushing lanes, each lane takes its own ticket. Tickets are served
+/// in order: the push waits only for the reader to take and complete the
+/// positions ahead of it. `timeout_ns` no_timeout (UINT64_MAX) waits until
+/// done or the queue fails; a push into a closed or failed queue returns its
+/// code at once (and never reaches the peer); one that does not end done
+/// leaves nothing the reader waits on. `position`: where the request went
+/// (for quiet_until).
 __device__ inline WaitResult push(const QueueView& q, const Request& r, std::uint64_t timeout_ns,
                                   std::uint64_t* position = nullptr) {
     namespace cg = cooperative_groups;
     const cg::coalesced_group lanes = cg::coalesced_threads();
+    const std::uint64_t deadline = device_queue::deadline_after(timeout_ns);
+    if (lanes.num_threads() > q.capacity()) { // a ring smaller than the warp: a ticket each
+        std::uint64_t mine = 0;
+        const WaitResult got = device_queue::reserve(q, 1, deadline, mine);
+        if (got != WaitResult::done) return got;
+        device_queue::write(q, mine, r);
+        if (position != nullptr) *position = mine;
+        return WaitResult::done;
+    }
     std::uint64_t first = 0;
     auto result = static_cast<std::uint32_t>(WaitResult::done);
     if (lanes.thread_rank() == 0) {
-        result = static_cast<std::uint32_t>(device_queue::reserve(q, static_cast<std::uint32_t>(lanes.num_threads()),
-                                                                  device_queue::detail::now_ns() + timeout_ns, first));
+        result = static_cast<std::uint32_t>(
+            device_queue::reserve(q, static_cast<std::uint32_t>(lanes.num_threads()), deadline, first));
     }
     first = lanes.shfl(first, 0);
     result = lanes.shfl(result, 0);
@@ -133,15 +152,25 @@ __device__ inline WaitResult fence(const QueueView& q, std::uint16_t peer, std::
     return push(q, r, timeout_ns);
 }
 
-/// Waits until every request pushed so far completed (their sources may be reused).
+/// Waits until every position reserved so far in the queue completed — by
+/// any thread of any kernel, including tickets still waiting for a slot (and
+/// those whose producer gave up, once skipped): their sources may be reused.
+/// For the requests of this thread alone, keep push's `position` and call
+/// quiet_until.
 __device__ inline WaitResult quiet(const QueueView& q, std::uint64_t timeout_ns) {
-    return device_queue::quiet(q, device_queue::detail::now_ns() + timeout_ns);
+    return device_queue::quiet(q, device_queue::deadline_after(timeout_ns));
+}
+
+/// Waits until every request up to and including `position` (from push)
+/// completed: this thread's own requests, without waiting for later ones.
+__device__ inline WaitResult quiet_until(const QueueView& q, std::uint64_t position, std::uint64_t timeout_ns) {
+    return device_queue::quiet_until(q, position, device_queue::deadline_after(timeout_ns));
 }
 
 /// Waits until the local word `signal` (where a peer's signals land) reaches `value`.
 __device__ inline WaitResult wait_signal(const QueueView& q, std::uint64_t* signal, std::uint64_t value,
                                          std::uint64_t timeout_ns) {
-    return device_queue::wait_signal(q, signal, value, device_queue::detail::now_ns() + timeout_ns);
+    return device_queue::wait_signal(q, signal, value, device_queue::deadline_after(timeout_ns));
 }
 
 } // namespace gpuverbs::device

@@ -70,6 +70,7 @@ struct DeviceQueueProxyCounters {
     std::uint64_t ring_full = 0;     ///< … that found every slot taken and not completed: producers wait for credit
     std::uint64_t rail_failures = 0; ///< rails found failed (a path error, a refused post, the request timeout)
     std::uint64_t reposted = 0;      ///< descriptors posted again on another rail after theirs failed
+    std::uint64_t skipped = 0;       ///< positions whose producer gave up (timed out, or the queue failed)
     /// Chains by descriptors: 1, 2, 3–4, 5–8, 9–16, 17–32, 33–64, more.
     std::array<std::uint64_t, 8> chain_lengths{};
     std::uint64_t chained = 0; ///< descriptors posted in chains (the histogram's sum)

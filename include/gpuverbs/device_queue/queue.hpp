@@ -29,7 +29,10 @@ public:
     DeviceQueue& operator=(const DeviceQueue&) = delete;
     ~DeviceQueue();
 
-    /// 2^log2_capacity slots (1 to 2^20) for kernels on CUDA device `gpu`.
+    /// 2^log2_capacity slots (2^0 to 2^20: device_queue::max_log2_capacity;
+    /// any size serves any number of producers, in ticket order) for kernels
+    /// on CUDA device `gpu`. The queue's memory starts zeroed: no descriptor,
+    /// no credit, no error, nothing cancelled.
     /// Throws gpuverbs::Error: errc::invalid_argument for a capacity out of
     /// range; built_without_cuda, no_gpu_driver, no_gpu or cuda_error (the
     /// driver's words) from CUDA; errc::unsupported for a GPU that cannot map

@@ -19,18 +19,26 @@
 //   the reader, which waits for it to complete. (A fence is still needed
 //   between the data a put sends and its descriptor: gpuverbs::device::put
 //   issues it; see the document.)
-// - Reservation by compare-and-swap on a counter next to the producers (GPU
-//   memory for a kernel), granted only where the slots are free: a producer
-//   never holds a slot it cannot fill, so a reader never waits on a hole left
-//   by a producer that gave up at its deadline. A warp reserves for all its
-//   active lanes at once.
+// - Reservation by ticket (issue 50): one fetch-and-add on a counter next to
+//   the producers (GPU memory for a kernel) gives a producer its positions —
+//   a warp's for all its active lanes at once — and it waits until its slots
+//   are free. Tickets are served in the order they were taken, so no producer
+//   starves however many push: a push waits only for the reader to take and
+//   complete the positions ahead of it.
+// - A ticket whose push gives up (its deadline, or the queue failed) leaves no
+//   hole: the producer marks each of its positions cancelled in host memory
+//   (one byte per position, in a table after the proxy's words), and the
+//   reader, finding a position's descriptor not written, takes a cancelled
+//   one as skipped (Decoded::skipped) and returns its credit like any other.
 // - Credits: the reader's proxy stores how many positions have completed (the
-//   request's source may be reused then) into host memory; producers keep the
-//   last value they saw next to the counter and read the host word across
-//   PCIe only when the ring looks full, so a ring that keeps up costs no PCIe
-//   read per push.
-// - An error word in host memory, written by the proxy (a peer failed, the
-//   queue closed): every wait reads it, so none outlives the queue.
+//   request's source may be reused then) into host memory, beside an error
+//   word (a peer failed, the queue closed or refused a request). A push reads
+//   both in one 16-byte load, so a push into a closed or failed queue returns
+//   that code at once; every wait reads the error word, so none outlives the
+//   queue.
+// - Deadlines are absolute nanoseconds on the producer's clock; no_deadline
+//   (UINT64_MAX) never passes, and deadline_after() saturates instead of
+//   wrapping, so a timeout of UINT64_MAX means "no timeout".
 #pragma once
 
 #include <cstddef>
@@ -47,6 +55,7 @@
 #else
 #include <atomic>
 #include <chrono>
+#include <thread>
 #endif
 
 namespace gpuverbs::device_queue {
@@ -62,7 +71,8 @@ enum class Op : std::uint8_t {
 /// How a signal changes its word at the peer.
 enum class SignalOp : std::uint8_t { set = 0, add = 1 };
 
-/// How a bounded wait ended.
+/// How a push or a bounded wait ended. A push that does not end done has
+/// reserved nothing the reader waits on (its positions are skipped).
 enum class WaitResult : std::uint32_t {
     done = 0,
     timed_out = 1,    ///< its deadline passed first
@@ -70,6 +80,11 @@ enum class WaitResult : std::uint32_t {
     queue_closed = 3, ///< the proxy closed the queue
     refused = 4, ///< the proxy refused a request (an unknown peer or window, a range outside it) and closed the queue
 };
+
+/// A deadline that never passes: a wait with it ends only done or with the queue's error.
+inline constexpr std::uint64_t no_deadline = ~std::uint64_t{0};
+/// A timeout that never ends (the device.cuh calls' `timeout_ns`).
+inline constexpr std::uint64_t no_timeout = ~std::uint64_t{0};
 
 /// The error word's values (written by the proxy, read by every wait).
 enum class QueueError : std::uint32_t { none = 0, peer_failed = 2, closed = 3, refused = 4 };
@@ -94,7 +109,10 @@ inline constexpr std::size_t descriptor_bytes = 64;
 inline constexpr std::size_t descriptor_words = 8;
 /// Offsets, lengths and signal values carry 56 bits (the top byte is the stamp).
 inline constexpr std::uint64_t payload_mask = (std::uint64_t{1} << 56) - 1;
-inline constexpr std::uint32_t max_log2_capacity = 24;
+/// A queue holds 2^0 to 2^max_log2_capacity slots (DeviceQueue checks; any
+/// size works for any number of producers: a warp larger than the ring takes
+/// a ticket per lane).
+inline constexpr std::uint32_t max_log2_capacity = 20;
 
 struct alignas(descriptor_bytes) Descriptor {
     std::uint64_t word[descriptor_words];
@@ -128,6 +146,7 @@ enum class Decoded : std::uint8_t {
     complete,   ///< every word carries this lap's stamp and the position: `out` is the request
     incomplete, ///< some word is still the previous lap's (not written yet, or in flight)
     corrupt,    ///< stamped for this lap, yet not what a producer writes (the position or the op is wrong)
+    skipped,    ///< not written, and its producer gave up (RingReader): no request; its credit returns as any
 };
 
 GPUVERBS_HOST_DEVICE constexpr Decoded decode(const std::uint64_t (&in)[descriptor_words], std::uint64_t position,
@@ -159,8 +178,8 @@ GPUVERBS_HOST_DEVICE constexpr Decoded decode(const std::uint64_t (&in)[descript
 /// for a CPU producer). Apart from the proxy's words: their cache lines never
 /// bounce between the producers and the reader.
 struct alignas(128) ProducerWords {
-    std::uint64_t reserved = 0;    ///< positions granted so far
-    std::uint64_t credit_seen = 0; ///< the highest credit a producer read
+    std::uint64_t reserved = 0;    ///< tickets taken so far: positions handed out, in order
+    std::uint64_t credit_seen = 0; ///< the highest credit a producer read (quiet's shortcut)
 };
 
 /// The proxy's words, in host memory the producers reach through a mapping.
@@ -170,9 +189,26 @@ struct alignas(128) ProxyWords {
     std::uint32_t reserved_ = 0;
 };
 
+/// Positions the cancel table tells apart: a position and one this many later
+/// share a mark, so at most this many positions may lie between the reader
+/// and the furthest ticket taken (the ring's slots and every producer waiting
+/// for one: 2^19 covers every thread a GPU holds at once).
+GPUVERBS_HOST_DEVICE constexpr std::uint64_t cancel_marks(std::uint32_t log2_capacity) {
+    const std::uint64_t four_laps = std::uint64_t{4} << log2_capacity;
+    return four_laps > (std::uint64_t{1} << 19) ? four_laps : (std::uint64_t{1} << 19);
+}
+/// The host memory of a queue of 2^log2_capacity slots: the slots, the
+/// proxy's words, the cancel table (zeroed: no descriptor, no credit, no
+/// error, nothing cancelled). layout() says where each is.
+GPUVERBS_HOST_DEVICE constexpr std::size_t host_bytes(std::uint32_t log2_capacity) {
+    return (std::size_t{1} << log2_capacity) * descriptor_bytes + sizeof(ProxyWords) +
+           static_cast<std::size_t>(cancel_marks(log2_capacity));
+}
+
 /// A queue as a producer and the reader see it: plain pointers, copied by
 /// value into a kernel's arguments. The memory is the owner's (the host
-/// DeviceQueue, or a test).
+/// DeviceQueue, or a test): host_bytes() of host memory laid out by layout(),
+/// and the producers' words. The cancel table follows the proxy's words.
 struct QueueView {
     Descriptor* slots = nullptr;       ///< 2^log2_capacity descriptors (host memory, mapped)
     ProducerWords* producer = nullptr; ///< next to the producers
@@ -182,7 +218,28 @@ struct QueueView {
     [[nodiscard]] GPUVERBS_HOST_DEVICE constexpr std::uint64_t capacity() const {
         return std::uint64_t{1} << log2_capacity;
     }
+    /// One byte per position modulo cancel_marks(): 1 while that position's
+    /// producer gave up and the reader has not skipped it yet.
+    [[nodiscard]] GPUVERBS_HOST_DEVICE std::uint8_t* cancels() const {
+        return reinterpret_cast<std::uint8_t*>(proxy + 1); // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    }
+    [[nodiscard]] GPUVERBS_HOST_DEVICE std::uint8_t* cancel_of(std::uint64_t position) const {
+        return cancels() + (position & (cancel_marks(log2_capacity) - 1));
+    }
 };
+
+/// The view of `host_bytes(log2_capacity)` bytes at `host` (the producers'
+/// words apart): slots first, then the proxy's words and the cancel table.
+GPUVERBS_HOST_DEVICE inline QueueView layout(void* host, ProducerWords* producer, std::uint32_t log2_capacity) {
+    QueueView q;
+    auto* bytes = static_cast<unsigned char*>(host);
+    q.slots = reinterpret_cast<Descriptor*>(bytes); // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    q.proxy = reinterpret_cast<ProxyWords*>(        // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+        bytes + (std::size_t{1} << log2_capacity) * descriptor_bytes);
+    q.producer = producer;
+    q.log2_capacity = log2_capacity;
+    return q;
+}
 
 // --- memory access, per compiler ------------------------------------------------
 //
@@ -206,9 +263,12 @@ __device__ inline void store_relaxed(T* p, T v) {
     cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
 }
 /// The producers' counter is only ever touched by GPU threads: device scope.
-__device__ inline bool compare_exchange(std::uint64_t* p, std::uint64_t& expected, std::uint64_t desired) {
-    return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).compare_exchange_strong(
-        expected, desired, cuda::memory_order_relaxed);
+__device__ inline std::uint64_t take_tickets(std::uint64_t* p, std::uint64_t count) {
+    return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).fetch_add(count, cuda::memory_order_relaxed);
+}
+/// A cancel mark: a byte of host memory only this position's producer writes (a posted PCIe write).
+__device__ inline void mark_cancelled(std::uint8_t* mark) {
+    *reinterpret_cast<volatile std::uint8_t*>(mark) = 1;
 }
 __device__ inline std::uint64_t load_producer(std::uint64_t* p) {
     return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_relaxed);
@@ -242,8 +302,11 @@ template <class T>
 inline void store_relaxed(T* p, T v) {
     std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
 }
-inline bool compare_exchange(std::uint64_t* p, std::uint64_t& expected, std::uint64_t desired) {
-    return std::atomic_ref<std::uint64_t>(*p).compare_exchange_strong(expected, desired, std::memory_order_relaxed);
+inline std::uint64_t take_tickets(std::uint64_t* p, std::uint64_t count) {
+    return std::atomic_ref<std::uint64_t>(*p).fetch_add(count, std::memory_order_relaxed);
+}
+inline void mark_cancelled(std::uint8_t* mark) {
+    std::atomic_ref<std::uint8_t>(*mark).store(1, std::memory_order_release);
 }
 inline std::uint64_t load_producer(std::uint64_t* p) {
     return std::atomic_ref<std::uint64_t>(*p).load(std::memory_order_relaxed);
@@ -260,10 +323,10 @@ inline std::uint64_t now_ns() {
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
             .count());
 }
+/// A CPU producer that waits gives its core away: more producers than cores
+/// (the rig's tests) must not starve the reader they wait for.
 inline void pause() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    std::this_thread::yield();
 }
 #endif
 
@@ -280,33 +343,76 @@ GPUVERBS_HOST_DEVICE inline WaitResult queue_state(const QueueView& q) {
     return WaitResult::done;
 }
 
-/// Grants `count` consecutive positions whose slots are free, first in
-/// `first`: done, or why not by `deadline_ns` (nothing is reserved then).
-/// The fast path is one compare-and-swap on the producers' counter; the
-/// proxy's credit is read (across PCIe, for a kernel) only when the ring
-/// looks full.
+namespace detail {
+/// The proxy's credit and error words in one read: on the GPU each read of
+/// host memory is a PCIe round trip (1.2 us on the lent H100), so a wait
+/// reads both in one 16-byte load rather than paying two.
+GPUVERBS_HOST_DEVICE inline void load_credit_and_error(ProxyWords* w, std::uint64_t& credit, std::uint32_t& error) {
+#if defined(__CUDA_ARCH__)
+    std::uint64_t second = 0;
+    asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(credit), "=l"(second) : "l"(w) : "memory");
+    error = static_cast<std::uint32_t>(second); // little-endian: the error word is the low half
+#else
+    credit = load_relaxed(&w->credit);
+    error = load_relaxed(&w->error);
+#endif
+}
+static_assert(offsetof(ProxyWords, credit) == 0 && offsetof(ProxyWords, error) == 8);
+} // namespace detail
+
+/// The deadline `timeout_ns` from now, saturating: no_timeout (or any
+/// timeout that would pass the clock's end) gives no_deadline.
+GPUVERBS_HOST_DEVICE inline std::uint64_t deadline_after(std::uint64_t timeout_ns) {
+    const std::uint64_t now = detail::now_ns();
+    return timeout_ns >= no_deadline - now ? no_deadline : now + timeout_ns;
+}
+
+/// The error word as a wait's result, from a value read.
+GPUVERBS_HOST_DEVICE constexpr WaitResult result_of(std::uint32_t error) {
+    if (error == static_cast<std::uint32_t>(QueueError::peer_failed)) return WaitResult::peer_failed;
+    if (error == static_cast<std::uint32_t>(QueueError::closed)) return WaitResult::queue_closed;
+    if (error == static_cast<std::uint32_t>(QueueError::refused)) return WaitResult::refused;
+    return WaitResult::done;
+}
+
+/// Marks `count` positions from `first` cancelled: the reader skips them.
+GPUVERBS_HOST_DEVICE inline void cancel(const QueueView& q, std::uint64_t first, std::uint32_t count) {
+    for (std::uint32_t i = 0; i < count; ++i) detail::mark_cancelled(q.cancel_of(first + i));
+}
+
+/// Takes `count` consecutive positions (a ticket: served in the order taken)
+/// and waits until their slots are free: done with the first in `first`, or
+/// why not by `deadline_ns` — the queue's error at once, even with free
+/// slots, or timed_out — and then the positions are marked cancelled, so the
+/// reader never waits on them. `count` must not exceed the capacity (a
+/// warp's reservation in a smaller ring is split: device.cuh's push). One
+/// fetch-and-add on the producers' counter and one 16-byte read of the
+/// proxy's words (across PCIe for a kernel) when the slots are free.
 GPUVERBS_HOST_DEVICE inline WaitResult reserve(const QueueView& q, std::uint32_t count, std::uint64_t deadline_ns,
                                                std::uint64_t& first) {
-    std::uint64_t at = detail::load_producer(&q.producer->reserved);
-    for (;;) {
-        const std::uint64_t seen = detail::load_producer(&q.producer->credit_seen);
-        if (at + count <= seen + q.capacity()) {
-            if (detail::compare_exchange(&q.producer->reserved, at, at + count)) {
-                first = at;
-                return WaitResult::done;
-            }
-            continue; // `at` now holds the counter's value: try again from there
+    first = detail::take_tickets(&q.producer->reserved, count);
+    for (std::uint32_t i = 0;; ++i) {
+        std::uint64_t credit = 0;
+        std::uint32_t error = 0;
+        detail::load_credit_and_error(q.proxy, credit, error);
+        if (error != 0) {
+            cancel(q, first, count);
+            return result_of(error);
         }
-        // Looks full: ask the proxy, and whether the queue still works.
-        const std::uint64_t credit = detail::load_acquire(&q.proxy->credit);
-        if (credit > seen) {
-            detail::raise_credit_seen(&q.producer->credit_seen, credit);
-            continue;
+        if (first + count <= credit + q.capacity()) {
+#if defined(__CUDA_ARCH__)
+            cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+#else
+            std::atomic_thread_fence(std::memory_order_acquire);
+#endif
+            return WaitResult::done;
         }
-        if (const WaitResult state = queue_state(q); state != WaitResult::done) return state;
-        if (detail::now_ns() >= deadline_ns) return WaitResult::timed_out;
+        // The clock only now and then: the credit read is the pause (a PCIe round trip on a GPU).
+        if ((i & 7) == 7 && detail::now_ns() >= deadline_ns) {
+            cancel(q, first, count);
+            return WaitResult::timed_out;
+        }
         detail::pause();
-        at = detail::load_producer(&q.producer->reserved);
     }
 }
 
@@ -326,23 +432,6 @@ GPUVERBS_HOST_DEVICE inline WaitResult push(const QueueView& q, const Request& r
     if (got == WaitResult::done) write(q, position, r);
     return got;
 }
-
-namespace detail {
-/// The proxy's credit and error words in one read: on the GPU each read of
-/// host memory is a PCIe round trip (1.2 us on the lent H100), so a wait
-/// reads both in one 16-byte load rather than paying two.
-GPUVERBS_HOST_DEVICE inline void load_credit_and_error(ProxyWords* w, std::uint64_t& credit, std::uint32_t& error) {
-#if defined(__CUDA_ARCH__)
-    std::uint64_t second = 0;
-    asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(credit), "=l"(second) : "l"(w) : "memory");
-    error = static_cast<std::uint32_t>(second); // little-endian: the error word is the low half
-#else
-    credit = load_relaxed(&w->credit);
-    error = load_relaxed(&w->error);
-#endif
-}
-static_assert(offsetof(ProxyWords, credit) == 0 && offsetof(ProxyWords, error) == 8);
-} // namespace detail
 
 /// Waits until every request up to and including `position` completed (its
 /// source may be reused), or why not by `deadline_ns`.
@@ -413,11 +502,14 @@ public:
     explicit RingReader(const QueueView& q) noexcept : q_(q) {}
 
     /// The next request if its descriptor is complete: Decoded::complete (and
-    /// `out`), incomplete (nothing yet, or still in flight), or corrupt (a
-    /// descriptor no producer wrote: the queue cannot go on).
+    /// `out`), skipped (its producer gave up: taken, with no request; return
+    /// its credit as any other's), incomplete (nothing yet, or still in
+    /// flight), or corrupt (a descriptor no producer wrote: the queue cannot
+    /// go on).
     Decoded try_take(Request& out) noexcept {
         const Decoded d = peek(out);
         if (d == Decoded::complete) ++next_;
+        if (d == Decoded::skipped) skip();
         return d;
     }
     /// The request `ahead` after the next, without taking it (the proxy looks
@@ -434,10 +526,17 @@ public:
                                                  detail::load_relaxed(slot + 6), detail::load_relaxed(slot + 7)};
         const Decoded d = decode(words, at, q_.log2_capacity, out);
         if (d == Decoded::complete) std::atomic_thread_fence(std::memory_order_acquire);
+        // Not written: written later, or never (its producer gave up and marked it).
+        if (d == Decoded::incomplete && detail::load_relaxed(q_.cancel_of(at)) != 0) return Decoded::skipped;
         return d;
     }
     /// Takes the request peek() returned complete.
     void advance() noexcept { ++next_; }
+    /// Takes the position peek() returned skipped (its mark is cleared for the position that shares it).
+    void skip() noexcept {
+        detail::store_relaxed(q_.cancel_of(next_), std::uint8_t{0});
+        ++next_;
+    }
     /// Positions taken so far.
     [[nodiscard]] std::uint64_t taken() const noexcept { return next_; }
     /// Every request below `position` completed: their slots go back to the producers.

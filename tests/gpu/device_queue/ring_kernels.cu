@@ -35,9 +35,14 @@ constexpr std::uint64_t never = ~std::uint64_t{0} >> 1;
 
 __global__ void produce(QueueView q, std::uint64_t per_thread, std::uint64_t timeout_ns, unsigned long long* failed) {
     const std::uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long longest = 0;
     for (std::uint64_t n = 0; n < per_thread; ++n) {
+        const std::uint64_t t0 = dq::detail::now_ns();
         if (gpuverbs::device::push(q, request_of(thread, n), timeout_ns) != WaitResult::done) atomicAdd(failed, 1ULL);
+        const unsigned long long took = dq::detail::now_ns() - t0;
+        longest = took > longest ? took : longest;
     }
+    atomicMax(failed + 2, longest); // the longest push of any thread
 }
 
 /// Ways to wait for a credit, compared by the benchmark (0 is the library's quiet_until).
@@ -169,23 +174,14 @@ DeviceRing::~DeviceRing() {
 }
 
 bool DeviceRing::create(std::uint32_t log2_capacity, std::string& why) {
-    const std::size_t slots = std::size_t{1} << log2_capacity;
-    host_bytes_ = slots * sizeof(dq::Descriptor) + sizeof(dq::ProxyWords);
+    host_bytes_ = dq::host_bytes(log2_capacity);
     if (!ok(cudaHostAlloc(&host_memory_, host_bytes_, cudaHostAllocMapped), "cudaHostAlloc(ring, mapped)", why))
         return false;
     if (!ok(cudaMalloc(&producer_memory_, sizeof(dq::ProducerWords)), "cudaMalloc(producer words)", why)) return false;
     void* mapped = nullptr;
     if (!ok(cudaHostGetDevicePointer(&mapped, host_memory_, 0), "cudaHostGetDevicePointer", why)) return false;
-    auto* h = static_cast<unsigned char*>(host_memory_);
-    auto* d = static_cast<unsigned char*>(mapped);
-    host.slots = reinterpret_cast<dq::Descriptor*>(h);
-    host.proxy = reinterpret_cast<dq::ProxyWords*>(h + slots * sizeof(dq::Descriptor));
-    host.producer = nullptr;
-    host.log2_capacity = log2_capacity;
-    device.slots = reinterpret_cast<dq::Descriptor*>(d);
-    device.proxy = reinterpret_cast<dq::ProxyWords*>(d + slots * sizeof(dq::Descriptor));
-    device.producer = static_cast<dq::ProducerWords*>(producer_memory_);
-    device.log2_capacity = log2_capacity;
+    host = dq::layout(host_memory_, nullptr, log2_capacity);
+    device = dq::layout(mapped, static_cast<dq::ProducerWords*>(producer_memory_), log2_capacity);
     return reset(why);
 }
 
@@ -209,10 +205,16 @@ bool start_producers(const QueueView& q, int blocks, int threads, std::uint64_t 
 }
 
 bool finish(std::uint64_t& failed_pushes, std::string& why) {
+    std::uint64_t longest = 0;
+    return finish(failed_pushes, longest, why);
+}
+
+bool finish(std::uint64_t& failed_pushes, std::uint64_t& longest_push_ns, std::string& why) {
     unsigned long long c[4] = {};
     if (!ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize", why)) return false;
     if (!ok(cudaMemcpy(c, counters, sizeof c, cudaMemcpyDeviceToHost), "cudaMemcpy(counters)", why)) return false;
     failed_pushes = c[0];
+    longest_push_ns = c[2];
     return true;
 }
 

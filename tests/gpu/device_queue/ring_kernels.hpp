@@ -47,6 +47,8 @@ bool start_producers(const QueueView& q, int blocks, int threads, std::uint64_t 
                      std::string& why);
 /// Waits for the last kernel; `failed_pushes` from start_producers' word.
 bool finish(std::uint64_t& failed_pushes, std::string& why);
+/// … and the longest single push of any producer thread (GPU clock, ns).
+bool finish(std::uint64_t& failed_pushes, std::uint64_t& longest_push_ns, std::string& why);
 
 /// One GPU thread: `iterations` times, push one request and spin until its
 /// credit comes back. Per iteration, nanoseconds on the GPU's clock: the
