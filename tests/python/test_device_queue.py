@@ -58,7 +58,7 @@ def test_a_failed_queue_ends_the_producers_waits_with_the_readers_word():
         assert q.quiet(timeout=5.0) == result
 
 
-def test_a_full_ring_nobody_reads_times_out_and_reserves_nothing():
+def test_a_full_ring_nobody_reads_times_out_and_leaves_no_hole():
     q = gv.DeviceQueue.on_host(1)
     assert q.push("put") == "done"
     assert q.push("put") == "done"
@@ -66,7 +66,19 @@ def test_a_full_ring_nobody_reads_times_out_and_reserves_nothing():
     assert q.quiet(timeout=0.05) == "timed_out"
     assert q.take()["position"] == 0
     assert q.take()["position"] == 1
-    assert q.take() is None  # the push that timed out left no hole
+    # The push that timed out took position 2 and gave it up: the reader skips it.
+    assert q.take() == {"position": 2, "op": "skipped"}
+    assert q.take() is None
+    q.complete(q.taken)
+    assert q.push("put", timeout=1.0) == "done"
+    assert q.take()["position"] == 3
+
+
+def test_a_push_into_a_closed_queue_returns_its_code_at_once_even_with_free_slots():
+    q = gv.DeviceQueue.on_host(4)
+    q.fail("closed")
+    assert q.push("put", timeout=30.0) == "queue_closed"
+    assert q.take() == {"position": 0, "op": "skipped"}
 
 
 def test_bad_arguments_are_refused_in_words():

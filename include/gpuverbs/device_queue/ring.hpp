@@ -31,11 +31,15 @@
 //   reader, finding a position's descriptor not written, takes a cancelled
 //   one as skipped (Decoded::skipped) and returns its credit like any other.
 // - Credits: the reader's proxy stores how many positions have completed (the
-//   request's source may be reused then) into host memory, beside an error
-//   word (a peer failed, the queue closed or refused a request). A push reads
-//   both in one 16-byte load, so a push into a closed or failed queue returns
-//   that code at once; every wait reads the error word, so none outlives the
-//   queue.
+//   request's source may be reused then) into host memory; producers keep the
+//   last value they saw next to the counter and read the host word across
+//   PCIe only when the ring looks full, so a ring that keeps up costs no read
+//   of the credit per push.
+// - An error word in host memory, written by the proxy (a peer failed, the
+//   queue closed or refused a request): every push reads a copy of it kept in
+//   a cache line of its own (one read per warp's push), so a push into a
+//   closed or failed queue returns that code at once, and every wait reads
+//   it, so none outlives the queue.
 // - Deadlines are absolute nanoseconds on the producer's clock; no_deadline
 //   (UINT64_MAX) never passes, and deadline_after() saturates instead of
 //   wrapping, so a timeout of UINT64_MAX means "no timeout".
@@ -187,6 +191,11 @@ struct alignas(128) ProxyWords {
     std::uint64_t credit = 0; ///< positions whose requests completed: slots below credit + capacity are free
     std::uint32_t error = 0;  ///< QueueError
     std::uint32_t reserved_ = 0;
+    /// The error word again, in a cache line of its own that the reader
+    /// writes only when the queue fails: what every push reads (a GPU's read
+    /// of host memory snoops the CPU's cache; one of the credit's line, which
+    /// the reader keeps writing, would slow both).
+    alignas(64) std::uint32_t error_for_pushes = 0;
 };
 
 /// Positions the cancel table tells apart: a position and one this many later
@@ -385,29 +394,38 @@ GPUVERBS_HOST_DEVICE inline void cancel(const QueueView& q, std::uint64_t first,
 /// why not by `deadline_ns` — the queue's error at once, even with free
 /// slots, or timed_out — and then the positions are marked cancelled, so the
 /// reader never waits on them. `count` must not exceed the capacity (a
-/// warp's reservation in a smaller ring is split: device.cuh's push). One
-/// fetch-and-add on the producers' counter and one 16-byte read of the
-/// proxy's words (across PCIe for a kernel) when the slots are free.
+/// warp's reservation in a smaller ring is split: device.cuh's push). When
+/// the slots are free: one fetch-and-add on the producers' counter and one
+/// read of the error word (across PCIe for a kernel, overlapping the add).
 GPUVERBS_HOST_DEVICE inline WaitResult reserve(const QueueView& q, std::uint32_t count, std::uint64_t deadline_ns,
                                                std::uint64_t& first) {
+    // The error word's read goes out before the ticket's atomic, relaxed, so
+    // that the two round trips overlap (on a GPU: across PCIe, and to L2).
+    std::uint32_t error = detail::load_relaxed(&q.proxy->error_for_pushes);
     first = detail::take_tickets(&q.producer->reserved, count);
     for (std::uint32_t i = 0;; ++i) {
-        std::uint64_t credit = 0;
-        std::uint32_t error = 0;
-        detail::load_credit_and_error(q.proxy, credit, error);
+        // A closed or failed queue takes nothing more, free slots or not.
         if (error != 0) {
             cancel(q, first, count);
             return result_of(error);
         }
-        if (first + count <= credit + q.capacity()) {
-#if defined(__CUDA_ARCH__)
-            cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
-#else
-            std::atomic_thread_fence(std::memory_order_acquire);
-#endif
-            return WaitResult::done;
+        const std::uint64_t seen = detail::load_producer(&q.producer->credit_seen);
+        if (first + count <= seen + q.capacity()) return WaitResult::done;
+        // Looks full. The ticket next in line asks the proxy (a read across
+        // PCIe for a kernel) and shares what it read through credit_seen; the
+        // tickets behind it read credit_seen, and the proxy's word only now
+        // and then (in case the one before them gave up), so a crowd of
+        // waiting warps does not flood the bus the descriptors travel on.
+        const bool next_in_line = first <= seen + q.capacity();
+        if (next_in_line || (i & 15) == 15) {
+            error = detail::load_relaxed(&q.proxy->error_for_pushes);
+            const std::uint64_t credit = detail::load_acquire(&q.proxy->credit);
+            if (credit > seen) {
+                detail::raise_credit_seen(&q.producer->credit_seen, credit);
+                if (first + count <= credit + q.capacity()) return WaitResult::done;
+            }
         }
-        // The clock only now and then: the credit read is the pause (a PCIe round trip on a GPU).
+        // The clock only now and then: the reads are the pause (PCIe round trips on a GPU).
         if ((i & 7) == 7 && detail::now_ns() >= deadline_ns) {
             cancel(q, first, count);
             return WaitResult::timed_out;
@@ -546,6 +564,8 @@ public:
     /// Tells every producer's wait that the queue ends (QueueError).
     void fail(QueueError e) noexcept { // NOLINT(readability-make-member-function-const): writes the queue
         std::atomic_ref<std::uint32_t>(q_.proxy->error).store(static_cast<std::uint32_t>(e), std::memory_order_release);
+        std::atomic_ref<std::uint32_t>(q_.proxy->error_for_pushes)
+            .store(static_cast<std::uint32_t>(e), std::memory_order_release);
     }
 
 private:
