@@ -125,9 +125,9 @@ DeviceQueue DeviceQueue::on_gpu_impl(int gpu, std::uint32_t log2_capacity, Statu
     }
     q.proxy_view_ = dq::layout(s.pinned, nullptr, log2_capacity); // the producers' words are GPU memory
     // GPU addresses, as the driver API gives them: integers.
-    q.view_ = dq::layout(reinterpret_cast<void*>(mapped), // NOLINT(performance-no-int-to-ptr)
-                         reinterpret_cast<dq::ProducerWords*>(s.producer),
-                         log2_capacity); // NOLINT(performance-no-int-to-ptr)
+    void* const slots = reinterpret_cast<void*>(mapped);                     // NOLINT(performance-no-int-to-ptr)
+    auto* const producer = reinterpret_cast<dq::ProducerWords*>(s.producer); // NOLINT(performance-no-int-to-ptr)
+    q.view_ = dq::layout(slots, producer, log2_capacity);
     q.gpu_ = gpu;
     return q;
 #else
