@@ -544,8 +544,11 @@ public:
                                                  detail::load_relaxed(slot + 6), detail::load_relaxed(slot + 7)};
         const Decoded d = decode(words, at, q_.log2_capacity, out);
         if (d == Decoded::complete) std::atomic_thread_fence(std::memory_order_acquire);
-        // Not written: written later, or never (its producer gave up and marked it).
-        if (d == Decoded::incomplete && detail::load_relaxed(q_.cancel_of(at)) != 0) return Decoded::skipped;
+        // Not written: written later, or never (its producer gave up and marked it). A mark counts
+        // only once the position's slot is free (below credit + capacity): before that, the slot still
+        // holds the lap before, whose request may be in flight.
+        if (d == Decoded::incomplete && at < credit_ + q_.capacity() && detail::load_relaxed(q_.cancel_of(at)) != 0)
+            return Decoded::skipped;
         return d;
     }
     /// Takes the request peek() returned complete.
@@ -558,7 +561,8 @@ public:
     /// Positions taken so far.
     [[nodiscard]] std::uint64_t taken() const noexcept { return next_; }
     /// Every request below `position` completed: their slots go back to the producers.
-    void complete(std::uint64_t position) noexcept { // NOLINT(readability-make-member-function-const): writes the queue
+    void complete(std::uint64_t position) noexcept {
+        credit_ = position;
         std::atomic_ref<std::uint64_t>(q_.proxy->credit).store(position, std::memory_order_release);
     }
     /// Tells every producer's wait that the queue ends (QueueError).
@@ -571,6 +575,7 @@ public:
 private:
     QueueView q_;
     std::uint64_t next_ = 0;
+    std::uint64_t credit_ = 0; ///< what complete() returned last
 };
 #endif
 
