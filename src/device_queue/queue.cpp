@@ -42,7 +42,7 @@ struct DeviceQueue::State {
     State(const State&) = delete;
     State& operator=(const State&) = delete;
     ~State() {
-        if (heap != nullptr) ::operator delete (heap, std::align_val_t{alignof(dq::Descriptor)});
+        if (heap != nullptr) ::operator delete (heap, std::align_val_t{dq::host_alignment});
         delete heap_producer;
 #if GPUVERBS_HAVE_CUDA
         if (cu != nullptr && context) {
@@ -66,7 +66,7 @@ DeviceQueue DeviceQueue::on_host(std::uint32_t log2_capacity) {
     q.state_ = std::make_unique<State>();
     State& s = *q.state_;
     s.heap_bytes = dq::host_bytes(log2_capacity);
-    s.heap = static_cast<std::byte*>(::operator new (s.heap_bytes, std::align_val_t{alignof(dq::Descriptor)}));
+    s.heap = static_cast<std::byte*>(::operator new (s.heap_bytes, std::align_val_t{dq::host_alignment}));
     std::memset(s.heap, 0, s.heap_bytes);
     s.heap_producer = new dq::ProducerWords{};
     q.view_ = dq::layout(s.heap, s.heap_producer, log2_capacity);

@@ -17,7 +17,7 @@ namespace gpuverbs::test {
 struct HostRing {
     explicit HostRing(std::uint32_t log2_capacity)
         : memory(static_cast<unsigned char*>(::operator new (device_queue::host_bytes(log2_capacity),
-                                                             std::align_val_t{device_queue::descriptor_bytes})),
+                                                             std::align_val_t{device_queue::host_alignment})),
                  Free{}),
           producer(std::make_unique<device_queue::ProducerWords>()) {
         std::memset(memory.get(), 0, device_queue::host_bytes(log2_capacity));
@@ -25,7 +25,7 @@ struct HostRing {
     }
     struct Free {
         void operator()(unsigned char* p) const noexcept {
-            ::operator delete (p, std::align_val_t{device_queue::descriptor_bytes});
+            ::operator delete (p, std::align_val_t{device_queue::host_alignment});
         }
     };
     std::unique_ptr<unsigned char, Free> memory;

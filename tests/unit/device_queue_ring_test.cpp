@@ -58,6 +58,20 @@ TEST_SUITE("device queue ring") {
         CHECK(back.dst_offset == payload_mask);
     }
 
+    TEST_CASE("every allowed ring size lays its proxy's words on their alignment, past the slots") {
+        // A one-slot ring's slots end at 64 bytes; the proxy's words need 128
+        // (UBSan stopped the unit tests on the misaligned access before this).
+        for (std::uint32_t log2 = 0; log2 <= 20; ++log2) {
+            CAPTURE(log2);
+            CHECK(proxy_offset(log2) % alignof(ProxyWords) == 0);
+            CHECK(proxy_offset(log2) >= (std::size_t{1} << log2) * descriptor_bytes);
+            CHECK(host_bytes(log2) == proxy_offset(log2) + sizeof(ProxyWords) + cancel_marks(log2));
+        }
+        const HostQueue one(0);
+        CHECK(reinterpret_cast<std::uintptr_t>(one.view.proxy) % alignof(ProxyWords) ==
+              0); // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    }
+
     TEST_CASE("stamps are never zero and differ from the lap before, so zeroed and stale slots are no descriptor") {
         for (std::uint64_t lap = 0; lap < 1000; ++lap) {
             const std::uint64_t position = lap << 8;

@@ -206,12 +206,21 @@ GPUVERBS_HOST_DEVICE constexpr std::uint64_t cancel_marks(std::uint32_t log2_cap
     const std::uint64_t four_laps = std::uint64_t{4} << log2_capacity;
     return four_laps > (std::uint64_t{1} << 19) ? four_laps : (std::uint64_t{1} << 19);
 }
+/// The alignment a queue's host memory needs (the proxy's words'; a page,
+/// as cudaHostAlloc gives, is more than enough).
+inline constexpr std::size_t host_alignment = alignof(ProxyWords);
+/// Where the proxy's words start: after the slots, on their alignment (a
+/// one-slot ring's 64 bytes leave a gap).
+GPUVERBS_HOST_DEVICE constexpr std::size_t proxy_offset(std::uint32_t log2_capacity) {
+    const std::size_t slots = (std::size_t{1} << log2_capacity) * descriptor_bytes;
+    return (slots + host_alignment - 1) / host_alignment * host_alignment;
+}
 /// The host memory of a queue of 2^log2_capacity slots: the slots, the
 /// proxy's words, the cancel table (zeroed: no descriptor, no credit, no
-/// error, nothing cancelled). layout() says where each is.
+/// error, nothing cancelled), starting on host_alignment. layout() says where
+/// each is.
 GPUVERBS_HOST_DEVICE constexpr std::size_t host_bytes(std::uint32_t log2_capacity) {
-    return (std::size_t{1} << log2_capacity) * descriptor_bytes + sizeof(ProxyWords) +
-           static_cast<std::size_t>(cancel_marks(log2_capacity));
+    return proxy_offset(log2_capacity) + sizeof(ProxyWords) + static_cast<std::size_t>(cancel_marks(log2_capacity));
 }
 
 /// A queue as a producer and the reader see it: plain pointers, copied by
@@ -237,14 +246,15 @@ struct QueueView {
     }
 };
 
-/// The view of `host_bytes(log2_capacity)` bytes at `host` (the producers'
-/// words apart): slots first, then the proxy's words and the cancel table.
+/// The view of `host_bytes(log2_capacity)` bytes at `host` (aligned on
+/// host_alignment; the producers' words apart): slots first, then the
+/// proxy's words and the cancel table.
 GPUVERBS_HOST_DEVICE inline QueueView layout(void* host, ProducerWords* producer, std::uint32_t log2_capacity) {
     QueueView q;
     auto* bytes = static_cast<unsigned char*>(host);
     q.slots = reinterpret_cast<Descriptor*>(bytes); // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    q.proxy = reinterpret_cast<ProxyWords*>(        // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-        bytes + (std::size_t{1} << log2_capacity) * descriptor_bytes);
+    q.proxy = reinterpret_cast<ProxyWords*>(
+        bytes + proxy_offset(log2_capacity)); // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
     q.producer = producer;
     q.log2_capacity = log2_capacity;
     return q;
