@@ -5,6 +5,7 @@
 // plain ring's (higher is better for rates, lower for times).
 //
 //   build/gpu/benchmarks/device_queue_bench [--quick]
+//   build/gpu/benchmarks/device_queue_bench --sweep   (ours alone: 32 to 256 warps into 4,096 to 16,384 slots)
 //
 // Built where nvcc is (tests/CMakeLists.txt, beside the kernels it shares
 // with the GPU tests); it says so and exits 0 on a machine without a GPU.
@@ -102,6 +103,27 @@ int main(int argc, char** argv) {
     std::string why;
     DeviceRing ring;
     if (!ring.create(12, why)) fail(why);
+
+    if (argc > 1 && std::strcmp(argv[1], "--sweep") == 0) {
+        // Ours alone, warps against ring sizes: where does the rate fall as pushers outnumber slots?
+        std::printf("\n%-10s %-8s %12s\n", "warps", "slots", "ours M/s");
+        for (const std::uint32_t log2 : {12U, 13U, 14U}) {
+            DeviceRing sized;
+            if (!sized.create(log2, why)) fail(why);
+            for (const int blocks : {32, 64, 96, 120, 128, 132, 256}) {
+                const std::uint64_t per_thread = 20'000'000ULL / (blocks * 32);
+                const std::uint64_t total = per_thread * blocks * 32;
+                if (!sized.reset(why) || !start_producers(sized.device, blocks, 32, per_thread, 10'000'000'000ULL, why))
+                    fail(why);
+                const double t = read_ours(sized.host, total, 32);
+                std::uint64_t failed = 0;
+                if (!finish(failed, why)) fail(why);
+                std::printf("%-10d %-8u %12.2f\n", blocks, 1U << log2, total / t / 1e6);
+                std::fflush(stdout);
+            }
+        }
+        return 0;
+    }
 
     std::printf("\n%-22s %14s %14s %8s\n", "GPU threads", "ours M/s", "plain M/s", "ratio");
     struct Shape {

@@ -5,6 +5,7 @@
 
 #include "gpu/cuda/driver_api.hpp"
 
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -37,6 +38,25 @@ struct DeviceQueue::State {
     detail::cuda::PrimaryContext context;
     void* pinned = nullptr;
     CUdeviceptr producer = 0;
+    /// Where fail() copies the error word into the producers' (GPU memory):
+    /// a stream that does not wait for the kernels on the legacy stream, so
+    /// the copy lands while they run (and wait on it).
+    CUstream errors = nullptr;
+    struct ErrorCopy : dq::ProducerErrorSink {
+        State* state = nullptr;
+    } error_copy;
+    static void copy_error(const dq::ProducerErrorSink& sink, std::uint32_t /*error*/) noexcept {
+        const State& s = *static_cast<const ErrorCopy&>(sink).state;
+        detail::cuda::PrimaryContext::Scope scope(*s.cu, s.context.get());
+        // From the proxy's error word (pinned: the copy engine reads it), which fail() wrote first.
+        auto* const words = static_cast<dq::ProxyWords*>(
+            static_cast<void*>(static_cast<std::byte*>(s.pinned) + dq::proxy_offset(s.log2_capacity)));
+        if (s.cu->cuMemcpyHtoDAsync(s.producer + offsetof(dq::ProducerWords, error), &words->error, sizeof words->error,
+                                    s.errors) == CUDA_SUCCESS) {
+            (void)s.cu->cuStreamSynchronize(s.errors);
+        }
+    }
+    std::uint32_t log2_capacity = 0;
 #endif
     State() = default;
     State(const State&) = delete;
@@ -47,6 +67,7 @@ struct DeviceQueue::State {
 #if GPUVERBS_HAVE_CUDA
         if (cu != nullptr && context) {
             detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
+            if (errors != nullptr) (void)cu->cuStreamDestroy(errors);
             if (pinned != nullptr) (void)cu->cuMemFreeHost(pinned);
             if (producer != 0) (void)cu->cuMemFree(producer);
         }
@@ -120,10 +141,17 @@ DeviceQueue DeviceQueue::on_gpu_impl(int gpu, std::uint32_t log2_capacity, Statu
         detail::cuda::failed(cu->cuMemAlloc(&s.producer, sizeof(dq::ProducerWords)), "cuMemAlloc",
                              "cannot allocate the device queue's producer words in GPU memory", status) ||
         detail::cuda::failed(cu->cuMemsetD8(s.producer, 0, sizeof(dq::ProducerWords)), "cuMemsetD8",
-                             "cannot clear the device queue's producer words", status)) {
+                             "cannot clear the device queue's producer words", status) ||
+        detail::cuda::failed(cu->cuStreamCreate(&s.errors, CU_STREAM_NON_BLOCKING), "cuStreamCreate",
+                             "cannot create the stream that carries the device queue's error to its producers",
+                             status)) {
         return DeviceQueue();
     }
+    s.log2_capacity = log2_capacity;
+    s.error_copy.write = &State::copy_error;
+    s.error_copy.state = &s;
     q.proxy_view_ = dq::layout(s.pinned, nullptr, log2_capacity); // the producers' words are GPU memory
+    q.proxy_view_.producer_error = &s.error_copy;
     // GPU addresses, as the driver API gives them: integers.
     void* const slots = reinterpret_cast<void*>(mapped);                     // NOLINT(performance-no-int-to-ptr)
     auto* const producer = reinterpret_cast<dq::ProducerWords*>(s.producer); // NOLINT(performance-no-int-to-ptr)

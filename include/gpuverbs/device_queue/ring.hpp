@@ -184,6 +184,10 @@ GPUVERBS_HOST_DEVICE constexpr Decoded decode(const std::uint64_t (&in)[descript
 struct alignas(128) ProducerWords {
     std::uint64_t reserved = 0;    ///< tickets taken so far: positions handed out, in order
     std::uint64_t credit_seen = 0; ///< the highest credit a producer read (quiet's shortcut)
+    /// The proxy's error word, copied where every push reads it without
+    /// crossing PCIe: RingReader::fail writes it (for a GPU queue through the
+    /// view's ProducerErrorSink, a copy beside the running kernels).
+    alignas(64) std::uint32_t error = 0;
 };
 
 /// The proxy's words, in host memory the producers reach through a mapping.
@@ -191,11 +195,14 @@ struct alignas(128) ProxyWords {
     std::uint64_t credit = 0; ///< positions whose requests completed: slots below credit + capacity are free
     std::uint32_t error = 0;  ///< QueueError
     std::uint32_t reserved_ = 0;
-    /// The error word again, in a cache line of its own that the reader
-    /// writes only when the queue fails: what every push reads (a GPU's read
-    /// of host memory snoops the CPU's cache; one of the credit's line, which
-    /// the reader keeps writing, would slow both).
-    alignas(64) std::uint32_t error_for_pushes = 0;
+};
+
+/// How the reader reaches the producers' copy of the error word where the
+/// host cannot store (GPU memory): the queue's owner writes it. DeviceQueue
+/// copies it on a CUDA stream of its own, which runs beside the kernels that
+/// wait on it.
+struct ProducerErrorSink {
+    void (*write)(const ProducerErrorSink& self, std::uint32_t error) noexcept = nullptr;
 };
 
 /// Positions the cancel table tells apart: a position and one this many later
@@ -232,6 +239,9 @@ struct QueueView {
     ProducerWords* producer = nullptr; ///< next to the producers
     ProxyWords* proxy = nullptr;       ///< host memory, mapped
     std::uint32_t log2_capacity = 0;
+    /// The reader's side of a GPU queue (producer null): how fail() reaches
+    /// the producers' error word. Null in a kernel's view.
+    const ProducerErrorSink* producer_error = nullptr;
 
     [[nodiscard]] GPUVERBS_HOST_DEVICE constexpr std::uint64_t capacity() const {
         return std::uint64_t{1} << log2_capacity;
@@ -289,8 +299,9 @@ __device__ inline std::uint64_t take_tickets(std::uint64_t* p, std::uint64_t cou
 __device__ inline void mark_cancelled(std::uint8_t* mark) {
     *reinterpret_cast<volatile std::uint8_t*>(mark) = 1;
 }
-__device__ inline std::uint64_t load_producer(std::uint64_t* p) {
-    return cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(*p).load(cuda::memory_order_relaxed);
+template <class T>
+__device__ inline T load_producer(T* p) {
+    return cuda::atomic_ref<T, cuda::thread_scope_device>(*p).load(cuda::memory_order_relaxed);
 }
 /// Fire and forget: atomicMax with its result unused compiles to a reduction
 /// (RED), which the thread does not wait for; fetch_max would cost a round
@@ -327,8 +338,9 @@ inline std::uint64_t take_tickets(std::uint64_t* p, std::uint64_t count) {
 inline void mark_cancelled(std::uint8_t* mark) {
     std::atomic_ref<std::uint8_t>(*mark).store(1, std::memory_order_release);
 }
-inline std::uint64_t load_producer(std::uint64_t* p) {
-    return std::atomic_ref<std::uint64_t>(*p).load(std::memory_order_relaxed);
+template <class T>
+inline T load_producer(T* p) {
+    return std::atomic_ref<T>(*p).load(std::memory_order_relaxed);
 }
 inline void raise_credit_seen(std::uint64_t* p, std::uint64_t v) {
     std::atomic_ref<std::uint64_t> seen(*p);
@@ -404,43 +416,85 @@ GPUVERBS_HOST_DEVICE inline void cancel(const QueueView& q, std::uint64_t first,
 /// why not by `deadline_ns` — the queue's error at once, even with free
 /// slots, or timed_out — and then the positions are marked cancelled, so the
 /// reader never waits on them. `count` must not exceed the capacity (a
-/// warp's reservation in a smaller ring is split: device.cuh's push). When
-/// the slots are free: one fetch-and-add on the producers' counter and one
-/// read of the error word (across PCIe for a kernel, overlapping the add).
+/// warp's reservation in a smaller ring is split: device.cuh's push).
+///
+/// What it reads, for a kernel: with free slots, the producers' words alone
+/// (GPU memory: the ticket's add, credit_seen and the error's copy), except
+/// the one ticket that crosses the middle of what credit_seen leaves free,
+/// which reads the proxy's credit across PCIe and raises credit_seen, so the
+/// tickets behind it find it fresh. A ticket that must wait reads the proxy's
+/// credit (one read, with the error) only while it is next in line; those
+/// behind it read credit_seen, and the proxy's word only once credit_seen
+/// stood still for 20 µs (the ticket ahead gave up). A GPU serves reads of one
+/// host word one after the other (about 1 µs each on the lent H200s): a read
+/// per push, or per waiting warp, is what capped the rate.
 GPUVERBS_HOST_DEVICE inline WaitResult reserve(const QueueView& q, std::uint32_t count, std::uint64_t deadline_ns,
                                                std::uint64_t& first) {
-    // The error word's read goes out before the ticket's atomic, relaxed, so
-    // that the two round trips overlap (on a GPU: across PCIe, and to L2).
-    std::uint32_t error = detail::load_relaxed(&q.proxy->error_for_pushes);
+    std::uint32_t error = detail::load_producer(&q.producer->error);
     first = detail::take_tickets(&q.producer->reserved, count);
+    std::uint64_t seen = detail::load_producer(&q.producer->credit_seen);
+    // A closed or failed queue takes nothing more, free slots or not.
+    if (error != 0) {
+        cancel(q, first, count);
+        return result_of(error);
+    }
+    if (first + count <= seen + q.capacity()) {
+        const std::uint64_t middle = seen + q.capacity() / 2;
+        if (first <= middle && middle < first + count) {
+            std::uint64_t credit = 0;
+            detail::load_credit_and_error(q.proxy, credit, error);
+            if (credit > seen) detail::raise_credit_seen(&q.producer->credit_seen, credit);
+            if (error != 0) { // the copy had not arrived yet
+                cancel(q, first, count);
+                return result_of(error);
+            }
+        }
+        return WaitResult::done;
+    }
+    std::uint64_t still_since = 0; // when credit_seen was last seen to move (0: not looked yet)
     for (std::uint32_t i = 0;; ++i) {
-        // A closed or failed queue takes nothing more, free slots or not.
+        // The clock only now and then: the reads are the pause (PCIe round trips on a GPU).
+        const bool look_at_clock = (i & 7) == 7;
+        const std::uint64_t now = look_at_clock ? detail::now_ns() : 0;
+        if (look_at_clock && now >= deadline_ns) {
+            cancel(q, first, count);
+            return WaitResult::timed_out;
+        }
+        const bool next_in_line = first <= seen + q.capacity();
+        bool ask_proxy = next_in_line;
+        if (look_at_clock && !next_in_line) {
+            if (still_since == 0) still_since = now;
+            ask_proxy = now - still_since >= 20'000;
+        }
+        if (ask_proxy) {
+            std::uint64_t credit = 0;
+            detail::load_credit_and_error(q.proxy, credit, error);
+            if (error != 0) {
+                cancel(q, first, count);
+                return result_of(error);
+            }
+            if (credit > seen) {
+                // No acquire: the slot's next write depends on this read, and no GPU or CPU makes a store
+                // visible before the load that decides it (the reader read the slot before the credit).
+                detail::raise_credit_seen(&q.producer->credit_seen, credit);
+                if (first + count <= credit + q.capacity()) return WaitResult::done;
+                seen = credit;
+            }
+            still_since = 0;
+        } else {
+            detail::pause();
+        }
+        error = detail::load_producer(&q.producer->error);
         if (error != 0) {
             cancel(q, first, count);
             return result_of(error);
         }
-        const std::uint64_t seen = detail::load_producer(&q.producer->credit_seen);
-        if (first + count <= seen + q.capacity()) return WaitResult::done;
-        // Looks full. The ticket next in line asks the proxy (a read across
-        // PCIe for a kernel) and shares what it read through credit_seen; the
-        // tickets behind it read credit_seen, and the proxy's word only now
-        // and then (in case the one before them gave up), so a crowd of
-        // waiting warps does not flood the bus the descriptors travel on.
-        const bool next_in_line = first <= seen + q.capacity();
-        if (next_in_line || (i & 15) == 15) {
-            error = detail::load_relaxed(&q.proxy->error_for_pushes);
-            const std::uint64_t credit = detail::load_acquire(&q.proxy->credit);
-            if (credit > seen) {
-                detail::raise_credit_seen(&q.producer->credit_seen, credit);
-                if (first + count <= credit + q.capacity()) return WaitResult::done;
-            }
+        const std::uint64_t now_seen = detail::load_producer(&q.producer->credit_seen);
+        if (now_seen != seen) {
+            seen = now_seen;
+            still_since = 0;
+            if (first + count <= seen + q.capacity()) return WaitResult::done;
         }
-        // The clock only now and then: the reads are the pause (PCIe round trips on a GPU).
-        if ((i & 7) == 7 && detail::now_ns() >= deadline_ns) {
-            cancel(q, first, count);
-            return WaitResult::timed_out;
-        }
-        detail::pause();
     }
 }
 
@@ -578,8 +632,12 @@ public:
     /// Tells every producer's wait that the queue ends (QueueError).
     void fail(QueueError e) noexcept { // NOLINT(readability-make-member-function-const): writes the queue
         std::atomic_ref<std::uint32_t>(q_.proxy->error).store(static_cast<std::uint32_t>(e), std::memory_order_release);
-        std::atomic_ref<std::uint32_t>(q_.proxy->error_for_pushes)
-            .store(static_cast<std::uint32_t>(e), std::memory_order_release);
+        if (q_.producer != nullptr) {
+            std::atomic_ref<std::uint32_t>(q_.producer->error)
+                .store(static_cast<std::uint32_t>(e), std::memory_order_release);
+        } else if (q_.producer_error != nullptr) {
+            q_.producer_error->write(*q_.producer_error, static_cast<std::uint32_t>(e));
+        }
     }
 
 private:

@@ -169,6 +169,7 @@ __global__ void encode_kernel(std::uint32_t thread, std::uint64_t n, std::uint64
 } // namespace
 
 DeviceRing::~DeviceRing() {
+    if (errors_ != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(errors_));
     if (host_memory_ != nullptr) (void)cudaFreeHost(host_memory_);
     if (producer_memory_ != nullptr) (void)cudaFree(producer_memory_);
 }
@@ -180,9 +181,24 @@ bool DeviceRing::create(std::uint32_t log2_capacity, std::string& why) {
     if (!ok(cudaMalloc(&producer_memory_, sizeof(dq::ProducerWords)), "cudaMalloc(producer words)", why)) return false;
     void* mapped = nullptr;
     if (!ok(cudaHostGetDevicePointer(&mapped, host_memory_, 0), "cudaHostGetDevicePointer", why)) return false;
+    cudaStream_t errors = nullptr;
+    if (!ok(cudaStreamCreateWithFlags(&errors, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", why)) return false;
+    errors_ = errors;
+    error_copy_.write = &DeviceRing::copy_error;
+    error_copy_.ring = this;
     host = dq::layout(host_memory_, nullptr, log2_capacity);
+    host.producer_error = &error_copy_;
     device = dq::layout(mapped, static_cast<dq::ProducerWords*>(producer_memory_), log2_capacity);
     return reset(why);
+}
+
+void DeviceRing::copy_error(const dq::ProducerErrorSink& sink, std::uint32_t /*error*/) noexcept {
+    const DeviceRing& r = *static_cast<const ErrorCopy&>(sink).ring;
+    auto* words = static_cast<dq::ProducerWords*>(r.producer_memory_);
+    auto stream = static_cast<cudaStream_t>(r.errors_);
+    if (cudaMemcpyAsync(&words->error, &r.host.proxy->error, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream) ==
+        cudaSuccess)
+        (void)cudaStreamSynchronize(stream);
 }
 
 bool DeviceRing::reset(std::string& why) {

@@ -35,8 +35,15 @@ public:
     QueueView host{};
 
 private:
+    /// fail()'s copy of the error into the producers' words, as DeviceQueue's: a non-blocking stream.
+    struct ErrorCopy : device_queue::ProducerErrorSink {
+        DeviceRing* ring = nullptr;
+    };
+    static void copy_error(const device_queue::ProducerErrorSink& sink, std::uint32_t error) noexcept;
     void* host_memory_ = nullptr;
     void* producer_memory_ = nullptr;
+    void* errors_ = nullptr; ///< cudaStream_t
+    ErrorCopy error_copy_;
     std::size_t host_bytes_ = 0;
 };
 
