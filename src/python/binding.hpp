@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -273,6 +274,39 @@ inline Access remote_access_flags(unsigned bits, const char* step) {
     }
     return static_cast<Access>(bits);
 }
+
+/// A queue and the reader of its descriptors (one reader per queue).
+struct PyDeviceQueue {
+    DeviceQueue queue;
+    device_queue::RingReader reader;
+    bool proxied = false; ///< a DeviceQueueProxy reads it: take, complete and fail are the proxy's
+    explicit PyDeviceQueue(DeviceQueue q) : queue(std::move(q)), reader(queue.proxy_view()) {}
+    void check_reader(const char* what) const {
+        if (proxied) {
+            throw py::value_error(std::string(what) +
+                                  ": a DeviceQueueProxy reads this queue (one reader per queue: use the proxy's "
+                                  "close() to end it)");
+        }
+    }
+};
+
+/// A proxy and everything it reads: the queue, the protection domains, CQs,
+/// regions and queue pairs it was given (declared first: destroyed after the
+/// proxy, which closes the queue).
+struct PyDeviceQueueProxy {
+    std::shared_ptr<PyDeviceQueue> queue;
+    std::vector<py::object> held;
+    std::optional<DeviceQueueProxy> proxy;
+    std::uint64_t idle_streak = 0; ///< idle passes in a row (drive_passes)
+    ~PyDeviceQueueProxy() {
+        proxy.reset();
+        if (queue) queue->proxied = false;
+    }
+    DeviceQueueProxy& get() {
+        if (!proxy) throw py::value_error("the DeviceQueueProxy is closed");
+        return *proxy;
+    }
+};
 
 /// Adds the data path (write, read, send, receive, atomics) to the QueuePair class.
 void add_operations(py::class_<Qp, std::shared_ptr<Qp>>& cls);

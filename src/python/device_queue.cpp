@@ -3,8 +3,14 @@
 // reader's side. Its `view` is the four kernel arguments
 // gpuverbs::device::queue_view() takes; device_queue_include_dir() (the
 // package) is where the kernel's #include <gpuverbs/device_queue/device.cuh>
-// is found. The host proxy is C++ only for now (docs/python.md says why).
+// is found. gpuverbs.DeviceQueueProxy: the host proxy (device_queue/proxy.hpp)
+// that posts a queue's requests on rails, with its counters, rails and
+// failure; gpuverbs.async_drive (the package's _device_queue.py) drives it on
+// asyncio as async_drive (drive.hpp) does on an Asio executor.
 #include "binding.hpp"
+
+#include "gpuverbs/device_queue/drive.hpp"
+#include "gpuverbs/device_queue/proxy.hpp"
 
 #include <optional>
 
@@ -14,12 +20,55 @@ namespace dq = device_queue;
 
 namespace {
 
-/// A queue and the reader of its descriptors (one reader per queue).
-struct PyDeviceQueue {
-    DeviceQueue queue;
-    dq::RingReader reader;
-    explicit PyDeviceQueue(DeviceQueue q) : queue(std::move(q)), reader(queue.proxy_view()) {}
-};
+/// The proxy polls its CQ itself: a polled Context's poll() would take its completions.
+void refuse_polled(const py::object& cq, const char* verb) {
+    if (cq.cast<Cq&>().context->polled()) {
+        throw py::value_error(std::string(verb) +
+                              ": the CompletionQueue belongs to a polled Context, whose poll() would take the "
+                              "proxy's completions: give one of an event-driven Context (gv.Context()), used by "
+                              "no operation but the proxy's");
+    }
+}
+
+const char* error_name(dq::QueueError e) {
+    switch (e) {
+        case dq::QueueError::none: return "none";
+        case dq::QueueError::peer_failed: return "peer_failed";
+        case dq::QueueError::closed: return "closed";
+        case dq::QueueError::refused: return "refused";
+    }
+    return "unknown";
+}
+
+RemoteWindows windows_of(const std::map<std::uint16_t, RemoteMemory>& windows) {
+    return {windows.begin(), windows.end()};
+}
+
+/// Raises the C++ error_code form's result as Python's gpuverbs.Error.
+void check(const std::error_code& ec, const Diagnostics& why, const char* verb) {
+    if (ec) raise_error(ec, why.verb().empty() ? verb : why.verb(), why.detail());
+}
+
+py::dict counters_dict(const DeviceQueueProxyCounters& c) {
+    py::dict d;
+    d["descriptors"] = c.descriptors;
+    d["chains"] = c.chains;
+    d["requests"] = c.requests;
+    d["completed"] = c.completed;
+    d["queue_full"] = c.queue_full;
+    d["passes"] = c.passes;
+    d["idle_passes"] = c.idle_passes;
+    d["ring_full"] = c.ring_full;
+    d["rail_failures"] = c.rail_failures;
+    d["reposted"] = c.reposted;
+    d["skipped"] = c.skipped;
+    d["chain_lengths"] = py::list(py::cast(std::vector<std::uint64_t>(c.chain_lengths.begin(), c.chain_lengths.end())));
+    d["chained"] = c.chained;
+    d["completion_times"] =
+        py::list(py::cast(std::vector<std::uint64_t>(c.completion_times.begin(), c.completion_times.end())));
+    d["completion_seconds"] = c.completion_seconds;
+    return d;
+}
 
 const char* op_name(dq::Op op) {
     switch (op) {
@@ -101,6 +150,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "take",
             [](PyDeviceQueue& q) -> std::optional<py::dict> {
+                q.check_reader("take");
                 dq::Request r;
                 const std::uint64_t position = q.reader.taken();
                 const dq::Decoded d = q.reader.try_take(r);
@@ -136,6 +186,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "complete",
             [](PyDeviceQueue& q, std::uint64_t position) {
+                q.check_reader("complete");
                 if (position > q.reader.taken()) {
                     throw py::value_error("complete(" + std::to_string(position) + "): only " +
                                           std::to_string(q.reader.taken()) + " requests were taken");
@@ -147,6 +198,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "fail",
             [](PyDeviceQueue& q, const std::string& why) {
+                q.check_reader("fail");
                 if (why == "peer_failed") {
                     q.reader.fail(dq::QueueError::peer_failed);
                 } else if (why == "closed") {
@@ -204,6 +256,164 @@ void bind_device_queue(py::module_& m) {
                 return result_name(dq::quiet(q.queue.view(), deadline));
             },
             py::arg("timeout") = 1.0, "A host queue's producer side: waits until every request pushed completed.");
+
+    m.def(
+        "_device_queue_failed",
+        [](const std::string& words) { raise_error(make_error_code(errc::device_queue_failed), "async_drive", words); },
+        py::arg("words"), "Raises gpuverbs.Error (device_queue_failed) with the proxy's words (async_drive's end).");
+
+    const DeviceQueueProxyOptions proxy_defaults;
+    const DeviceQueueDriveOptions drive_defaults;
+    py::class_<PyDeviceQueueProxy, std::shared_ptr<PyDeviceQueueProxy>>(
+        m, "DeviceQueueProxy",
+        "The device queue's host proxy: takes the requests kernels push and posts them on queue pairs (a chain per "
+        "peer, one doorbell), returns each request's credit once its RDMA operation completed, and fails the queue "
+        "(every producer's wait ends with the code) when a peer has no rail left, a request is refused, or the NIC "
+        "does not complete a request within request_timeout. Drive it with progress() from a thread, or "
+        "gpuverbs.async_drive(proxy) on asyncio. The CQ and the queue pairs are the proxy's alone.")
+        .def(py::init([](const std::shared_ptr<PyDeviceQueue>& queue, const py::object& pd, const py::object& cq,
+                         std::uint32_t batch, double request_timeout) {
+                 if (!queue) throw py::value_error("DeviceQueueProxy: give a DeviceQueue");
+                 refuse_polled(cq, "DeviceQueueProxy");
+                 queue->check_reader("DeviceQueueProxy");
+                 DeviceQueueProxyOptions options;
+                 options.batch = batch;
+                 options.request_timeout = checked_milliseconds(request_timeout, "request_timeout");
+                 auto self = std::make_shared<PyDeviceQueueProxy>();
+                 self->queue = queue;
+                 self->held = {pd, cq};
+                 std::error_code ec;
+                 Diagnostics why;
+                 DeviceQueueProxy made =
+                     DeviceQueueProxy::create(queue->queue.proxy_view(), pd.cast<const ProtectionDomain&>(),
+                                              cq.cast<Cq&>().cq, options, ec, why);
+                 check(ec, why, "DeviceQueueProxy");
+                 self->proxy.emplace(std::move(made));
+                 queue->proxied = true;
+                 return self;
+             }),
+             py::arg("queue"), py::arg("pd"), py::arg("cq"), py::arg("batch") = proxy_defaults.batch,
+             py::arg("request_timeout") = seconds_of(proxy_defaults.request_timeout),
+             "Reads queue; signals that add land in scratch words registered in pd; cq is the send CQ of every "
+             "peer's queue pair (the proxy polls it: no other queue pair or operation may use it).")
+        .def(
+            "add_device",
+            [](PyDeviceQueueProxy& self, const py::object& pd, const py::object& cq) {
+                std::error_code ec;
+                Diagnostics why;
+                refuse_polled(cq, "DeviceQueueProxy.add_device");
+                self.get().add_device(pd.cast<const ProtectionDomain&>(), cq.cast<Cq&>().cq, ec, why);
+                check(ec, why, "DeviceQueueProxy.add_device");
+                self.held.push_back(pd);
+                self.held.push_back(cq);
+            },
+            py::arg("pd"), py::arg("cq"), "Another NIC the proxy posts from (a rail on another device).")
+        .def(
+            "add_window",
+            [](PyDeviceQueueProxy& self, std::uint16_t id, const std::shared_ptr<Region>& region) {
+                if (!region || region->cached) {
+                    throw py::value_error(
+                        "DeviceQueueProxy.add_window: give a MemoryRegion from "
+                        "ProtectionDomain.register (a RegistrationCache's shares its registration)");
+                }
+                std::error_code ec;
+                Diagnostics why;
+                self.get().add_window(id, region->own, ec, why);
+                check(ec, why, "DeviceQueueProxy.add_window");
+                self.held.push_back(py::cast(region));
+            },
+            py::arg("id"), py::arg("region"),
+            "A local window puts read from (offsets from the region's start); once per device with a rail.")
+        .def(
+            "add_peer",
+            [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
+               const std::map<std::uint16_t, RemoteMemory>& windows) {
+                std::error_code ec;
+                Diagnostics why;
+                self.get().add_peer(peer, qp->get(), windows_of(windows), ec, why);
+                check(ec, why, "DeviceQueueProxy.add_peer");
+                self.held.push_back(py::cast(qp));
+            },
+            py::arg("peer"), py::arg("qp"), py::arg("windows"),
+            "A peer, its first rail (qp) and its windows as {id: RemoteMemory}: puts write there, signals land there.")
+        .def(
+            "add_rail",
+            [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
+               const std::map<std::uint16_t, RemoteMemory>& windows) {
+                std::error_code ec;
+                Diagnostics why;
+                self.get().add_rail(peer, qp->get(), windows_of(windows), ec, why);
+                check(ec, why, "DeviceQueueProxy.add_rail");
+                self.held.push_back(py::cast(qp));
+            },
+            py::arg("peer"), py::arg("qp"), py::arg("windows"),
+            "Another rail to peer: it takes the peer's requests over when the rails before it failed.")
+        .def(
+            "progress",
+            [](PyDeviceQueueProxy& self) {
+                DeviceQueueProxy& p = self.get();
+                py::gil_scoped_release release;
+                return p.progress();
+            },
+            "One pass, never blocking: reaps completions, returns credits, then takes and posts up to batch "
+            "descriptors (how many it took). What goes wrong fails the queue (error, failure); nothing is raised.")
+        .def(
+            "drive_passes",
+            [](PyDeviceQueueProxy& self, std::uint32_t passes) {
+                DeviceQueueProxy& p = self.get();
+                {
+                    py::gil_scoped_release release;
+                    for (std::uint32_t k = 0; k < passes && p.error() == dq::QueueError::none; ++k) {
+                        const std::uint64_t idle = p.counters().idle_passes;
+                        (void)p.progress();
+                        self.idle_streak = p.counters().idle_passes != idle ? self.idle_streak + 1 : 0;
+                    }
+                }
+                return self.idle_streak;
+            },
+            py::arg("passes") = drive_defaults.passes,
+            "Up to passes progress() calls (fewer once the queue ended); the idle passes in a row so far "
+            "(async_drive's step).")
+        .def_property_readonly_static(
+            "drive_defaults",
+            [](const py::object&) {
+                const DeviceQueueDriveOptions o;
+                py::dict d;
+                d["passes"] = o.passes;
+                d["idle_passes_before_nap"] = o.idle_passes_before_nap;
+                d["nap"] = std::chrono::duration<double>(o.nap).count();
+                return d;
+            },
+            "DeviceQueueDriveOptions' defaults (C++): passes, idle_passes_before_nap, nap (seconds).")
+        .def(
+            "close", [](PyDeviceQueueProxy& self) { self.get().close(); },
+            "Ends the queue: every producer's wait ends queue_closed.")
+        .def_property_readonly(
+            "counters", [](PyDeviceQueueProxy& self) { return counters_dict(self.get().counters()); },
+            "What the proxy did (monotonic counts, DeviceQueueProxyCounters).")
+        .def_property_readonly(
+            "rails",
+            [](PyDeviceQueueProxy& self) {
+                py::list out;
+                for (const DeviceQueueRailState& r : self.get().rails()) {
+                    py::dict d;
+                    d["peer"] = r.peer;
+                    d["rail"] = r.rail;
+                    d["qp_num"] = r.qp_num;
+                    d["active"] = r.active;
+                    d["failed"] = r.failed;
+                    d["failure"] = r.failure;
+                    out.append(d);
+                }
+                return out;
+            },
+            "Every rail of every peer: peer, rail, qp_num, active, failed, failure (words).")
+        .def_property_readonly(
+            "error", [](PyDeviceQueueProxy& self) { return error_name(self.get().error()); },
+            "How the queue ended: 'none' while it works, 'peer_failed', 'closed' or 'refused'.")
+        .def_property_readonly(
+            "failure", [](PyDeviceQueueProxy& self) { return self.get().failure(); },
+            "Why the queue failed, in words (empty while it works).");
 }
 
 } // namespace gpuverbs::python

@@ -207,6 +207,14 @@ void bind_leases(py::module_& m) {
             "A rail group's health, labelled group=\"name\", rail=\"k\": bytes, busy seconds, transfers, "
             "failures, requests moved away and taken over, throughput, cooling.")
         .def(
+            "add_device_queue_proxy",
+            [](Prometheus& self, const std::string& name, PyDeviceQueueProxy& proxy) {
+                self.text.add(name, proxy.get());
+            },
+            py::arg("name"), py::arg("proxy"),
+            "A device queue proxy's counters and rails, labelled queue=\"name\": descriptors, chains, requests, "
+            "completed, skipped, rail failures, reposts, chain lengths and completion times.")
+        .def(
             "add_port",
             [](Prometheus& self, const Device& device, std::uint8_t port) {
                 std::error_code ec;

@@ -25,7 +25,7 @@ PYBIND11_MODULE(_core, m) {
     python::bind_transfers(m);
     python::bind_connections(m);
     python::bind_gpu(m);
+    python::bind_device_queue(m); // before leases: PrometheusText.add_device_queue_proxy names its class
     python::bind_leases(m);
     python::bind_mesh(m);
-    python::bind_device_queue(m);
 }

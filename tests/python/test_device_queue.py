@@ -129,3 +129,111 @@ def test_the_packaged_kernel_headers_are_the_bytes_the_library_was_built_from():
         source = os.path.join(repo, "gpuverbs", "device_queue", header)
         with open(packaged, "rb") as a, open(source, "rb") as b:
             assert a.read() == b.read(), f"{header}: the package's copy differs from include/ (rebuild)"
+
+
+# --- gpuverbs.DeviceQueueProxy: the NIC half, on the rig's two devices -------------------------
+
+def _proxy_pair(pair, blocks, block):  # type: ignore[no-untyped-def]
+    """A host queue, a proxy on side a posting to side b: source, destination and signal regions."""
+    source = bytearray(os.urandom(blocks * block))
+    dest = bytearray(blocks * block)
+    signals = bytearray(64)
+    src_region = pair.a.pd.register(source)
+    dst_region = pair.b.pd.register(dest, gv.Access.local_write | gv.Access.remote_write)
+    sig_region = pair.b.pd.register(signals, gv.Access.local_write | gv.Access.remote_write
+                                    | gv.Access.remote_atomic)
+    q = gv.DeviceQueue.on_host(6)  # 64 slots: the puts wrap it
+    proxy = gv.DeviceQueueProxy(q, pair.a.pd, pair.a.cq)
+    proxy.add_window(1, src_region)
+    proxy.add_peer(0, pair.qp_a, {2: dst_region.remote(), 3: sig_region.remote()})
+    return q, proxy, source, dest, signals, (src_region, dst_region, sig_region)
+
+
+def test_a_proxy_driven_on_asyncio_posts_a_producer_threads_puts_and_signal_every_byte_checked(pair):
+    import asyncio
+
+    blocks, block = 256, 1024
+    q, proxy, source, dest, signals, regions = _proxy_pair(pair, blocks, block)
+    order = list(range(blocks))
+    order.reverse()  # scattered: the last block first
+    results = []
+
+    def produce() -> None:
+        for n, i in enumerate(order):
+            results.append(q.push("put", peer=0, src_window=1, src_offset=i * block, dst_window=2,
+                                  dst_offset=i * block, bytes=block, timeout=10.0))
+        results.append(q.push("signal", peer=0, signal_window=3, signal_offset=8, signal_value=blocks,
+                              signal_op="add", timeout=10.0))
+        results.append(q.quiet(timeout=10.0))
+
+    async def main() -> None:
+        drive = asyncio.ensure_future(gv.async_drive(proxy))
+        t = threading.Thread(target=produce)
+        t.start()
+        await asyncio.get_running_loop().run_in_executor(None, t.join)
+        assert not drive.done()  # it drives until the queue ends
+        proxy.close()
+        await asyncio.wait_for(drive, 10.0)  # closed: it returns
+
+    asyncio.run(main())
+    assert results == ["done"] * (blocks + 2)
+    assert dest == source
+    assert int.from_bytes(signals[8:16], "little") == blocks
+    c = proxy.counters
+    assert c["descriptors"] == blocks + 1 and c["completed"] == blocks + 1
+    assert 1 <= c["chains"] <= blocks + 1 and c["chained"] == blocks + 1
+    assert proxy.error == "closed" and proxy.failure == "the proxy closed the queue"
+    rails = proxy.rails
+    assert [(r["peer"], r["rail"], r["active"], r["failed"]) for r in rails] == [(0, 0, True, False)]
+    text = gv.PrometheusText()
+    text.add_device_queue_proxy("kernels", proxy)
+    import re
+
+    assert re.search(rf'gpuverbs_device_queue_descriptors_total{{queue="kernels"}} {blocks + 1}(\.0)?\n', text.text())
+    # One reader per queue: the proxy's.
+    with pytest.raises(ValueError, match="a DeviceQueueProxy reads this queue"):
+        q.take()
+    assert q.push("put", peer=0, src_window=1, bytes=8) == "queue_closed"
+
+
+def test_a_refused_request_fails_the_queue_and_async_drive_raises_the_proxys_words(pair):
+    import asyncio
+
+    q, proxy, _, _, _, regions = _proxy_pair(pair, 4, 1024)
+
+    async def main() -> None:
+        drive = asyncio.ensure_future(gv.async_drive(proxy, passes=8, idle_passes_before_nap=16, nap=0.001))
+        assert await asyncio.get_running_loop().run_in_executor(
+            None, lambda: q.push("put", peer=0, src_window=9, bytes=64, timeout=5.0)) == "done"
+        with pytest.raises(gv.Error, match="window 9") as got:
+            await asyncio.wait_for(drive, 10.0)
+        assert got.value.code == gv.Errc.device_queue_failed
+
+    asyncio.run(main())
+    assert proxy.error == "refused"
+    assert q.quiet(timeout=5.0) == "refused"
+
+
+def test_a_cancelled_drive_closes_the_queue_and_bad_arguments_are_refused_in_words(pair):
+    import asyncio
+
+    q, proxy, _, _, _, regions = _proxy_pair(pair, 4, 1024)
+
+    async def main() -> None:
+        drive = asyncio.ensure_future(gv.async_drive(proxy))
+        await asyncio.sleep(0.05)
+        drive.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await drive
+
+    asyncio.run(main())
+    assert proxy.error == "closed"
+    assert q.push("put", peer=0, src_window=1, bytes=8) == "queue_closed"
+    with pytest.raises(gv.Error, match="peer 0"):
+        proxy.add_peer(0, pair.qp_a, {})  # added before
+    with pytest.raises(ValueError, match="request_timeout"):
+        gv.DeviceQueueProxy(gv.DeviceQueue.on_host(4), pair.a.pd, pair.a.cq, request_timeout=-1.0)
+    with pytest.raises(ValueError, match="a DeviceQueueProxy reads this queue"):
+        gv.DeviceQueueProxy(q, pair.a.pd, pair.a.cq)
+    with pytest.raises(ValueError, match="passes"):
+        asyncio.run(gv.async_drive(proxy, passes=0))

@@ -31,6 +31,7 @@ from ._core import (
     Device,
     DeviceEvents,
     DeviceQueue,
+    DeviceQueueProxy,
     Endpoint,
     Errc,
     GpuBuffer,
@@ -89,6 +90,7 @@ if have_rdma_cm:
 __all__ = [
     "Aborted",
     "Access",
+    "async_drive",
     "BlockLeases",
     "CmConnection",
     "CmListener",
@@ -100,6 +102,7 @@ __all__ = [
     "Device",
     "DeviceEvents",
     "DeviceQueue",
+    "DeviceQueueProxy",
     "Endpoint",
     "Errc",
     "Error",
@@ -198,6 +201,43 @@ def device_queue_include_dir() -> str:
     import os
 
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+async def async_drive(
+    proxy: DeviceQueueProxy,
+    *,
+    passes: Optional[int] = None,
+    idle_passes_before_nap: Optional[int] = None,
+    nap: Optional[float] = None,
+) -> None:
+    """Drives a :class:`DeviceQueueProxy` on the running asyncio loop, as the
+    C++ ``async_drive`` does on an Asio executor: ``passes`` ``progress()``
+    calls, then the loop runs other work; after ``idle_passes_before_nap``
+    idle passes in a row it sleeps ``nap`` seconds, so an idle queue costs
+    little. ``None`` takes ``DeviceQueueDriveOptions``' default (C++: its one
+    source). Returns once the queue closed; raises :class:`Error`
+    (``device_queue_failed``, the proxy's words) once it failed; cancelled,
+    it closes the queue first, so no kernel waits on a queue nobody drives.
+    """
+    defaults = DeviceQueueProxy.drive_defaults
+    n = defaults["passes"] if passes is None else passes
+    idle_before_nap = defaults["idle_passes_before_nap"] if idle_passes_before_nap is None else idle_passes_before_nap
+    pause = defaults["nap"] if nap is None else nap
+    if n < 1 or idle_before_nap < 0 or pause < 0:
+        raise ValueError(f"async_drive: passes {n} must be 1 or more, idle_passes_before_nap {idle_before_nap} and "
+                         f"nap {pause} 0 or more")
+    try:
+        while proxy.error == "none":
+            idle = proxy.drive_passes(n)
+            if idle_before_nap != 0 and idle >= idle_before_nap:
+                await asyncio.sleep(pause)
+            else:
+                await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        proxy.close()
+        raise
+    if proxy.error != "closed":
+        _core._device_queue_failed(proxy.failure)  # raises gpuverbs.Error (device_queue_failed)
 
 
 def doctor(live: bool = True) -> Dict[str, Any]:
