@@ -149,6 +149,18 @@ TEST_SUITE("device queue ring on a real GPU" * doctest::skip(!gpuverbs::test::gp
         CHECK(r.wrong == 0);
         CHECK(r.out_of_order == 0);
         CHECK(failed == 0);
+        // Closed by its reader, the queue ends the kernels' next pushes at once, free slots and all: fail()
+        // copies the error into the producers' words in GPU memory (the queue's own stream, beside the kernels).
+        RingReader closer(queue.proxy_view());
+        closer.fail(QueueError::closed);
+        REQUIRE_MESSAGE(start_producers(queue.view(), 1, 32, 4, 10'000'000'000ULL, why), why);
+        std::uint64_t refused = 0;
+        REQUIRE_MESSAGE(finish(refused, why), why);
+        CHECK(refused == 32 * 4);
+        ProducerWords words;
+        REQUIRE_MESSAGE(producer_words_of(queue.view(), words, why), why);
+        CHECK(words.error == static_cast<std::uint32_t>(QueueError::closed));
+        CHECK(words.reserved == total + 32 * 4); // their tickets, taken and cancelled
         // A GPU that does not exist is refused in words.
         std::error_code ec;
         gpuverbs::Diagnostics d;

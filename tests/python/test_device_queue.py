@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -237,3 +238,45 @@ def test_a_cancelled_drive_closes_the_queue_and_bad_arguments_are_refused_in_wor
         gv.DeviceQueueProxy(q, pair.a.pd, pair.a.cq)
     with pytest.raises(ValueError, match="passes"):
         asyncio.run(gv.async_drive(proxy, passes=0))
+
+
+def test_a_rail_whose_peer_queue_pair_is_destroyed_fails_over_to_the_next_and_every_byte_lands(pair):
+    from conftest import connect_pair
+
+    blocks, block = 256, 1024
+    q, proxy, source, dest, signals, regions = _proxy_pair(pair, blocks, block)
+    _, dst_region, sig_region = regions
+    qp_a1, qp_b1 = connect_pair(pair.context, pair.a, pair.b)  # rail 1, on the same two devices
+    proxy.add_rail(0, qp_a1, {2: dst_region.remote(), 3: sig_region.remote()})
+    stop = threading.Event()
+
+    def drive() -> None:  # a thread of its own, as the C++ proxy's
+        while not stop.is_set() and proxy.error == "none":
+            proxy.progress()
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    try:
+        results = [q.push("put", peer=0, src_window=1, src_offset=i * block, dst_window=2, dst_offset=i * block,
+                          bytes=block, timeout=10.0) for i in range(64)]
+        results.append(q.quiet(timeout=10.0))
+        pair.qp_b.close()  # rail 0's peer is gone: its requests never complete
+        results += [q.push("put", peer=0, src_window=1, src_offset=i * block, dst_window=2, dst_offset=i * block,
+                           bytes=block, timeout=10.0) for i in range(64, blocks)]
+        results.append(q.push("signal", peer=0, signal_window=3, signal_offset=0, signal_value=7, signal_op="set",
+                              timeout=10.0))
+        started = time.monotonic()
+        results.append(q.quiet(timeout=10.0))
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        driver.join()
+    assert results == ["done"] * (blocks + 3), (results, proxy.failure)
+    assert took < 6.0  # within the proxy's own bound (request_timeout 5 s), whatever the transport does
+    assert dest == source
+    assert int.from_bytes(signals[0:8], "little") == 7
+    rails = proxy.rails
+    assert [(r["rail"], r["active"], r["failed"]) for r in rails] == [(0, False, True), (1, True, False)]
+    assert rails[0]["failure"] != ""
+    assert proxy.counters["rail_failures"] == 1
+    assert proxy.error == "none"

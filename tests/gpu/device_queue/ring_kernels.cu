@@ -150,6 +150,20 @@ __global__ void plain_round_trips(QueueView q, std::uint32_t iterations, std::ui
     }
 }
 
+/// The floor of a round trip: one GPU thread stores `i` into a host word (slot 0's first word) and spins
+/// on another (slot 1's) until the host wrote `i` back. No ring, no fence: a store's flight and a read's.
+__global__ void ping_pong(QueueView q, std::uint32_t iterations, std::uint64_t* total_ns) {
+    auto* ping = reinterpret_cast<volatile std::uint64_t*>(q.slots[0].word);
+    auto* pong = reinterpret_cast<volatile std::uint64_t*>(q.slots[1].word);
+    for (std::uint32_t i = 1; i <= iterations; ++i) {
+        const std::uint64_t t0 = dq::detail::now_ns();
+        *ping = i;
+        while (*pong != i) {
+        }
+        total_ns[i - 1] = dq::detail::now_ns() - t0;
+    }
+}
+
 __global__ void host_reads(QueueView q, std::uint32_t count, unsigned long long* ns, unsigned long long* sink) {
     auto* words = reinterpret_cast<std::uint64_t*>(&q.proxy->credit); // credit, then the error word: both 0 here
     std::uint64_t v = 0;
@@ -210,6 +224,11 @@ bool DeviceRing::reset(std::string& why) {
 bool DeviceRing::producer_words(dq::ProducerWords& out, std::string& why) const {
     return ok(cudaMemcpy(&out, producer_memory_, sizeof out, cudaMemcpyDeviceToHost), "cudaMemcpy(producer words)",
               why);
+}
+
+bool producer_words_of(const QueueView& device_view, dq::ProducerWords& out, std::string& why) {
+    return ok(cudaMemcpy(&out, device_view.producer, sizeof out, cudaMemcpyDeviceToHost),
+              "cudaMemcpy(producer words)", why);
 }
 
 bool start_producers(const QueueView& q, int blocks, int threads, std::uint64_t per_thread, std::uint64_t timeout_ns,
@@ -306,6 +325,18 @@ bool start_plain_round_trips(const QueueView& q, std::uint32_t iterations, std::
     if (!size_trips(iterations, why)) return false;
     plain_round_trips<<<1, 1>>>(q, iterations, trip_push, trip_total);
     return ok(cudaGetLastError(), "launch(plain_round_trips)", why);
+}
+
+bool start_ping_pong(const QueueView& q, std::uint32_t iterations, std::string& why) {
+    if (!size_trips(iterations, why)) return false;
+    ping_pong<<<1, 1>>>(q, iterations, trip_total);
+    return ok(cudaGetLastError(), "launch(ping_pong)", why);
+}
+
+bool finish_ping_pong(std::uint64_t* round_trip_ns, std::uint32_t iterations, std::string& why) {
+    return ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize", why) &&
+           ok(cudaMemcpy(round_trip_ns, trip_total, iterations * sizeof(std::uint64_t), cudaMemcpyDeviceToHost),
+              "cudaMemcpy(ping pong)", why);
 }
 
 bool time_host_reads(const QueueView& q, std::uint32_t count, std::uint64_t& ns, std::string& why) {

@@ -47,6 +47,9 @@ private:
     std::size_t host_bytes_ = 0;
 };
 
+/// The producers' words of any queue's kernel view (GPU memory), read back.
+bool producer_words_of(const QueueView& device_view, device_queue::ProducerWords& out, std::string& why);
+
 /// Starts `blocks` x `threads` producers, each pushing `per_thread` requests
 /// (request_of) with a timeout of `timeout_ns`; counts pushes that did not end
 /// done into a device word. Asynchronous: wait with finish().
@@ -99,6 +102,13 @@ struct PlainSlot {
 bool start_plain_producers(const QueueView& q, int blocks, int threads, std::uint64_t per_thread, std::string& why);
 /// One GPU thread, plain protocol: push, then spin on the host credit; GPU nanoseconds per iteration.
 bool start_plain_round_trips(const QueueView& q, std::uint32_t iterations, std::string& why);
+
+/// The floor a push-to-credit round trip is judged against (issue 50): one GPU
+/// thread stores a number into host memory (slot 0's first word) and spins
+/// until the host stores it back into slot 1's; the host's side is the
+/// caller's (answer_pings in the benchmark). Asynchronous: finish_ping_pong().
+bool start_ping_pong(const QueueView& q, std::uint32_t iterations, std::string& why);
+bool finish_ping_pong(std::uint64_t* round_trip_ns, std::uint32_t iterations, std::string& why);
 
 /// One GPU thread reads the proxy's credit word `count` times, each read's
 /// address depending on the last one's value (so they cannot overlap): the
