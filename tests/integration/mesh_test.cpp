@@ -184,9 +184,39 @@ void all_gather_under_mpirun(const std::vector<std::string>& extra, const std::s
     std::remove(out.c_str());
 }
 
+/// examples/08_gpu_all_to_all under mpirun: 4 ranks over both devices, dispatch and combine, every byte checked.
+void all_to_all_under_mpirun(const std::vector<std::string>& extra, const std::string& mode) {
+    auto r = rig();
+    std::vector<std::string> program{test::example_binary("08_gpu_all_to_all"),
+                                     "--devices",
+                                     r.dev0 + "," + r.dev1,
+                                     "--tokens",
+                                     "256",
+                                     "--row",
+                                     "1024",
+                                     "--rounds",
+                                     "3"};
+    program.insert(program.end(), extra.begin(), extra.end());
+    std::string out = "/tmp/" + fresh("all-to-all") + ".log";
+    int status = mpirun(4, program, out);
+    std::string text = read_file(out);
+    INFO(text);
+    CHECK(status == 0);
+    CHECK(count_of(text, "(" + mode +
+                             "): 3 rounds of dispatch and combine, 256 tokens of 1024 bytes, every byte "
+                             "verified; 0 waits not done") == 4);
+    for (int rank = 0; rank < 4; ++rank) CHECK(count_of(text, "rank " + std::to_string(rank) + " of 4 ") == 1);
+    std::remove(out.c_str());
+}
+
 } // namespace
 
 TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
+    TEST_CASE("mpirun -np 4, PMIx: a mixture-of-experts all-to-all through the device queue, every byte both ways" *
+              doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
+        all_to_all_under_mpirun({}, "device queue");
+        all_to_all_under_mpirun({"--host-loop"}, "host loop"); // the benchmark's baseline checks the same bytes
+    }
     TEST_CASE("mpirun -np 6, PMIx: a full mesh over rxe0 and rxe1, all-gather by RDMA write, twice in a row" *
               doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
         all_gather_under_mpirun({"--exchange", "pmix"}, "PMIx namespace");

@@ -1,0 +1,385 @@
+// 08_gpu_all_to_all: a mixture-of-experts layer's dispatch and combine, the
+// moves kernels start themselves (the pattern DeepEP serves). Each of N ranks
+// holds T tokens; a token goes to the rank that owns its expert. Dispatch: the
+// producers put each token's row into its expert's rank, then signal each
+// destination how many rows it sent; each rank waits for its own inputs.
+// The experts "work" (each byte + 1); combine puts every processed row back to
+// the rank the token came from, signals again, and each rank checks every
+// byte it got, both ways.
+//
+//   mpirun -np 4 08_gpu_all_to_all [--devices rxe0,rxe1] [--tokens 512] [--row 1024] [--experts 2]
+//                                  [--producers 4] [--rounds 1] [--host-loop]
+//
+// The NIC half (this program): CPU threads play the kernels, pushing through
+// the device queue's header (gpuverbs/device_queue/ring.hpp, what device.cuh
+// calls), and the proxy posts on Soft-RoCE through a Mesh. Windows, as the
+// kernels name them: 1 the tokens, 2 the inbox (rows from every source), 3
+// the results (rows back from the experts), 4 the experts' outbox, 5 the
+// signal words (dispatch counts, then combine counts). --host-loop does the
+// same moves without the ring: this thread posts them through the data path
+// (chains of up to 32 writes per peer, the last signaled), the baseline the
+// proxy's tokens per second are compared with.
+#include "command_line.hpp"
+
+#include <gpuverbs/device_queue/proxy.hpp>
+#include <gpuverbs/device_queue/queue.hpp>
+#include <gpuverbs/gpuverbs.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace dq = gpuverbs::device_queue;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+    std::string devices;
+    std::uint32_t tokens = 512;
+    std::size_t row = 1024;
+    std::uint32_t experts = 2; ///< per rank
+    std::uint32_t producers = 4;
+    std::uint32_t rounds = 1;
+    bool host_loop = false;
+};
+
+enum Window : std::uint16_t {
+    tokens_window = 1,
+    inbox_window = 2,
+    results_window = 3,
+    outbox_window = 4,
+    signals_window = 5
+};
+constexpr std::uint64_t timeout_ns = 10'000'000'000; // every wait: 10 s
+
+/// Where token t of rank r goes: the rank owning its expert (a fixed hash, so every rank knows every route).
+struct Routes {
+    std::uint32_t ranks, tokens, experts;
+    [[nodiscard]] std::uint32_t owner(std::uint32_t r, std::uint32_t t) const {
+        const std::uint64_t expert =
+            (std::uint64_t{r} * 7919 + std::uint64_t{t} * 104729 + 17) % (std::uint64_t{ranks} * experts);
+        return static_cast<std::uint32_t>(expert / experts);
+    }
+    /// Token t of r is the index()-th of r's tokens that go to owner(r, t).
+    [[nodiscard]] std::uint32_t index(std::uint32_t r, std::uint32_t t) const {
+        std::uint32_t k = 0;
+        for (std::uint32_t u = 0; u < t; ++u) k += owner(r, u) == owner(r, t) ? 1 : 0;
+        return k;
+    }
+    [[nodiscard]] std::uint32_t count(std::uint32_t from, std::uint32_t to) const {
+        std::uint32_t k = 0;
+        for (std::uint32_t t = 0; t < tokens; ++t) k += owner(from, t) == to ? 1 : 0;
+        return k;
+    }
+};
+
+/// Byte i of token t of rank r.
+std::byte pattern(std::uint32_t r, std::uint32_t t, std::size_t i, std::uint32_t round) {
+    return std::byte((std::size_t{r} * 131 + std::size_t{t} * 31 + i + std::size_t{round} * 7) % 251);
+}
+
+/// One request through the ring, as device::push would write it from a kernel.
+dq::WaitResult push(const dq::QueueView& q, const dq::Request& r) {
+    std::uint64_t position = 0;
+    return dq::push(q, r, dq::detail::now_ns() + timeout_ns, position);
+}
+
+dq::Request put(std::uint32_t peer, Window dst, std::uint64_t dst_offset, Window src, std::uint64_t src_offset,
+                std::uint64_t bytes) {
+    dq::Request r;
+    r.op = dq::Op::put;
+    r.peer = static_cast<std::uint16_t>(peer);
+    r.dst_window = dst;
+    r.dst_offset = dst_offset;
+    r.src_window = src;
+    r.src_offset = src_offset;
+    r.bytes = bytes;
+    return r;
+}
+
+/// A signal that sets: posted again after a failover, it sets the same value (an add could count twice).
+dq::Request signal(std::uint32_t peer, std::uint64_t offset, std::uint64_t value) {
+    dq::Request r;
+    r.op = dq::Op::signal;
+    r.peer = static_cast<std::uint16_t>(peer);
+    r.signal_window = signals_window;
+    r.signal_offset = offset;
+    r.signal_value = value;
+    r.signal_op = dq::SignalOp::set;
+    return r;
+}
+
+/// The baseline: the same moves posted by the host thread itself, per peer in chains of up to 32 writes
+/// (the last signaled), at most `depth` requests in flight; a signal is an inline write of its value.
+class HostLoop {
+public:
+    HostLoop(gpuverbs::Mesh& mesh, gpuverbs::CompletionQueue& cq, const gpuverbs::MemoryRegion& values_mr,
+             std::vector<std::uint64_t>& values)
+        : mesh_(mesh), cq_(cq), values_mr_(values_mr), values_(values) {}
+    void window(std::uint16_t id, const gpuverbs::MemoryRegion& mr) { windows_[id] = &mr; }
+    /// `remote`: the peer's region in the mesh's order (0 inbox, 1 results, 2 signals).
+    void row(std::uint32_t to, std::size_t remote, std::uint64_t dst_offset, std::uint16_t src,
+             std::uint64_t src_offset, std::uint64_t bytes) {
+        pending_[to].push_back(gpuverbs::WorkRequest::write(windows_[src]->slice(src_offset, bytes),
+                                                            mesh_.peer(to).regions.at(remote), dst_offset));
+    }
+    void signal(std::uint32_t to, std::uint64_t offset, std::uint64_t value) {
+        values_[to] = value; // sent inline: copied when posted
+        pending_[to].push_back(
+            gpuverbs::WorkRequest::write(values_mr_.slice(std::size_t{to} * 8, 8), mesh_.peer(to).regions.at(2), offset)
+                .inline_data());
+    }
+    /// Posts what is pending and waits until all of it completed.
+    void flush() {
+        for (auto& [to, requests] : pending_) {
+            gpuverbs::QueuePair& qp = mesh_.peer(to).qp;
+            for (std::size_t at = 0; at < requests.size(); at += 32) {
+                const std::size_t n = std::min<std::size_t>(32, requests.size() - at);
+                while (in_flight_ + n > depth) reap();
+                gpuverbs::SendBatch chain = qp.batch();
+                for (std::size_t k = 0; k < n; ++k) {
+                    gpuverbs::WorkRequest r = requests[at + k];
+                    if (k + 1 < n) r.unsignaled();
+                    r.context(n);
+                    gpuverbs::throw_if(chain.add(r), "SendBatch::add");
+                }
+                gpuverbs::throw_if(chain.post(), "SendBatch::post");
+                in_flight_ += n;
+            }
+            requests.clear();
+        }
+        while (in_flight_ > 0) reap();
+    }
+
+private:
+    static constexpr std::size_t depth = 128;
+    void reap() {
+        std::array<gpuverbs::Completion, 16> got;
+        const std::size_t c = cq_.poll(got);
+        for (std::size_t i = 0; i < c; ++i) {
+            if (!got[i].ok()) throw gpuverbs::Error(got[i].status, "host loop", got[i].status.message());
+            in_flight_ -= got[i].context;
+        }
+    }
+    gpuverbs::Mesh& mesh_;
+    gpuverbs::CompletionQueue& cq_;
+    const gpuverbs::MemoryRegion& values_mr_;
+    std::vector<std::uint64_t>& values_;
+    std::map<std::uint16_t, const gpuverbs::MemoryRegion*> windows_;
+    std::map<std::uint32_t, std::vector<gpuverbs::WorkRequest>> pending_;
+    std::size_t in_flight_ = 0;
+};
+
+template <gpuverbs::Rendezvous R>
+int all_to_all(R& rendezvous, const Args& a) {
+    const std::uint32_t me = rendezvous.rank();
+    const std::uint32_t n = rendezvous.world_size();
+    const Routes routes{n, a.tokens, a.experts};
+    const std::size_t row = a.row;
+    const std::size_t rows = std::size_t{n} * a.tokens; // the inbox and outbox: room for every source's tokens
+
+    // 1. A device (ranks take turns over --devices), the memory the windows name, a mesh to every rank.
+    std::vector<std::string> names;
+    std::stringstream list(a.devices);
+    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+    gpuverbs::Device device =
+        names.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(names[me % names.size()]);
+    gpuverbs::ProtectionDomain pd(device);
+    gpuverbs::CompletionQueue cq(device, 4096);
+    std::vector<std::byte> tokens(a.tokens * row), inbox(rows * row), results(a.tokens * row), outbox(rows * row);
+    std::vector<std::uint64_t> signals(2 * std::size_t{n}, 0);
+    using gpuverbs::Access;
+    gpuverbs::MemoryRegion tokens_mr(pd, tokens, Access::local_write);
+    gpuverbs::MemoryRegion inbox_mr(pd, inbox, Access::local_write | Access::remote_write);
+    gpuverbs::MemoryRegion results_mr(pd, results, Access::local_write | Access::remote_write);
+    gpuverbs::MemoryRegion outbox_mr(pd, outbox, Access::local_write);
+    gpuverbs::MemoryRegion signals_mr(pd, std::as_writable_bytes(std::span(signals)),
+                                      Access::local_write | Access::remote_write | Access::remote_atomic);
+    gpuverbs::MeshOptions options;
+    options.queue_pair.max_inline_data = 64; // signals that set go inline
+    gpuverbs::Mesh mesh(rendezvous, pd, cq, {inbox_mr, results_mr, signals_mr}, options);
+    mesh.connect_all();
+    std::vector<std::uint64_t> values(n, 0); // the host loop's signal values
+    gpuverbs::MemoryRegion values_mr(pd, std::as_writable_bytes(std::span(values)), Access::local_write);
+    HostLoop host(mesh, cq, values_mr, values);
+    host.window(tokens_window, tokens_mr);
+    host.window(outbox_window, outbox_mr);
+
+    // 2. The device queue and its proxy on a thread of its own (a kernel's proxy, as example 07's).
+    gpuverbs::DeviceQueue queue = gpuverbs::DeviceQueue::on_host(12);
+    gpuverbs::DeviceQueueProxy proxy(queue.proxy_view(), pd, cq);
+    proxy.add_window(tokens_window, tokens_mr);
+    proxy.add_window(outbox_window, outbox_mr);
+    for (std::uint32_t q : mesh.peers()) {
+        gpuverbs::MeshPeer& peer = mesh.peer(q);
+        proxy.add_peer(static_cast<std::uint16_t>(q), peer.qp,
+                       {{inbox_window, peer.regions.at(0)},
+                        {results_window, peer.regions.at(1)},
+                        {signals_window, peer.regions.at(2)}});
+    }
+    std::atomic<bool> stop{false};
+    std::thread driver([&] { // the host loop polls the CQ itself: no proxy then
+        while (!a.host_loop && !stop.load(std::memory_order_relaxed) && proxy.error() == dq::QueueError::none)
+            proxy.progress();
+    });
+    const dq::QueueView& q = queue.view();
+    std::atomic<std::uint32_t> not_done{0};
+
+    // The producers ("kernels"): thread p takes the tokens t with t % producers == p (the host loop: this thread).
+    const std::uint32_t producers = a.host_loop ? 1 : a.producers;
+    const auto produce = [&](const auto& one_token) {
+        if (producers == 1) {
+            for (std::uint32_t t = 0; t < a.tokens; ++t) one_token(t);
+            return;
+        }
+        std::vector<std::thread> threads;
+        for (std::uint32_t p = 0; p < producers; ++p) {
+            threads.emplace_back([&, p] {
+                for (std::uint32_t t = p; t < a.tokens; t += producers) one_token(t);
+            });
+        }
+        for (std::thread& t : threads) t.join();
+    };
+    const auto wait_for = [&](std::uint64_t* word, std::uint64_t value) {
+        if (dq::wait_signal(q, word, value, dq::detail::now_ns() + timeout_ns) != dq::WaitResult::done)
+            not_done.fetch_add(1);
+    };
+
+    std::size_t bad = 0;
+    const auto start = Clock::now();
+    for (std::uint32_t round = 0; round < a.rounds; ++round) {
+        for (std::uint32_t t = 0; t < a.tokens; ++t) {
+            for (std::size_t i = 0; i < row; ++i) tokens[t * row + i] = pattern(me, t, i, round);
+        }
+        // 3. Dispatch: each token's row to its expert's rank (a copy when that is this rank), then per
+        //    destination a signal with the count so far (set: cumulative over rounds).
+        produce([&](std::uint32_t t) {
+            const std::uint32_t to = routes.owner(me, t);
+            const std::uint64_t at = (std::uint64_t{me} * a.tokens + routes.index(me, t)) * row;
+            if (to == me) {
+                std::memcpy(&inbox[at], &tokens[t * row], row);
+            } else if (a.host_loop) {
+                host.row(to, 0, at, tokens_window, t * row, row);
+            } else if (push(q, put(to, inbox_window, at, tokens_window, t * row, row)) != dq::WaitResult::done) {
+                not_done.fetch_add(1);
+            }
+        });
+        for (std::uint32_t to = 0; to < n; ++to) {
+            const std::uint64_t value = (round + 1) * std::uint64_t{routes.count(me, to)};
+            if (to == me) continue;
+            if (a.host_loop) {
+                host.signal(to, std::uint64_t{me} * 8, value);
+            } else if (push(q, signal(to, std::uint64_t{me} * 8, value)) != dq::WaitResult::done) {
+                not_done.fetch_add(1);
+            }
+        }
+        if (a.host_loop) host.flush();
+        // 4. Our inputs: every source's count, then the experts' work on every row that came.
+        for (std::uint32_t from = 0; from < n; ++from) {
+            if (from != me) wait_for(&signals[from], (round + 1) * std::uint64_t{routes.count(from, me)});
+        }
+        for (std::uint32_t from = 0; from < n; ++from) {
+            for (std::uint32_t t = 0; t < a.tokens; ++t) {
+                if (routes.owner(from, t) != me) continue;
+                const std::size_t at = (std::size_t{from} * a.tokens + routes.index(from, t)) * row;
+                for (std::size_t i = 0; i < row; ++i) {
+                    bad += inbox[at + i] != pattern(from, t, i, round) ? 1 : 0;
+                    outbox[at + i] = std::byte(std::to_integer<unsigned>(inbox[at + i]) + 1);
+                }
+            }
+        }
+        // 5. Combine: every processed row back to the rank its token came from, at the token's place.
+        produce([&](std::uint32_t k) { // here k walks the sources' tokens: every producer a share of each source
+            for (std::uint32_t from = 0; from < n; ++from) {
+                if (routes.owner(from, k) != me) continue;
+                const std::uint64_t at = (std::uint64_t{from} * a.tokens + routes.index(from, k)) * row;
+                if (from == me) {
+                    std::memcpy(&results[k * row], &outbox[at], row);
+                } else if (a.host_loop) {
+                    host.row(from, 1, k * row, outbox_window, at, row);
+                } else if (push(q, put(from, results_window, k * row, outbox_window, at, row)) !=
+                           dq::WaitResult::done) {
+                    not_done.fetch_add(1);
+                }
+            }
+        });
+        for (std::uint32_t to = 0; to < n; ++to) {
+            const std::uint64_t value = (round + 1) * std::uint64_t{routes.count(to, me)};
+            if (to == me) continue;
+            if (a.host_loop) {
+                host.signal(to, std::uint64_t{n + me} * 8, value);
+            } else if (push(q, signal(to, std::uint64_t{n + me} * 8, value)) != dq::WaitResult::done) {
+                not_done.fetch_add(1);
+            }
+        }
+        if (a.host_loop) host.flush();
+        for (std::uint32_t expert_rank = 0; expert_rank < n; ++expert_rank) {
+            if (expert_rank != me)
+                wait_for(&signals[n + expert_rank], (round + 1) * std::uint64_t{routes.count(me, expert_rank)});
+        }
+        for (std::uint32_t t = 0; t < a.tokens; ++t) {
+            for (std::size_t i = 0; i < row; ++i) {
+                bad += std::to_integer<unsigned>(results[t * row + i]) !=
+                               ((std::to_integer<unsigned>(pattern(me, t, i, round)) + 1) & 0xff)
+                           ? 1
+                           : 0;
+            }
+        }
+        // The next round rewrites the tokens and the outbox: what was posted from them must be done.
+        if (dq::quiet(q, dq::detail::now_ns() + timeout_ns) != dq::WaitResult::done) not_done.fetch_add(1);
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+    // 6. Every rank done before any tears its queue pairs down.
+    rendezvous.fence(30s);
+    stop = true;
+    driver.join();
+    proxy.close();
+    const gpuverbs::DeviceQueueProxyCounters& c = proxy.counters();
+    std::printf(
+        "rank %u of %u on %s (%s): %u rounds of dispatch and combine, %u tokens of %zu bytes, %s; %u waits not "
+        "done; %.0f tokens/s; the proxy posted %llu requests in %llu doorbells\n",
+        me, n, device.name().c_str(), a.host_loop ? "host loop" : "device queue", a.rounds, a.tokens, row,
+        bad == 0 ? "every byte verified" : "MISMATCH", not_done.load(), a.rounds * a.tokens / seconds,
+        static_cast<unsigned long long>(c.requests), static_cast<unsigned long long>(c.chains));
+    if (!a.host_loop && proxy.error() != dq::QueueError::closed)
+        std::printf("rank %u: the proxy says: %s\n", me, proxy.failure().c_str());
+    return bad == 0 && not_done.load() == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    return tools::run_main("08_gpu_all_to_all", 1, [&] {
+        Args a;
+        tools::CommandLine cli("08_gpu_all_to_all", "N ranks dispatch tokens to their experts and combine them back.",
+                               2);
+        cli.usage({{"[options]", "under mpirun / srun (PMIx)"}});
+        cli.app.add_option("--devices", a.devices, "RDMA devices, taken in turn by rank (default: the first)")
+            ->type_name("D1,D2");
+        cli.app.add_option("--tokens", a.tokens, "tokens per rank")->check(CLI::Range(1U, 1U << 16));
+        cli.app.add_option("--row", a.row, "bytes per token's row")
+            ->check(CLI::Range(std::size_t(1), std::size_t(1) << 20));
+        cli.app.add_option("--experts", a.experts, "experts per rank")->check(CLI::Range(1U, 64U));
+        cli.app.add_option("--producers", a.producers, "CPU threads playing the kernels")->check(CLI::Range(1U, 64U));
+        cli.app.add_option("--rounds", a.rounds, "dispatch and combine rounds")->check(CLI::Range(1U, 100000U));
+        cli.app.add_flag("--host-loop", a.host_loop, "the baseline: this thread posts the same moves, no ring");
+        if (auto status = cli.parse(argc, argv)) return *status;
+        try {
+            gpuverbs::PmixRendezvous job; // rank and size from mpirun / srun
+            return all_to_all(job, a);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "08_gpu_all_to_all: %s\n", e.what());
+            return 1;
+        }
+    });
+}
