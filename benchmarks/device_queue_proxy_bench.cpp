@@ -119,9 +119,8 @@ double host_loop(Ends& e, std::uint64_t ops) {
 }
 
 double through_proxy(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& counters) {
-    std::vector<dq::Descriptor> host(dq::host_bytes(10) / sizeof(dq::Descriptor) + 1); // zeroed, aligned
-    dq::ProducerWords producer;
-    const dq::QueueView q = dq::layout(host.data(), &producer, 10);
+    const gv::DeviceQueue ring = gv::DeviceQueue::on_host(10); // zeroed, on the proxy's words' alignment
+    const dq::QueueView q = ring.view();
     gv::DeviceQueueProxy proxy(q, e.pd0, e.cq0);
     proxy.add_window(1, e.src_mr);
     proxy.add_peer(0, e.qa, {{1, e.dst_mr.remote()}});
@@ -154,9 +153,8 @@ double through_proxy(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& c
 /// (counted). What callgrind measures per descriptor; two threads under valgrind, which runs one at a
 /// time, would count the proxy's spinning while the producer waits for its turn.
 double proxy_single(Ends& e, std::uint64_t ops, gv::DeviceQueueProxyCounters& counters) {
-    std::vector<dq::Descriptor> host(dq::host_bytes(10) / sizeof(dq::Descriptor) + 1); // zeroed, aligned
-    dq::ProducerWords producer;
-    const dq::QueueView q = dq::layout(host.data(), &producer, 10);
+    const gv::DeviceQueue ring = gv::DeviceQueue::on_host(10); // zeroed, on the proxy's words' alignment
+    const dq::QueueView q = ring.view();
     gv::DeviceQueueProxy proxy(q, e.pd0, e.cq0);
     proxy.add_window(1, e.src_mr);
     proxy.add_peer(0, e.qa, {{1, e.dst_mr.remote()}});
