@@ -481,6 +481,9 @@ GPUVERBS_HOST_DEVICE inline WaitResult reserve(const QueueView& q, std::uint32_t
                 seen = credit;
             }
             still_since = 0;
+#if !defined(__CUDA_ARCH__)
+            detail::pause(); // a CPU reads the word at once: it gives its core away (the reader may need it)
+#endif
         } else {
             detail::pause();
         }
