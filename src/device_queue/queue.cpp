@@ -51,10 +51,10 @@ struct DeviceQueue::State {
         // From the proxy's error word (pinned: the copy engine reads it), which fail() wrote first.
         auto* const words = static_cast<dq::ProxyWords*>(
             static_cast<void*>(static_cast<std::byte*>(s.pinned) + dq::proxy_offset(s.log2_capacity)));
-        if (s.cu->cuMemcpyHtoDAsync(s.producer + offsetof(dq::ProducerWords, error), &words->error, sizeof words->error,
-                                    s.errors) == CUDA_SUCCESS) {
-            (void)s.cu->cuStreamSynchronize(s.errors);
-        }
+        // Not waited for: the copy may queue behind other streams' work on a shared hardware queue, and
+        // the proxy's thread must not block on it (waiting tickets read the host word themselves).
+        (void)s.cu->cuMemcpyHtoDAsync(s.producer + offsetof(dq::ProducerWords, error), &words->error,
+                                      sizeof words->error, s.errors);
     }
     std::uint32_t log2_capacity = 0;
 #endif
@@ -67,7 +67,10 @@ struct DeviceQueue::State {
 #if GPUVERBS_HAVE_CUDA
         if (cu != nullptr && context) {
             detail::cuda::PrimaryContext::Scope scope(*cu, context.get());
-            if (errors != nullptr) (void)cu->cuStreamDestroy(errors);
+            if (errors != nullptr) {
+                (void)cu->cuStreamSynchronize(errors); // a copy in flight reads and writes what is freed below
+                (void)cu->cuStreamDestroy(errors);
+            }
             if (pinned != nullptr) (void)cu->cuMemFreeHost(pinned);
             if (producer != 0) (void)cu->cuMemFree(producer);
         }

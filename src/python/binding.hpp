@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -113,6 +114,8 @@ struct Region {
     std::string policy;             ///< GPU memory: the policy in force
     MemoryRegion own;
     std::shared_ptr<const MemoryRegion> cached;
+    /// DeviceQueueProxies reading it as a window: close() is refused meanwhile.
+    std::uint32_t proxies = 0;
     std::size_t base = 0;
     std::size_t length = 0; ///< the object's bytes
     /// Host memory from a RegistrationCache: tells the cache this object no
@@ -185,6 +188,8 @@ struct Qp {
     py::object owner;
     QueuePair owned;
     QueuePair* qp = nullptr;
+    /// DeviceQueueProxies posting on it: close() is refused meanwhile (the proxy holds a pointer to it).
+    std::uint32_t proxies = 0;
     /// An rdma_cm connection's queue pair, looked up on each use (the
     /// connection may have been refused or closed since): null when gone.
     std::function<QueuePair*()> from_connection;
@@ -279,13 +284,13 @@ inline Access remote_access_flags(unsigned bits, const char* step) {
 struct PyDeviceQueue {
     DeviceQueue queue;
     device_queue::RingReader reader;
-    bool proxied = false; ///< a DeviceQueueProxy reads it: take, complete and fail are the proxy's
+    bool proxied = false; ///< a DeviceQueueProxy reads (or read) it: take, complete and fail are the proxy's
     explicit PyDeviceQueue(DeviceQueue q) : queue(std::move(q)), reader(queue.proxy_view()) {}
     void check_reader(const char* what) const {
         if (proxied) {
             throw py::value_error(std::string(what) +
-                                  ": a DeviceQueueProxy reads this queue (one reader per queue: use the proxy's "
-                                  "close() to end it)");
+                                  ": a DeviceQueueProxy reads (or read) this queue: one reader per queue, from its "
+                                  "start (use the proxy's close() to end it)");
         }
     }
 };
@@ -297,10 +302,14 @@ struct PyDeviceQueueProxy {
     std::shared_ptr<PyDeviceQueue> queue;
     std::vector<py::object> held;
     std::optional<DeviceQueueProxy> proxy;
-    std::uint64_t idle_streak = 0; ///< idle passes in a row (drive_passes)
+    std::uint64_t idle_streak = 0;                ///< idle passes in a row (drive_passes)
+    std::vector<std::shared_ptr<Qp>> qps;         ///< their close() refused while the proxy lives
+    std::vector<std::shared_ptr<Region>> regions; ///< likewise
+    std::atomic<bool> busy{false};                ///< a member runs (on another thread: refused)
     ~PyDeviceQueueProxy() {
-        proxy.reset();
-        if (queue) queue->proxied = false;
+        proxy.reset(); // closes the queue; it stays the proxy's (proxied)
+        for (auto& q : qps) --q->proxies;
+        for (auto& r : regions) --r->proxies;
     }
     DeviceQueueProxy& get() {
         if (!proxy) throw py::value_error("the DeviceQueueProxy is closed");

@@ -20,6 +20,34 @@ namespace dq = device_queue;
 
 namespace {
 
+/// One member of a proxy at a time (the C++ proxy's rule): a call while another thread is inside one (progress()
+/// without the GIL, say) is refused, never run beside it.
+class Busy {
+public:
+    explicit Busy(PyDeviceQueueProxy& self) : self_(self) {
+        if (self_.busy.exchange(true)) {
+            throw std::runtime_error(
+                "DeviceQueueProxy: another thread is in one of its members (progress(), "
+                "drive_passes()): call them from one thread at a time");
+        }
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+    ~Busy() { self_.busy.store(false); }
+
+private:
+    PyDeviceQueueProxy& self_;
+};
+
+/// An rdma_cm connection's queue pair goes with its connection, which the proxy cannot hold back.
+void refuse_connection_qp(const Qp& qp, const char* verb) {
+    if (qp.from_connection) {
+        throw py::value_error(std::string(verb) +
+                              ": the queue pair is an rdma_cm connection's, which may close under the proxy: give one "
+                              "of connect_tcp or PreparedQueuePair");
+    }
+}
+
 /// The proxy polls its CQ itself: a polled Context's poll() would take its completions.
 void refuse_polled(const py::object& cq, const char* verb) {
     if (cq.cast<Cq&>().context->polled()) {
@@ -276,6 +304,16 @@ void bind_device_queue(py::module_& m) {
                  if (!queue) throw py::value_error("DeviceQueueProxy: give a DeviceQueue");
                  refuse_polled(cq, "DeviceQueueProxy");
                  queue->check_reader("DeviceQueueProxy");
+                 if (queue->reader.taken() != 0) {
+                     throw py::value_error("DeviceQueueProxy: take() already read " +
+                                           std::to_string(queue->reader.taken()) +
+                                           " requests of this queue: a proxy reads a queue from its start");
+                 }
+                 if (dq::queue_state(queue->queue.proxy_view()) != dq::WaitResult::done) {
+                     throw py::value_error("DeviceQueueProxy: the queue has ended (" +
+                                           std::string(result_name(dq::queue_state(queue->queue.proxy_view()))) +
+                                           "): give a new one");
+                 }
                  DeviceQueueProxyOptions options;
                  options.batch = batch;
                  options.request_timeout = checked_milliseconds(request_timeout, "request_timeout");
@@ -299,6 +337,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "add_device",
             [](PyDeviceQueueProxy& self, const py::object& pd, const py::object& cq) {
+                const Busy busy(self);
                 std::error_code ec;
                 Diagnostics why;
                 refuse_polled(cq, "DeviceQueueProxy.add_device");
@@ -311,6 +350,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "add_window",
             [](PyDeviceQueueProxy& self, std::uint16_t id, const std::shared_ptr<Region>& region) {
+                const Busy busy(self);
                 if (!region || region->cached) {
                     throw py::value_error(
                         "DeviceQueueProxy.add_window: give a MemoryRegion from "
@@ -320,7 +360,8 @@ void bind_device_queue(py::module_& m) {
                 Diagnostics why;
                 self.get().add_window(id, region->own, ec, why);
                 check(ec, why, "DeviceQueueProxy.add_window");
-                self.held.push_back(py::cast(region));
+                ++region->proxies;
+                self.regions.push_back(region);
             },
             py::arg("id"), py::arg("region"),
             "A local window puts read from (offsets from the region's start); once per device with a rail.")
@@ -328,11 +369,14 @@ void bind_device_queue(py::module_& m) {
             "add_peer",
             [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
                const std::map<std::uint16_t, RemoteMemory>& windows) {
+                const Busy busy(self);
+                refuse_connection_qp(*qp, "DeviceQueueProxy.add_peer");
                 std::error_code ec;
                 Diagnostics why;
                 self.get().add_peer(peer, qp->get(), windows_of(windows), ec, why);
                 check(ec, why, "DeviceQueueProxy.add_peer");
-                self.held.push_back(py::cast(qp));
+                ++qp->proxies;
+                self.qps.push_back(qp);
             },
             py::arg("peer"), py::arg("qp"), py::arg("windows"),
             "A peer, its first rail (qp) and its windows as {id: RemoteMemory}: puts write there, signals land there.")
@@ -340,17 +384,21 @@ void bind_device_queue(py::module_& m) {
             "add_rail",
             [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
                const std::map<std::uint16_t, RemoteMemory>& windows) {
+                const Busy busy(self);
+                refuse_connection_qp(*qp, "DeviceQueueProxy.add_rail");
                 std::error_code ec;
                 Diagnostics why;
                 self.get().add_rail(peer, qp->get(), windows_of(windows), ec, why);
                 check(ec, why, "DeviceQueueProxy.add_rail");
-                self.held.push_back(py::cast(qp));
+                ++qp->proxies;
+                self.qps.push_back(qp);
             },
             py::arg("peer"), py::arg("qp"), py::arg("windows"),
             "Another rail to peer: it takes the peer's requests over when the rails before it failed.")
         .def(
             "progress",
             [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
                 DeviceQueueProxy& p = self.get();
                 py::gil_scoped_release release;
                 return p.progress();
@@ -360,6 +408,7 @@ void bind_device_queue(py::module_& m) {
         .def(
             "drive_passes",
             [](PyDeviceQueueProxy& self, std::uint32_t passes) {
+                const Busy busy(self);
                 DeviceQueueProxy& p = self.get();
                 {
                     py::gil_scoped_release release;
@@ -386,14 +435,23 @@ void bind_device_queue(py::module_& m) {
             },
             "DeviceQueueDriveOptions' defaults (C++): passes, idle_passes_before_nap, nap (seconds).")
         .def(
-            "close", [](PyDeviceQueueProxy& self) { self.get().close(); },
+            "close",
+            [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
+                self.get().close();
+            },
             "Ends the queue: every producer's wait ends queue_closed.")
         .def_property_readonly(
-            "counters", [](PyDeviceQueueProxy& self) { return counters_dict(self.get().counters()); },
+            "counters",
+            [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
+                return counters_dict(self.get().counters());
+            },
             "What the proxy did (monotonic counts, DeviceQueueProxyCounters).")
         .def_property_readonly(
             "rails",
             [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
                 py::list out;
                 for (const DeviceQueueRailState& r : self.get().rails()) {
                     py::dict d;
@@ -409,10 +467,18 @@ void bind_device_queue(py::module_& m) {
             },
             "Every rail of every peer: peer, rail, qp_num, active, failed, failure (words).")
         .def_property_readonly(
-            "error", [](PyDeviceQueueProxy& self) { return error_name(self.get().error()); },
+            "error",
+            [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
+                return error_name(self.get().error());
+            },
             "How the queue ended: 'none' while it works, 'peer_failed', 'closed' or 'refused'.")
         .def_property_readonly(
-            "failure", [](PyDeviceQueueProxy& self) { return self.get().failure(); },
+            "failure",
+            [](PyDeviceQueueProxy& self) {
+                const Busy busy(self);
+                return self.get().failure();
+            },
             "Why the queue failed, in words (empty while it works).");
 }
 

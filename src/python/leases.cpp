@@ -209,6 +209,11 @@ void bind_leases(py::module_& m) {
         .def(
             "add_device_queue_proxy",
             [](Prometheus& self, const std::string& name, PyDeviceQueueProxy& proxy) {
+                if (proxy.busy.load()) {
+                    throw std::runtime_error(
+                        "PrometheusText.add_device_queue_proxy: another thread is in one of the "
+                        "proxy's members: read it from the thread that drives it");
+                }
                 self.text.add(name, proxy.get());
             },
             py::arg("name"), py::arg("proxy"),

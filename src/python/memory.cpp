@@ -223,6 +223,10 @@ void bind_memory(py::module_& m) {
         .def(
             "close",
             [](Region& r) {
+                if (r.proxies != 0) {
+                    throw py::value_error(
+                        "MemoryRegion.close: a DeviceQueueProxy reads it as a window: let the proxy go first");
+                }
                 r.close();
                 r.forget_cached();
             },

@@ -390,6 +390,11 @@ void bind_queue_pairs(py::module_& m) {
         .def(
             "close",
             [](Qp& q) {
+                if (q.proxies != 0) {
+                    throw py::value_error("QueuePair.close: a DeviceQueueProxy posts on it (a rail of " +
+                                          std::to_string(q.proxies) +
+                                          " proxy): let the proxy go first (its close() ends the queue)");
+                }
                 q.owned = QueuePair();
                 q.qp = nullptr;
                 q.from_connection = nullptr;

@@ -192,7 +192,7 @@ def test_a_proxy_driven_on_asyncio_posts_a_producer_threads_puts_and_signal_ever
 
     assert re.search(rf'gpuverbs_device_queue_descriptors_total{{queue="kernels"}} {blocks + 1}(\.0)?\n', text.text())
     # One reader per queue: the proxy's.
-    with pytest.raises(ValueError, match="a DeviceQueueProxy reads this queue"):
+    with pytest.raises(ValueError, match=r"a DeviceQueueProxy reads \(or read\) this queue"):
         q.take()
     assert q.push("put", peer=0, src_window=1, bytes=8) == "queue_closed"
 
@@ -234,10 +234,31 @@ def test_a_cancelled_drive_closes_the_queue_and_bad_arguments_are_refused_in_wor
         proxy.add_peer(0, pair.qp_a, {})  # added before
     with pytest.raises(ValueError, match="request_timeout"):
         gv.DeviceQueueProxy(gv.DeviceQueue.on_host(4), pair.a.pd, pair.a.cq, request_timeout=-1.0)
-    with pytest.raises(ValueError, match="a DeviceQueueProxy reads this queue"):
+    with pytest.raises(ValueError, match=r"a DeviceQueueProxy reads \(or read\) this queue"):
         gv.DeviceQueueProxy(q, pair.a.pd, pair.a.cq)
     with pytest.raises(ValueError, match="passes"):
         asyncio.run(gv.async_drive(proxy, passes=0))
+    # What the proxy points at cannot be closed under it; once it is gone, they can.
+    with pytest.raises(ValueError, match="a DeviceQueueProxy posts on it"):
+        pair.qp_a.close()
+    with pytest.raises(ValueError, match="a DeviceQueueProxy reads it as a window"):
+        regions[0].close()
+    del proxy
+    import gc
+
+    gc.collect()  # the refused async_drive's traceback held the proxy in a cycle
+    regions[0].close()
+    # A queue a reader already took from, or one that ended, gets no proxy: it reads from the start.
+    taken = gv.DeviceQueue.on_host(4)
+    assert taken.push("put", bytes=8) == "done"
+    assert taken.take() is not None
+    with pytest.raises(ValueError, match="take\\(\\) already read 1 requests"):
+        gv.DeviceQueueProxy(taken, pair.a.pd, pair.a.cq)
+    ended = gv.DeviceQueue.on_host(4)
+    ended.fail("closed")
+    with pytest.raises(ValueError, match="the queue has ended \\(queue_closed\\)"):
+        gv.DeviceQueueProxy(ended, pair.a.pd, pair.a.cq)
+    pair.qp_a.close()
 
 
 def test_a_rail_whose_peer_queue_pair_is_destroyed_fails_over_to_the_next_and_every_byte_lands(pair):

@@ -32,14 +32,15 @@
 //   one as skipped (Decoded::skipped) and returns its credit like any other.
 // - Credits: the reader's proxy stores how many positions have completed (the
 //   request's source may be reused then) into host memory; producers keep the
-//   last value they saw next to the counter and read the host word across
-//   PCIe only when the ring looks full, so a ring that keeps up costs no read
-//   of the credit per push.
+//   last value they saw next to the counter (credit_seen) and read the host
+//   word across PCIe rarely (reserve() says when), so a ring that keeps up
+//   costs no read of host memory per push.
 // - An error word in host memory, written by the proxy (a peer failed, the
-//   queue closed or refused a request): every push reads a copy of it kept in
-//   a cache line of its own (one read per warp's push), so a push into a
-//   closed or failed queue returns that code at once, and every wait reads
-//   it, so none outlives the queue.
+//   queue closed or refused a request), and its copy in the producers' words
+//   (RingReader::fail writes both; for a GPU queue through the view's
+//   ProducerErrorSink): every push reads the copy, so a push into a closed or
+//   failed queue returns that code at once, and every wait reads the host
+//   word, so none outlives the queue.
 // - Deadlines are absolute nanoseconds on the producer's clock; no_deadline
 //   (UINT64_MAX) never passes, and deadline_after() saturates instead of
 //   wrapping, so a timeout of UINT64_MAX means "no timeout".
@@ -384,7 +385,7 @@ GPUVERBS_HOST_DEVICE inline void load_credit_and_error(ProxyWords* w, std::uint6
     asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(credit), "=l"(second) : "l"(w) : "memory");
     error = static_cast<std::uint32_t>(second); // little-endian: the error word is the low half
 #else
-    credit = load_relaxed(&w->credit);
+    credit = load_acquire(&w->credit); // the slot a producer writes next: after the reader's reads of it
     error = load_relaxed(&w->error);
 #endif
 }
