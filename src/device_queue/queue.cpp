@@ -5,6 +5,7 @@
 
 #include "gpu/cuda/driver_api.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <new>
@@ -51,10 +52,16 @@ struct DeviceQueue::State {
         // From the proxy's error word (pinned: the copy engine reads it), which fail() wrote first.
         auto* const words = static_cast<dq::ProxyWords*>(
             static_cast<void*>(static_cast<std::byte*>(s.pinned) + dq::proxy_offset(s.log2_capacity)));
-        // Not waited for: the copy may queue behind other streams' work on a shared hardware queue, and
-        // the proxy's thread must not block on it (waiting tickets read the host word themselves).
-        (void)s.cu->cuMemcpyHtoDAsync(s.producer + offsetof(dq::ProducerWords, error), &words->error,
-                                      sizeof words->error, s.errors);
+        if (s.cu->cuMemcpyHtoDAsync(s.producer + offsetof(dq::ProducerWords, error), &words->error, sizeof words->error,
+                                    s.errors) != CUDA_SUCCESS) {
+            return;
+        }
+        // Waited for up to a millisecond: it lands in microseconds, so a kernel started after fail() sees it;
+        // one queued behind other streams' work (streams sharing a hardware queue) does not hold the proxy's
+        // thread longer (waiting tickets read the host word themselves).
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+        while (s.cu->cuStreamQuery(s.errors) == CUDA_ERROR_NOT_READY && std::chrono::steady_clock::now() < give_up) {
+        }
     }
     std::uint32_t log2_capacity = 0;
 #endif

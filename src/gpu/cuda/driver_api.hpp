@@ -69,7 +69,8 @@ namespace gpuverbs::detail::cuda {
     X(cuEventRecord, 2000)                  \
     X(cuEventSynchronize, 2000)             \
     X(cuMemcpyDtoHAsync, 3020)              \
-    X(cuMemcpyHtoDAsync, 3020)
+    X(cuMemcpyHtoDAsync, 3020)              \
+    X(cuStreamQuery, 2000)
 
 // Entry points newer than the oldest driver gpuverbs supports (CUDA 11.3):
 // null when the driver lacks them, and the feature that needs them says so.
