@@ -31,7 +31,7 @@ def test_the_package_is_typed_and_ships_its_stubs():
     assert (package / "_core.pyi").exists()
     stub = (package / "_core.pyi").read_text()
     for name in gv.__all__:
-        if name in {"Access", "doctor", "connect_tcp", "device_queue_include_dir",
+        if name in {"Access", "doctor", "connect_tcp", "device_queue_include_dir", "async_drive",
                     *[n for n in dir(gv.errors) if n[0].isupper()]}:
             continue
         assert re.search(rf"^(class|def) {name}\b", stub, re.M), f"{name} has no type in _core.pyi"
