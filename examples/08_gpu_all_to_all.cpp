@@ -61,25 +61,37 @@ enum Window : std::uint16_t {
 };
 constexpr std::uint64_t timeout_ns = 10'000'000'000; // every wait: 10 s
 
-/// Where token t of rank r goes: the rank owning its expert (a fixed hash, so every rank knows every route).
-struct Routes {
-    std::uint32_t ranks, tokens, experts;
-    [[nodiscard]] std::uint32_t owner(std::uint32_t r, std::uint32_t t) const {
-        const std::uint64_t expert =
-            (std::uint64_t{r} * 7919 + std::uint64_t{t} * 104729 + 17) % (std::uint64_t{ranks} * experts);
-        return static_cast<std::uint32_t>(expert / experts);
+/// Where token t of rank r goes: the rank owning its expert (a fixed hash, so every rank knows every route),
+/// worked out once for every rank's tokens (a kernel would get these tables from the router).
+class Routes {
+public:
+    Routes(std::uint32_t ranks, std::uint32_t tokens, std::uint32_t experts)
+        : ranks_(ranks),
+          tokens_(tokens),
+          owner_(std::size_t{ranks} * tokens),
+          index_(owner_.size()),
+          count_(std::size_t{ranks} * ranks, 0) {
+        for (std::uint32_t r = 0; r < ranks; ++r) {
+            for (std::uint32_t t = 0; t < tokens; ++t) {
+                const std::uint64_t expert =
+                    (std::uint64_t{r} * 7919 + std::uint64_t{t} * 104729 + 17) % (std::uint64_t{ranks} * experts);
+                const auto to = static_cast<std::uint32_t>(expert / experts);
+                owner_[at(r, t)] = to;
+                index_[at(r, t)] = count_[std::size_t{r} * ranks + to]++; // the how-many-th of r's to `to`
+            }
+        }
     }
+    [[nodiscard]] std::uint32_t owner(std::uint32_t r, std::uint32_t t) const { return owner_[at(r, t)]; }
     /// Token t of r is the index()-th of r's tokens that go to owner(r, t).
-    [[nodiscard]] std::uint32_t index(std::uint32_t r, std::uint32_t t) const {
-        std::uint32_t k = 0;
-        for (std::uint32_t u = 0; u < t; ++u) k += owner(r, u) == owner(r, t) ? 1 : 0;
-        return k;
-    }
+    [[nodiscard]] std::uint32_t index(std::uint32_t r, std::uint32_t t) const { return index_[at(r, t)]; }
     [[nodiscard]] std::uint32_t count(std::uint32_t from, std::uint32_t to) const {
-        std::uint32_t k = 0;
-        for (std::uint32_t t = 0; t < tokens; ++t) k += owner(from, t) == to ? 1 : 0;
-        return k;
+        return count_[std::size_t{from} * ranks_ + to];
     }
+
+private:
+    [[nodiscard]] std::size_t at(std::uint32_t r, std::uint32_t t) const { return std::size_t{r} * tokens_ + t; }
+    std::uint32_t ranks_, tokens_;
+    std::vector<std::uint32_t> owner_, index_, count_;
 };
 
 /// Byte i of token t of rank r.
@@ -183,7 +195,7 @@ template <gpuverbs::Rendezvous R>
 int all_to_all(R& rendezvous, const Args& a) {
     const std::uint32_t me = rendezvous.rank();
     const std::uint32_t n = rendezvous.world_size();
-    const Routes routes{n, a.tokens, a.experts};
+    const Routes routes(n, a.tokens, a.experts);
     const std::size_t row = a.row;
     const std::size_t rows = std::size_t{n} * a.tokens; // the inbox and outbox: room for every source's tokens
 
