@@ -77,6 +77,33 @@ void check(const std::error_code& ec, const Diagnostics& why, const char* verb) 
     if (ec) raise_error(ec, why.verb().empty() ? verb : why.verb(), why.detail());
 }
 
+/// add_peer and add_rail: the proxy's error_code form of `add`, and the queue pair held (its close() refused).
+void add_rail_of(PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
+                 const std::map<std::uint16_t, RemoteMemory>& windows,
+                 void (DeviceQueueProxy::*add)(std::uint16_t, QueuePair&, const RemoteWindows&, std::error_code&,
+                                               Diagnostics&),
+                 const char* verb) {
+    const Busy busy(self);
+    refuse_connection_qp(*qp, verb);
+    std::error_code ec;
+    Diagnostics why;
+    (self.get().*add)(peer, qp->get(), windows_of(windows), ec, why);
+    check(ec, why, verb);
+    ++qp->proxies;
+    self.qps.push_back(qp);
+}
+
+py::dict rail_dict(const DeviceQueueRailState& r) {
+    py::dict d;
+    d["peer"] = r.peer;
+    d["rail"] = r.rail;
+    d["qp_num"] = r.qp_num;
+    d["active"] = r.active;
+    d["failed"] = r.failed;
+    d["failure"] = r.failure;
+    return d;
+}
+
 py::dict counters_dict(const DeviceQueueProxyCounters& c) {
     py::dict d;
     d["descriptors"] = c.descriptors;
@@ -290,6 +317,9 @@ void bind_device_queue(py::module_& m) {
         [](const std::string& words) { raise_error(make_error_code(errc::device_queue_failed), "async_drive", words); },
         py::arg("words"), "Raises gpuverbs.Error (device_queue_failed) with the proxy's words (async_drive's end).");
 
+    record_fields(m, "DeviceQueueProxyCounters", counters_dict(DeviceQueueProxyCounters{}));
+    record_fields(m, "DeviceQueueRailState", rail_dict(DeviceQueueRailState{}));
+
     const DeviceQueueProxyOptions proxy_defaults;
     const DeviceQueueDriveOptions drive_defaults;
     py::class_<PyDeviceQueueProxy, std::shared_ptr<PyDeviceQueueProxy>>(
@@ -369,14 +399,7 @@ void bind_device_queue(py::module_& m) {
             "add_peer",
             [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
                const std::map<std::uint16_t, RemoteMemory>& windows) {
-                const Busy busy(self);
-                refuse_connection_qp(*qp, "DeviceQueueProxy.add_peer");
-                std::error_code ec;
-                Diagnostics why;
-                self.get().add_peer(peer, qp->get(), windows_of(windows), ec, why);
-                check(ec, why, "DeviceQueueProxy.add_peer");
-                ++qp->proxies;
-                self.qps.push_back(qp);
+                add_rail_of(self, peer, qp, windows, &DeviceQueueProxy::add_peer, "DeviceQueueProxy.add_peer");
             },
             py::arg("peer"), py::arg("qp"), py::arg("windows"),
             "A peer, its first rail (qp) and its windows as {id: RemoteMemory}: puts write there, signals land there.")
@@ -384,14 +407,7 @@ void bind_device_queue(py::module_& m) {
             "add_rail",
             [](PyDeviceQueueProxy& self, std::uint16_t peer, const std::shared_ptr<Qp>& qp,
                const std::map<std::uint16_t, RemoteMemory>& windows) {
-                const Busy busy(self);
-                refuse_connection_qp(*qp, "DeviceQueueProxy.add_rail");
-                std::error_code ec;
-                Diagnostics why;
-                self.get().add_rail(peer, qp->get(), windows_of(windows), ec, why);
-                check(ec, why, "DeviceQueueProxy.add_rail");
-                ++qp->proxies;
-                self.qps.push_back(qp);
+                add_rail_of(self, peer, qp, windows, &DeviceQueueProxy::add_rail, "DeviceQueueProxy.add_rail");
             },
             py::arg("peer"), py::arg("qp"), py::arg("windows"),
             "Another rail to peer: it takes the peer's requests over when the rails before it failed.")
@@ -453,16 +469,7 @@ void bind_device_queue(py::module_& m) {
             [](PyDeviceQueueProxy& self) {
                 const Busy busy(self);
                 py::list out;
-                for (const DeviceQueueRailState& r : self.get().rails()) {
-                    py::dict d;
-                    d["peer"] = r.peer;
-                    d["rail"] = r.rail;
-                    d["qp_num"] = r.qp_num;
-                    d["active"] = r.active;
-                    d["failed"] = r.failed;
-                    d["failure"] = r.failure;
-                    out.append(d);
-                }
+                for (const DeviceQueueRailState& r : self.get().rails()) out.append(rail_dict(r));
                 return out;
             },
             "Every rail of every peer: peer, rail, qp_num, active, failed, failure (words).")

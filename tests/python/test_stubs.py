@@ -328,7 +328,8 @@ def test_every_struct_member_reaches_its_dict():
     forms = _core._struct_fields
     expected = {"PortAttributes", "DeviceInfo", "GidEntry", "DeviceEvent", "AsyncStatistics",
                 "RegistrationCacheStatistics", "TransferReport::Rail", "GpuMemory", "Check", "GpuDirectProbes",
-                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics", "RailHealth", "QueuePairFailure"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
+                "GpuRegistrationExplanation", "NotificationInbox::Statistics", "BlockLeasesStatistics", "RailHealth", "QueuePairFailure",
+                "DeviceQueueProxyCounters", "DeviceQueueRailState"} | ({"CmEvent", "CmRejection"} if _core.have_rdma_cm else set())
     assert set(forms) == expected
     wrong = {s: (sorted(python_names(s) - set(keys)), sorted(set(keys) - python_names(s)))
              for s, keys in forms.items() if set(keys) != python_names(s)}
