@@ -114,6 +114,63 @@ TEST_SUITE("device queue ring") {
         CHECK(decode(words, 40, 4, out) == Decoded::corrupt);
     }
 
+    TEST_CASE("decode_put (the proxy's run of puts) takes exactly what decode calls a complete put to its peer") {
+        // Every op, two peers, positions across laps, and each word torn, stale or bit-flipped in turn:
+        // decode_put accepts exactly when decode says complete, put, this peer, with the same fields.
+        std::uint64_t seed = 12345;
+        auto next = [&seed] { // the high bits of an LCG (its low bits repeat with short periods)
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            return (seed >> 32) | (seed << 32);
+        };
+        std::size_t accepted = 0, refused = 0;
+        for (int round = 0; round < 20000; ++round) {
+            Request r = request_of(static_cast<std::uint32_t>(next() % 4), next() % 1000);
+            r.op = static_cast<Op>(1 + next() % 4);
+            r.peer = static_cast<std::uint16_t>(next() % 2);
+            r.src_window = static_cast<std::uint16_t>(next() % 3);
+            r.dst_window = static_cast<std::uint16_t>(next() % 3);
+            r.src_offset = next() & payload_mask;
+            r.dst_offset = next() & payload_mask;
+            r.bytes = next() & payload_mask;
+            const std::uint32_t log2 = static_cast<std::uint32_t>(next() % 11);
+            const std::uint64_t position = next() % (std::uint64_t{1} << 40);
+            std::uint64_t words[descriptor_words];
+            encode(r, position, log2, words);
+            switch (next() % 4) {
+                case 0: break;                                                                        // as written
+                case 1: words[next() % descriptor_words] ^= std::uint64_t{1} << (next() % 64); break; // a bit flipped
+                case 2: { // one word from another lap
+                    std::uint64_t other[descriptor_words];
+                    encode(r, position + (std::uint64_t{1} << log2), log2, other);
+                    const std::size_t i = next() % descriptor_words;
+                    words[i] = other[i];
+                    break;
+                }
+                default: break;
+            }
+            const std::uint64_t at = next() % 8 == 0 ? position + 1 : position; // now and then, the wrong position
+            const auto peer = static_cast<std::uint16_t>(next() % 2);
+            Request full;
+            const bool want =
+                decode(words, at, log2, full) == Decoded::complete && full.op == Op::put && full.peer == peer;
+            PutFields f;
+            const bool got = decode_put(words, at, stamp(at, log2), put_to(peer), f);
+            REQUIRE(got == want);
+            if (got) {
+                CHECK(f.src_window() == full.src_window);
+                CHECK(f.dst_window() == full.dst_window);
+                CHECK(f.src_offset == full.src_offset);
+                CHECK(f.dst_offset == full.dst_offset);
+                CHECK(f.bytes == full.bytes);
+                ++accepted;
+            } else {
+                ++refused;
+            }
+        }
+        CHECK(accepted > 1000); // both sides exercised
+        CHECK(refused > 1000);
+    }
+
     TEST_CASE("four CPU producers push 800,000 descriptors through a 1024-slot ring, every one checked") {
         HostQueue q(10);
         constexpr std::uint16_t producers = 4;

@@ -30,11 +30,14 @@
 #pragma once
 
 #include "gpuverbs/data_path/send_batch.hpp"
+#include "gpuverbs/detail/verbs/queue_cores.hpp"
 #include "gpuverbs/device_queue/ring.hpp"
 #include "gpuverbs/verbs/completion_queue.hpp"
 #include "gpuverbs/verbs/memory_region.hpp"
 #include "gpuverbs/verbs/protection_domain.hpp"
 #include "gpuverbs/verbs/queue_pair.hpp"
+
+#include <infiniband/verbs.h>
 
 #include <array>
 #include <chrono>
@@ -182,13 +185,26 @@ private:
         CompletionQueue* cq = nullptr;
         std::vector<std::uint64_t> scratch;
         MemoryRegion scratch_region;
-        std::vector<const MemoryRegion*> windows; ///< by id
+        /// A window as a put's request needs it (read once, at add_window).
+        struct Window {
+            std::uint64_t iova = 0;
+            std::uint64_t length = 0;
+            std::uint32_t lkey = 0;
+            bool present = false;
+        };
+        std::vector<Window> windows; ///< by id
     };
     struct Rail {
         QueuePair* qp = nullptr;
+        /// Its queue pair's core, where the proxy posts (kept alive with the rail).
+        std::shared_ptr<detail::QpCore> core;
         Local* local = nullptr;
-        std::vector<std::optional<RemoteMemory>> windows; ///< by id (ids are small)
-        std::uint64_t id_bits = 0; ///< its id among all rails, where its requests' contexts carry it
+        struct Window {
+            RemoteMemory memory;
+            bool present = false;
+        };
+        std::vector<Window> windows; ///< by id (ids are small)
+        std::uint64_t id_bits = 0;   ///< its id among all rails, where its requests' contexts carry it
         bool failed = false;
         /// Failed, and its queue pair's requests not all flushed yet: no credit
         /// returns meanwhile (what it posted may still be read or in flight),
@@ -196,7 +212,9 @@ private:
         bool draining = false;
         std::chrono::steady_clock::time_point failed_at{};
         std::string failure;
-        [[nodiscard]] const RemoteMemory* window(std::uint16_t id) const noexcept;
+        [[nodiscard]] const RemoteMemory* window(std::uint16_t id) const noexcept {
+            return id < windows.size() && windows[id].present ? &windows[id].memory : nullptr;
+        }
     };
     struct Peer {
         std::vector<Rail> rails; ///< none: not added
@@ -208,6 +226,16 @@ private:
     };
     /// The slot's rail while it waits in a peer's retry list.
     static constexpr std::uint8_t unposted = 0xff;
+    /// One doorbell's requests, lowered in place (a put straight from its
+    /// descriptor, with no WorkRequest between), posted through the data
+    /// path's SubmitChain as SendBatch posts.
+    struct Chain {
+        std::array<ibv_send_wr, SendBatch::max_requests> wrs;
+        std::array<ibv_sge, SendBatch::max_requests> sges;
+        std::array<std::uint64_t, SendBatch::max_requests> contexts;
+        std::array<Opcode, SendBatch::max_requests> opcodes;
+        std::uint32_t count = 0;
+    };
 
     DeviceQueueProxy(const device_queue::QueueView& queue, const ProtectionDomain& pd, CompletionQueue& cq,
                      const DeviceQueueProxyOptions& options, detail::Status* status);
@@ -233,12 +261,24 @@ private:
     bool take_and_post();
     /// Posts what peers' retry lists hold, as room allows.
     void post_retries();
-    /// The complete descriptor `ahead` after the next (a corrupt next one fails the queue).
-    bool peek(device_queue::Request& r, std::uint64_t ahead);
-    /// Adds the requests of `r` (at `position`) to `chain` on the peer's
+    /// The next descriptor, if complete: positions whose producers gave up
+    /// are taken on the way, a corrupt one fails the queue.
+    bool next(device_queue::Request& r);
+    /// Adds the requests of `r` (at `position`) to the chain on the peer's
     /// active rail, its last signaled when `covers` (the descriptors its
     /// completion covers) is not 0; false when refused (the queue failed).
-    bool add(const device_queue::Request& r, std::uint64_t position, Peer& to, SendBatch& chain, std::uint64_t covers);
+    bool add(const device_queue::Request& r, std::uint64_t position, Peer& to, std::uint64_t covers);
+    /// Takes the puts to `peer` that follow, as long as they are complete,
+    /// fit in the chain (`limit` requests) and in `most`, and name windows
+    /// and ranges that hold: lowered straight from their words (decode_put)
+    /// after the chain's last request. How many it took; what stops it is
+    /// left for peek() and add() (and their words, if it is wrong).
+    std::uint32_t take_puts(Rail& rail, std::uint16_t peer, std::uint64_t limit, std::uint32_t most);
+    /// add()'s signal: its request after the put's, if any.
+    bool add_signal(const device_queue::Request& r, std::size_t slot, Rail& rail, std::uint64_t context, bool signaled,
+                    bool fence);
+    /// Posts the chain on `rail` (one doorbell) and empties it.
+    std::error_code post_chain(Rail& rail) noexcept;
     void count_chain(std::size_t descriptors) noexcept;
 
     device_queue::QueueView queue_;
@@ -249,22 +289,23 @@ private:
     std::vector<Peer> peers_;                    ///< by id
     /// Every rail by its id (what a request's context carries): its peer and its index among the peer's.
     std::vector<std::pair<std::uint16_t, std::uint8_t>> rail_ids_;
-    /// Per slot: completed (1) or not, when posted, to which peer, on which of its rails.
-    std::vector<std::uint8_t> done_;
-    std::vector<std::chrono::steady_clock::time_point> posted_;
-    std::vector<std::uint16_t> peer_of_;
-    std::vector<std::uint8_t> rail_of_;
+    /// What the proxy knows of a slot's request.
+    struct Slot {
+        std::chrono::steady_clock::time_point posted{}; ///< when posted (its bound starts)
+        std::uint16_t peer = 0;
+        std::uint8_t rail = 0; ///< which of the peer's rails (unposted: waiting to be posted again)
+        std::uint8_t done = 0; ///< completed, its credit not returned yet (only once a rail failed, or a
+                               ///< fence or skipped position: in order, the credit moves at once)
+    };
+    std::vector<Slot> slots_; ///< by slot
     std::uint64_t credit_ = 0;
     /// Once a rail failed, completions are checked against the slot's rail
     /// (a failed rail's late completions are not the retry's).
     bool any_rail_failed_ = false;
     bool any_retry_ = false;
     bool any_draining_ = false;
-    /// The last look-ahead's descriptor (complete, at looked_at_): a complete
-    /// descriptor never changes until its slot's credit returns.
-    device_queue::Request look_{};
-    std::uint64_t looked_at_ = 0;
-    bool looked_ahead_ = false;
+    Chain chain_;
+    std::array<Completion, 64> reaped_;           ///< a poll's completions (not zeroed per pass)
     std::chrono::steady_clock::time_point now_{}; ///< read once per pass
     bool failed_ = false;
     device_queue::QueueError error_ = device_queue::QueueError::none;

@@ -580,6 +580,42 @@ GPUVERBS_HOST_DEVICE inline WaitResult wait_signal(const QueueView& q, std::uint
 // --- the reader (the proxy's side) ------------------------------------------------
 
 #if !defined(__CUDA_ARCH__)
+/// The fields of a plain put (decode_put): what its write needs.
+struct PutFields {
+    std::uint32_t windows = 0; ///< src_window << 16 | dst_window (equal for puts between the same windows)
+    std::uint64_t src_offset = 0;
+    std::uint64_t dst_offset = 0;
+    std::uint64_t bytes = 0;
+    [[nodiscard]] std::uint16_t src_window() const noexcept { return static_cast<std::uint16_t>(windows >> 16); }
+    [[nodiscard]] std::uint16_t dst_window() const noexcept { return static_cast<std::uint16_t>(windows); }
+};
+
+/// The op (bits 48-55) and peer (bits 16-31) of a descriptor's word 0, and
+/// their value in a put to `peer`.
+inline constexpr std::uint64_t op_and_peer_bits = (std::uint64_t{0xff} << 48) | (std::uint64_t{0xffff} << 16);
+constexpr std::uint64_t put_to(std::uint16_t peer) {
+    return (std::uint64_t{static_cast<std::uint8_t>(Op::put)} << 48) | (std::uint64_t{peer} << 16);
+}
+
+/// Whether the eight words at `position` (whose lap's stamp is `s`) are a
+/// complete put (Op::put) to the peer of `put_bits` (put_to(peer)):
+/// decode()'s checks for that one shape, and only the fields a put needs
+/// (the proxy's hot path: a run of puts to one peer). False for anything
+/// else — not complete, corrupt, another op or peer — which decode() then
+/// says what it is.
+[[gnu::always_inline]] inline bool decode_put(const std::uint64_t (&in)[descriptor_words], std::uint64_t position,
+                                              std::uint64_t s, std::uint64_t put_bits, PutFields& out) {
+    const std::uint64_t differ =
+        (in[0] ^ s) | (in[1] ^ s) | (in[2] ^ s) | (in[3] ^ s) | (in[4] ^ s) | (in[5] ^ s) | (in[6] ^ s) | (in[7] ^ s);
+    if ((differ & ~payload_mask) != 0 || ((in[7] ^ position) & payload_mask) != 0) return false;
+    if ((in[0] & op_and_peer_bits) != put_bits) return false;
+    out.windows = static_cast<std::uint32_t>(in[1]);
+    out.src_offset = in[2] & payload_mask;
+    out.dst_offset = in[3] & payload_mask;
+    out.bytes = in[4] & payload_mask;
+    return true;
+}
+
 /// Takes descriptors in order from one queue. One thread per reader. It
 /// returns credits only as `complete` says: the proxy calls it once the
 /// requests below a position have completed.
@@ -602,7 +638,7 @@ public:
     /// before it knows there is room to post it, and one further to know
     /// whether a chain ends). Ahead of the next, a slot may hold the last lap's
     /// descriptor (incomplete) while the producers have not come round.
-    Decoded peek(Request& out, std::uint64_t ahead = 0) const noexcept {
+    [[gnu::always_inline]] Decoded peek(Request& out, std::uint64_t ahead = 0) const noexcept {
         const std::uint64_t at = next_ + ahead;
         std::uint64_t* slot = q_.slots[at & (q_.capacity() - 1)].word;
         // Written out, as decode's test (a rolled loop of atomic loads cost 40 instructions).
@@ -619,8 +655,11 @@ public:
             return Decoded::skipped;
         return d;
     }
-    /// Takes the request peek() returned complete.
-    void advance() noexcept { ++next_; }
+    /// The queue it reads (the proxy's hot path reads a run of puts' words
+    /// itself, with decode_put, then takes them with advance(n)).
+    [[nodiscard]] const QueueView& view() const noexcept { return q_; }
+    /// Takes the request peek() returned complete (or `n` of them, each complete).
+    void advance(std::uint64_t n = 1) noexcept { next_ += n; }
     /// Takes the position peek() returned skipped (its mark is cleared for the position that shares it).
     void skip() noexcept {
         detail::store_relaxed(q_.cancel_of(next_), std::uint8_t{0});
