@@ -7,8 +7,9 @@
 // the rank the token came from, signals again, and each rank checks every
 // byte it got, both ways.
 //
-//   mpirun -np 4 08_gpu_all_to_all [--devices rxe0,rxe1] [--tokens 512] [--row 1024] [--experts 2]
-//                                  [--producers 4] [--rounds 1] [--host-loop]
+//   mpirun -np 4 08_gpu_all_to_all [--devices rxe0,rxe1] [--second-rail rxe2,rxe3] [--tokens 512]
+//                                  [--row 1024] [--experts 2] [--producers 4] [--rounds 1] [--host-loop]
+//                                  [--progress]
 //
 // The NIC half (this program): CPU threads play the kernels, pushing through
 // the device queue's header (gpuverbs/device_queue/ring.hpp, what device.cuh
@@ -18,7 +19,10 @@
 // signal words (dispatch counts, then combine counts). --host-loop does the
 // same moves without the ring: this thread posts them through the data path
 // (chains of up to 32 writes per peer, the last signaled), the baseline the
-// proxy's tokens per second are compared with.
+// proxy's tokens per second are compared with. --second-rail gives every
+// peer a second rail (another device, the same memory registered there, a
+// second mesh): when the first rail's link goes down mid-run, the proxy posts
+// the unfinished requests again on the second and the kernels never notice.
 #include "command_line.hpp"
 
 #include <gpuverbs/device_queue/proxy.hpp>
@@ -31,6 +35,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -44,6 +50,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
     std::string devices;
+    std::string second_rail; ///< devices of each peer's second rail (none: one rail)
+    bool progress = false;
     std::uint32_t tokens = 512;
     std::size_t row = 1024;
     std::uint32_t experts = 2; ///< per rank
@@ -60,6 +68,10 @@ enum Window : std::uint16_t {
     signals_window = 5
 };
 constexpr std::uint64_t timeout_ns = 10'000'000'000; // every wait: 10 s
+/// The proxy's bound on a request: a rail whose request has not completed by
+/// then fails over, and its flushes are waited for as long again, so a
+/// failover holds the queue at most 4 s, well inside every wait.
+constexpr auto request_timeout = std::chrono::milliseconds(2000);
 
 /// Where token t of rank r goes: the rank owning its expert (a fixed hash, so every rank knows every route),
 /// worked out once for every rank's tokens (a kernel would get these tables from the router).
@@ -191,6 +203,58 @@ private:
     std::size_t in_flight_ = 0;
 };
 
+/// The devices of a comma-separated list.
+std::vector<std::string> device_names(const std::string& list) {
+    std::vector<std::string> names;
+    std::stringstream in(list);
+    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+    return names;
+}
+
+/// One rail of this rank: a device (ranks take turns over `devices`), the
+/// memory the windows name registered on it, and a mesh to every rank.
+struct Rail {
+    gpuverbs::Device device;
+    gpuverbs::ProtectionDomain pd;
+    gpuverbs::CompletionQueue cq;
+    gpuverbs::MemoryRegion tokens, inbox, results, outbox, signals;
+    gpuverbs::Mesh mesh;
+
+    template <gpuverbs::Rendezvous R>
+    Rail(R& rendezvous, const std::string& devices, const std::string& mesh_name, std::span<std::byte> tokens_memory,
+         std::span<std::byte> inbox_memory, std::span<std::byte> results_memory, std::span<std::byte> outbox_memory,
+         std::span<std::uint64_t> signal_words)
+        : device(open(devices, rendezvous.rank())),
+          pd(device),
+          cq(device, 4096),
+          tokens(pd, tokens_memory, gpuverbs::Access::local_write),
+          inbox(pd, inbox_memory, gpuverbs::Access::local_write | gpuverbs::Access::remote_write),
+          results(pd, results_memory, gpuverbs::Access::local_write | gpuverbs::Access::remote_write),
+          outbox(pd, outbox_memory, gpuverbs::Access::local_write),
+          signals(pd, std::as_writable_bytes(signal_words),
+                  gpuverbs::Access::local_write | gpuverbs::Access::remote_write | gpuverbs::Access::remote_atomic),
+          mesh(rendezvous, pd, cq, {inbox, results, signals}, options(mesh_name)) {
+        mesh.connect_all();
+    }
+    /// The peer's windows as this rail's queue pair reaches them.
+    [[nodiscard]] gpuverbs::RemoteWindows windows_of(std::uint32_t peer) {
+        const gpuverbs::MeshPeer& p = mesh.peer(peer);
+        return {{inbox_window, p.regions.at(0)}, {results_window, p.regions.at(1)}, {signals_window, p.regions.at(2)}};
+    }
+
+private:
+    static gpuverbs::Device open(const std::string& devices, std::uint32_t rank) {
+        const std::vector<std::string> names = device_names(devices);
+        return names.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(names[rank % names.size()]);
+    }
+    static gpuverbs::MeshOptions options(const std::string& name) {
+        gpuverbs::MeshOptions o;
+        o.queue_pair.max_inline_data = 64; // signals that set go inline
+        o.name = name;                     // two meshes on one rendezvous publish under different names
+        return o;
+    }
+};
+
 template <gpuverbs::Rendezvous R>
 int all_to_all(R& rendezvous, const Args& a) {
     const std::uint32_t me = rendezvous.rank();
@@ -199,44 +263,41 @@ int all_to_all(R& rendezvous, const Args& a) {
     const std::size_t row = a.row;
     const std::size_t rows = std::size_t{n} * a.tokens; // the inbox and outbox: room for every source's tokens
 
-    // 1. A device (ranks take turns over --devices), the memory the windows name, a mesh to every rank.
-    std::vector<std::string> names;
-    std::stringstream list(a.devices);
-    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
-    gpuverbs::Device device =
-        names.empty() ? gpuverbs::Device::open_first() : gpuverbs::Device::open(names[me % names.size()]);
-    gpuverbs::ProtectionDomain pd(device);
-    gpuverbs::CompletionQueue cq(device, 4096);
+    // 1. The memory the windows name, and a rail over it (a second with --second-rail).
     std::vector<std::byte> tokens(a.tokens * row), inbox(rows * row), results(a.tokens * row), outbox(rows * row);
     std::vector<std::uint64_t> signals(2 * std::size_t{n}, 0);
-    using gpuverbs::Access;
-    gpuverbs::MemoryRegion tokens_mr(pd, tokens, Access::local_write);
-    gpuverbs::MemoryRegion inbox_mr(pd, inbox, Access::local_write | Access::remote_write);
-    gpuverbs::MemoryRegion results_mr(pd, results, Access::local_write | Access::remote_write);
-    gpuverbs::MemoryRegion outbox_mr(pd, outbox, Access::local_write);
-    gpuverbs::MemoryRegion signals_mr(pd, std::as_writable_bytes(std::span(signals)),
-                                      Access::local_write | Access::remote_write | Access::remote_atomic);
-    gpuverbs::MeshOptions options;
-    options.queue_pair.max_inline_data = 64; // signals that set go inline
-    gpuverbs::Mesh mesh(rendezvous, pd, cq, {inbox_mr, results_mr, signals_mr}, options);
-    mesh.connect_all();
+    std::vector<std::unique_ptr<Rail>> rails;
+    for (const std::string& devices : {a.devices, a.second_rail}) {
+        if (!rails.empty() && devices.empty()) break;
+        rails.push_back(std::make_unique<Rail>(rendezvous, devices, "all-to-all.rail" + std::to_string(rails.size()),
+                                               tokens, inbox, results, outbox, signals));
+    }
+    Rail& first = *rails.front();
     std::vector<std::uint64_t> values(n, 0); // the host loop's signal values
-    gpuverbs::MemoryRegion values_mr(pd, std::as_writable_bytes(std::span(values)), Access::local_write);
-    HostLoop host(mesh, cq, values_mr, values);
-    host.window(tokens_window, tokens_mr);
-    host.window(outbox_window, outbox_mr);
+    gpuverbs::MemoryRegion values_mr(first.pd, std::as_writable_bytes(std::span(values)),
+                                     gpuverbs::Access::local_write);
+    HostLoop host(first.mesh, first.cq, values_mr, values);
+    host.window(tokens_window, first.tokens);
+    host.window(outbox_window, first.outbox);
 
-    // 2. The device queue and its proxy on a thread of its own (a kernel's proxy, as example 07's).
+    // 2. The device queue and its proxy on a thread of its own (a kernel's proxy, as example 07's): every
+    //    peer's first rail, then its second (the proxy fails over to it when the first fails).
     gpuverbs::DeviceQueue queue = gpuverbs::DeviceQueue::on_host(12);
-    gpuverbs::DeviceQueueProxy proxy(queue.proxy_view(), pd, cq);
-    proxy.add_window(tokens_window, tokens_mr);
-    proxy.add_window(outbox_window, outbox_mr);
-    for (std::uint32_t q : mesh.peers()) {
-        gpuverbs::MeshPeer& peer = mesh.peer(q);
-        proxy.add_peer(static_cast<std::uint16_t>(q), peer.qp,
-                       {{inbox_window, peer.regions.at(0)},
-                        {results_window, peer.regions.at(1)},
-                        {signals_window, peer.regions.at(2)}});
+    gpuverbs::DeviceQueueProxyOptions proxy_options;
+    proxy_options.request_timeout = request_timeout;
+    gpuverbs::DeviceQueueProxy proxy(queue.proxy_view(), first.pd, first.cq, proxy_options);
+    for (const auto& rail : rails) {
+        proxy.add_device(rail->pd, rail->cq);
+        proxy.add_window(tokens_window, rail->tokens);
+        proxy.add_window(outbox_window, rail->outbox);
+        for (std::uint32_t q : rail->mesh.peers()) {
+            const auto peer = static_cast<std::uint16_t>(q);
+            if (rail.get() == &first) {
+                proxy.add_peer(peer, rail->mesh.peer(q).qp, rail->windows_of(q));
+            } else {
+                proxy.add_rail(peer, rail->mesh.peer(q).qp, rail->windows_of(q));
+            }
+        }
     }
     std::atomic<bool> stop{false};
     std::thread driver([&] { // the host loop polls the CQ itself: no proxy then
@@ -348,6 +409,11 @@ int all_to_all(R& rendezvous, const Args& a) {
         }
         // The next round rewrites the tokens and the outbox: what was posted from them must be done.
         if (dq::quiet(q, dq::detail::now_ns() + timeout_ns) != dq::WaitResult::done) not_done.fetch_add(1);
+        if (a.progress && me == 0) {
+            std::printf("rank 0: round %u of %u done at %.0f ms\n", round + 1, a.rounds,
+                        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+            std::fflush(stdout);
+        }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
@@ -360,11 +426,19 @@ int all_to_all(R& rendezvous, const Args& a) {
     std::printf(
         "rank %u of %u on %s (%s): %u rounds of dispatch and combine, %u tokens of %zu bytes, %s; %u waits not "
         "done; %.0f tokens/s; the proxy posted %llu requests in %llu doorbells\n",
-        me, n, device.name().c_str(), a.host_loop ? "host loop" : "device queue", a.rounds, a.tokens, row,
+        me, n, first.device.name().c_str(), a.host_loop ? "host loop" : "device queue", a.rounds, a.tokens, row,
         bad == 0 ? "every byte verified" : "MISMATCH", not_done.load(), a.rounds * a.tokens / seconds,
         static_cast<unsigned long long>(c.requests), static_cast<unsigned long long>(c.chains));
     if (!a.host_loop && proxy.error() != dq::QueueError::closed)
         std::printf("rank %u: the proxy says: %s\n", me, proxy.failure().c_str());
+    if (!a.host_loop && c.rail_failures > 0) {
+        // What failed over: each peer's rails as the proxy saw them.
+        std::printf("rank %u: %llu rails failed, %llu descriptors posted again on the next rail\n", me,
+                    static_cast<unsigned long long>(c.rail_failures), static_cast<unsigned long long>(c.reposted));
+        for (const gpuverbs::DeviceQueueRailState& r : proxy.rails()) {
+            if (r.failed) std::printf("rank %u: peer %u rail %u: %s\n", me, r.peer, r.rail, r.failure.c_str());
+        }
+    }
     return bad == 0 && not_done.load() == 0 ? 0 : 1;
 }
 
@@ -378,6 +452,10 @@ int main(int argc, char** argv) {
         cli.usage({{"[options]", "under mpirun / srun (PMIx)"}});
         cli.app.add_option("--devices", a.devices, "RDMA devices, taken in turn by rank (default: the first)")
             ->type_name("D1,D2");
+        cli.app
+            .add_option("--second-rail", a.second_rail,
+                        "devices of every peer's second rail, taken in turn by rank (the proxy fails over to it)")
+            ->type_name("D1,D2");
         cli.app.add_option("--tokens", a.tokens, "tokens per rank")->check(CLI::Range(1U, 1U << 16));
         cli.app.add_option("--row", a.row, "bytes per token's row")
             ->check(CLI::Range(std::size_t(1), std::size_t(1) << 20));
@@ -385,6 +463,7 @@ int main(int argc, char** argv) {
         cli.app.add_option("--producers", a.producers, "CPU threads playing the kernels")->check(CLI::Range(1U, 64U));
         cli.app.add_option("--rounds", a.rounds, "dispatch and combine rounds")->check(CLI::Range(1U, 100000U));
         cli.app.add_flag("--host-loop", a.host_loop, "the baseline: this thread posts the same moves, no ring");
+        cli.app.add_flag("--progress", a.progress, "rank 0 says when each round is done");
         if (auto status = cli.parse(argc, argv)) return *status;
         try {
             gpuverbs::PmixRendezvous job; // rank and size from mpirun / srun

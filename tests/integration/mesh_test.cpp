@@ -4,6 +4,7 @@
 // every kind of bad input a rendezvous can hand a mesh.
 #include "child_process.hpp"
 #include "rig.hpp"
+#include "rig_rails.hpp"
 #include "three_forms.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
@@ -141,8 +142,9 @@ Completion wait_completion(CompletionQueue& cq, std::chrono::seconds limit = 10s
 }
 
 /// mpirun as the rig runs it: root, more ranks than the VM's CPUs, MPI's own
-/// traffic over shared memory and TCP (never over the rxe devices under test).
-int mpirun(int ranks, const std::vector<std::string>& program, const std::string& output) {
+/// traffic over shared memory and TCP (never over the rxe devices under test,
+/// nor over their wires: a test may cut those).
+std::vector<std::string> mpirun_command(int ranks, const std::vector<std::string>& program) {
     std::vector<std::string> args{"mpirun",
                                   "--allow-run-as-root",
                                   "--oversubscribe",
@@ -159,9 +161,19 @@ int mpirun(int ranks, const std::vector<std::string>& program, const std::string
                                   "^ucx",
                                   "--mca",
                                   "btl_vader_single_copy_mechanism",
-                                  "none"};
+                                  "none",
+                                  "--mca",
+                                  "oob_tcp_if_include",
+                                  "lo",
+                                  "--mca",
+                                  "btl_tcp_if_include",
+                                  "lo"};
     args.insert(args.end(), program.begin(), program.end());
-    test::ChildProcess launcher(args, test::ChildProcess::Output{output});
+    return args;
+}
+
+int mpirun(int ranks, const std::vector<std::string>& program, const std::string& output) {
+    test::ChildProcess launcher(mpirun_command(ranks, program), test::ChildProcess::Output{output});
     return launcher.wait(120s);
 }
 
@@ -209,9 +221,75 @@ void all_to_all_under_mpirun(const std::vector<std::string>& extra, const std::s
     std::remove(out.c_str());
 }
 
+/// Waits until `path` holds `text` (a line a job prints as it goes); false by `limit`.
+bool wait_for_text(const std::string& path, const std::string& text, std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (read_file(path).find(text) == std::string::npos) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(50ms);
+    }
+    return true;
+}
+
 } // namespace
 
 TEST_SUITE("many peers: jobs" * doctest::skip(!test::rig_present())) {
+    TEST_CASE(
+        "mpirun -np 4, PMIx: the all-to-all on two rails, the first rail's wire cut mid-run: the proxy fails "
+        "over and every byte arrives both ways" *
+        doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
+        const auto wire = test::second_wire(); // rxe2 beside rxe0, rxe3 beside rxe1
+        if (!wire) return;
+        auto r = rig();
+        const std::vector<std::string> program{test::example_binary("08_gpu_all_to_all"),
+                                               "--devices",
+                                               r.dev0 + "," + r.dev1,
+                                               "--second-rail",
+                                               "rxe2,rxe3",
+                                               "--tokens",
+                                               "256",
+                                               "--row",
+                                               "1024",
+                                               "--rounds",
+                                               "40",
+                                               "--progress"};
+        const std::string out = "/tmp/" + fresh("all-to-all-cut") + ".log";
+        test::ChildProcess launcher(mpirun_command(4, program), test::ChildProcess::Output{out});
+        // Cut once rank 0 finished round 3: the meshes are up and rows are moving every way.
+        REQUIRE_MESSAGE(wait_for_text(out, "rank 0: round 3 of 40 done at", 90s), read_file(out));
+        // The cut: the first wire drops every packet from rxe0 (netem loss 100%), so every request across it
+        // ends in retry exceeded or the proxy's 2 s bound; the ranks that share a device keep their rail 0.
+        // (With the link administratively down instead, rxe's requester can spin in the kernel inside
+        // ibv_post_send for tens of seconds: a post that does not return is not a bound user space keeps.)
+        test::Heal heal("drop-off");
+        REQUIRE(test::fault("drop-on") == 0);
+        const auto cut = std::chrono::steady_clock::now();
+        const int status = launcher.wait(180s);
+        const auto after = std::chrono::steady_clock::now() - cut;
+        REQUIRE(heal.now() == 0);
+        const std::string text = read_file(out);
+        INFO(text);
+        CHECK(status == 0);
+        CHECK(text.find("rank 0: round 4 of 40 done at") != std::string::npos); // cut mid-run, not after it
+        CHECK(count_of(text,
+                       "(device queue): 40 rounds of dispatch and combine, 256 tokens of 1024 bytes, every byte "
+                       "verified; 0 waits not done") == 4);
+        // Every rank's rail 0 to the ranks across the wire failed, and its requests went again on rail 1.
+        for (int rank = 0; rank < 4; ++rank) {
+            CAPTURE(rank);
+            CHECK(count_of(text, "rank " + std::to_string(rank) + ": ") >= 2); // the rails' lines
+            CHECK(text.find("rank " + std::to_string(rank) + ": peer ") != std::string::npos);
+        }
+        CHECK(count_of(text, "rails failed") == 4);
+        CHECK(text.find("rail 0: ") != std::string::npos);
+        CHECK(text.find("rail 1: ") == std::string::npos);  // the second rail carried the rest
+        const std::size_t said = text.find("rails failed"); // one rank's failover, in its words
+        const std::size_t line = said == std::string::npos ? 0 : text.rfind('\n', said) + 1;
+        MESSAGE("the job ended " << std::chrono::duration_cast<std::chrono::milliseconds>(after).count()
+                                 << " ms after the cut; " << text.substr(line, 400));
+        std::remove(out.c_str());
+    }
+
     TEST_CASE("mpirun -np 4, PMIx: a mixture-of-experts all-to-all through the device queue, every byte both ways" *
               doctest::skip(!test::build_has::pmix || !test::build_has::examples)) {
         all_to_all_under_mpirun({}, "device queue");
