@@ -10,6 +10,7 @@
 //   mpirun -np 4 08_gpu_all_to_all [--devices rxe0,rxe1] [--second-rail rxe2,rxe3] [--tokens 512]
 //                                  [--row 1024] [--experts 2] [--producers 4] [--rounds 1] [--host-loop]
 //                                  [--progress]
+//   08_gpu_all_to_all --gpu-half [--gpu 0] [--ranks 4] [--tokens 512] [--row 1024] [--rounds 3]
 //
 // The NIC half (this program): CPU threads play the kernels, pushing through
 // the device queue's header (gpuverbs/device_queue/ring.hpp, what device.cuh
@@ -23,6 +24,12 @@
 // peer a second rail (another device, the same memory registered there, a
 // second mesh): when the first rail's link goes down mid-run, the proxy posts
 // the unfinished requests again on the second and the kernels never notice.
+//
+// The GPU half (--gpu-half, no launcher, no NIC): N ranks' kernels on one GPU
+// (08_gpu_all_to_all_kernels.cu), a block per rank, each pushing through its
+// own device queue with device.cuh; the host plays the NIC, taking each
+// request from each ring (RingReader) and doing its copy in GPU memory.
+#include "08_gpu_all_to_all_kernels.hpp"
 #include "command_line.hpp"
 
 #include <gpuverbs/device_queue/proxy.hpp>
@@ -52,6 +59,9 @@ struct Args {
     std::string devices;
     std::string second_rail; ///< devices of each peer's second rail (none: one rail)
     bool progress = false;
+    bool gpu_half = false;
+    int gpu = 0;
+    std::uint32_t ranks = 4; ///< --gpu-half: ranks on the GPU
     std::uint32_t tokens = 512;
     std::size_t row = 1024;
     std::uint32_t experts = 2; ///< per rank
@@ -60,13 +70,12 @@ struct Args {
     bool host_loop = false;
 };
 
-enum Window : std::uint16_t {
-    tokens_window = 1,
-    inbox_window = 2,
-    results_window = 3,
-    outbox_window = 4,
-    signals_window = 5
-};
+using example::inbox_window;
+using example::outbox_window;
+using example::results_window;
+using example::signals_window;
+using example::tokens_window;
+using example::Window;
 constexpr std::uint64_t timeout_ns = 10'000'000'000; // every wait: 10 s
 /// The proxy's bound on a request: a rail whose request has not completed by
 /// then fails over, and its flushes are waited for as long again, so a
@@ -106,9 +115,9 @@ private:
     std::vector<std::uint32_t> owner_, index_, count_;
 };
 
-/// Byte i of token t of rank r.
+/// Byte i of token t of rank r (the kernels' pattern, example::pattern).
 std::byte pattern(std::uint32_t r, std::uint32_t t, std::size_t i, std::uint32_t round) {
-    return std::byte((std::size_t{r} * 131 + std::size_t{t} * 31 + i + std::size_t{round} * 7) % 251);
+    return std::byte(example::pattern(r, t, i, round));
 }
 
 /// One request through the ring, as device::push would write it from a kernel.
@@ -442,6 +451,137 @@ int all_to_all(R& rendezvous, const Args& a) {
     return bad == 0 && not_done.load() == 0 ? 0 : 1;
 }
 
+#if GPUVERBS_EXAMPLE_HAVE_KERNELS
+const char* name_of(dq::WaitResult r) {
+    switch (r) {
+        case dq::WaitResult::done: return "done";
+        case dq::WaitResult::timed_out: return "timed out";
+        case dq::WaitResult::peer_failed: return "peer failed";
+        case dq::WaitResult::queue_closed: return "queue closed";
+        case dq::WaitResult::refused: return "refused";
+    }
+    return "?";
+}
+
+/// The GPU half: every rank's kernel on this GPU, the host doing the NIC's part for every ring.
+int gpu_half(const Args& a) {
+    const std::uint32_t n = a.ranks;
+    const Routes routes(n, a.tokens, a.experts);
+    const std::size_t row = a.row;
+    const std::size_t rows = std::size_t{n} * a.tokens;
+    std::vector<gpuverbs::DeviceQueue> queues;
+    std::vector<gpuverbs::GpuBuffer> memory; // per rank: tokens, inbox, results, outbox, signals
+    std::vector<example::RankMemory> ranks(n);
+    for (std::uint32_t r = 0; r < n; ++r) {
+        queues.push_back(gpuverbs::DeviceQueue::on_gpu(a.gpu, 12));
+        ranks[r].queue = queues.back().view();
+        const gpuverbs::GpuBufferOptions on{.gpu = a.gpu};
+        for (const std::size_t bytes : {a.tokens * row, rows * row, a.tokens * row, rows * row, 2 * std::size_t{n} * 8})
+            memory.emplace_back(bytes, on);
+        auto* at = &memory[std::size_t{r} * 5];
+        ranks[r].tokens = static_cast<std::uint8_t*>(at[0].pointer());
+        ranks[r].inbox = static_cast<std::uint8_t*>(at[1].pointer());
+        ranks[r].results = static_cast<std::uint8_t*>(at[2].pointer());
+        ranks[r].outbox = static_cast<std::uint8_t*>(at[3].pointer());
+        ranks[r].signals = static_cast<std::uint64_t*>(at[4].pointer());
+    }
+    std::vector<std::uint32_t> owner(rows), index(rows), count(std::size_t{n} * n);
+    for (std::uint32_t r = 0; r < n; ++r) {
+        for (std::uint32_t t = 0; t < a.tokens; ++t) {
+            owner[std::size_t{r} * a.tokens + t] = routes.owner(r, t);
+            index[std::size_t{r} * a.tokens + t] = routes.index(r, t);
+        }
+        for (std::uint32_t to = 0; to < n; ++to) count[std::size_t{r} * n + to] = routes.count(r, to);
+    }
+    std::string why;
+    const example::Shape shape{n, a.tokens, row, a.rounds, timeout_ns};
+    const auto start = Clock::now();
+    if (!example::start_ranks(ranks, shape, owner, index, count, why)) {
+        std::fprintf(stderr, "gpu-half: %s\n", why.c_str());
+        return 1;
+    }
+    // The NIC: each ring's requests in order, each one's copy (or signal) done before its credit returns.
+    std::vector<dq::RingReader> readers;
+    readers.reserve(n);
+    for (gpuverbs::DeviceQueue& q : queues) readers.emplace_back(q.proxy_view());
+    std::uint64_t puts = 0, signals = 0, refused = 0;
+    bool running = true;
+    while (running && why.empty() && Clock::now() - start < std::chrono::seconds(120)) {
+        for (std::uint32_t r = 0; r < n && why.empty(); ++r) {
+            dq::Request q;
+            if (readers[r].try_take(q) != dq::Decoded::complete) continue;
+            const example::RankMemory* to = q.peer < n ? &ranks[q.peer] : nullptr;
+            const std::uint8_t* src = q.src_window == tokens_window   ? ranks[r].tokens
+                                      : q.src_window == outbox_window ? ranks[r].outbox
+                                                                      : nullptr;
+            const std::size_t src_bytes = q.src_window == tokens_window ? a.tokens * row : rows * row;
+            std::uint8_t* dst = to == nullptr                    ? nullptr
+                                : q.dst_window == inbox_window   ? to->inbox
+                                : q.dst_window == results_window ? to->results
+                                                                 : nullptr;
+            const std::size_t dst_bytes = q.dst_window == inbox_window ? rows * row : a.tokens * row;
+            if (q.op == dq::Op::put && src != nullptr && dst != nullptr && q.src_offset + q.bytes <= src_bytes &&
+                q.dst_offset + q.bytes <= dst_bytes) {
+                if (!example::copy_on_gpu(dst + q.dst_offset, src + q.src_offset, q.bytes, why)) break;
+                ++puts;
+            } else if (q.op == dq::Op::signal && to != nullptr && q.signal_window == signals_window &&
+                       q.signal_op == dq::SignalOp::set && q.signal_offset + 8 <= 2 * std::size_t{n} * 8) {
+                if (!example::store_on_gpu(to->signals + q.signal_offset / 8, q.signal_value, why)) break;
+                ++signals;
+            } else {
+                ++refused; // not what these kernels push: the ring ends, every wait with `refused`
+                readers[r].fail(dq::QueueError::refused);
+                continue;
+            }
+            readers[r].complete(readers[r].taken()); // done, as the proxy says once the NIC completed it
+        }
+        if (!example::ranks_running(running, why)) break;
+    }
+    std::vector<std::uint32_t> worst;
+    std::vector<unsigned long long> wrong;
+    if (!why.empty() || !example::finish_ranks(worst, wrong, why)) {
+        std::fprintf(stderr, "gpu-half: %s\n", why.c_str());
+        return 1;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    int failed = 0;
+    for (std::uint32_t r = 0; r < n; ++r) {
+        const bool ok = worst[r] == 0 && wrong[r] == 0;
+        failed += ok ? 0 : 1;
+        std::printf(
+            "gpu-half: rank %u of %u (a thread block): %u rounds of dispatch and combine, %u tokens of %zu "
+            "bytes, %s; worst wait %s\n",
+            r, n, a.rounds, a.tokens, row, wrong[r] == 0 ? "every byte verified" : "MISMATCH",
+            name_of(static_cast<dq::WaitResult>(worst[r])));
+    }
+    std::printf(
+        "gpu-half: the host, as the NIC, did %llu puts and %llu signals (%llu not as pushed) in %.3f s: "
+        "%.0f tokens/s per rank, both ways\n",
+        static_cast<unsigned long long>(puts), static_cast<unsigned long long>(signals),
+        static_cast<unsigned long long>(refused), seconds, a.rounds * a.tokens / seconds);
+    return failed == 0 && refused == 0 ? 0 : 1;
+}
+#endif
+
+/// --gpu-half where it can run: a GPU and the kernels.
+int gpu_half_or_why(const Args& a) {
+#if GPUVERBS_EXAMPLE_HAVE_KERNELS
+    std::string no_gpu = "CUDA sees no GPU";
+    try {
+        if (!gpuverbs::list_gpus().empty()) return gpu_half(a);
+    } catch (const gpuverbs::Error& e) {
+        if (e.code() != gpuverbs::errc::no_gpu_driver && e.code() != gpuverbs::errc::no_gpu) throw;
+        no_gpu = e.what();
+    }
+    std::printf("gpu-half: no GPU here (%s): the GPU half runs on a machine with one; mpirun runs the NIC half\n",
+                no_gpu.c_str());
+#else
+    (void)a;
+    std::printf("gpu-half: built without nvcc, so the kernels are not here (mpirun runs the NIC half)\n");
+#endif
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -464,7 +604,12 @@ int main(int argc, char** argv) {
         cli.app.add_option("--rounds", a.rounds, "dispatch and combine rounds")->check(CLI::Range(1U, 100000U));
         cli.app.add_flag("--host-loop", a.host_loop, "the baseline: this thread posts the same moves, no ring");
         cli.app.add_flag("--progress", a.progress, "rank 0 says when each round is done");
+        cli.app.add_flag("--gpu-half", a.gpu_half,
+                         "no launcher, no NIC: every rank's kernel on one GPU, the host as the NIC");
+        cli.app.add_option("--gpu", a.gpu, "--gpu-half: the CUDA device")->type_name("N");
+        cli.app.add_option("--ranks", a.ranks, "--gpu-half: ranks (a thread block each)")->check(CLI::Range(2U, 64U));
         if (auto status = cli.parse(argc, argv)) return *status;
+        if (a.gpu_half) return gpu_half_or_why(a);
         try {
             gpuverbs::PmixRendezvous job; // rank and size from mpirun / srun
             return all_to_all(job, a);
