@@ -15,6 +15,7 @@
 // the GPU half (the producer kernel and the peer's checker kernel, with the
 // host doing the NIC's copies).
 #include "command_line.hpp"
+#include "wait_names.hpp"
 
 #include <gpuverbs/gpuverbs.hpp>
 
@@ -47,16 +48,7 @@ struct Args {
 };
 
 constexpr std::uint64_t timeout_ns = 10'000'000'000; // every wait: 10 s
-const char* name_of(dq::WaitResult r) {
-    switch (r) {
-        case dq::WaitResult::done: return "done";
-        case dq::WaitResult::timed_out: return "timed out";
-        case dq::WaitResult::peer_failed: return "peer failed";
-        case dq::WaitResult::queue_closed: return "queue closed";
-        case dq::WaitResult::refused: return "refused";
-    }
-    return "?";
-}
+using example::name_of;
 
 // Why no GPU takes part here, in the driver's words.
 std::string no_gpu_reason() {

@@ -31,6 +31,7 @@
 // request from each ring (RingReader) and doing its copy in GPU memory.
 #include "08_gpu_all_to_all_kernels.hpp"
 #include "command_line.hpp"
+#include "wait_names.hpp"
 
 #include <gpuverbs/device_queue/proxy.hpp>
 #include <gpuverbs/device_queue/queue.hpp>
@@ -452,16 +453,7 @@ int all_to_all(R& rendezvous, const Args& a) {
 }
 
 #if GPUVERBS_EXAMPLE_HAVE_KERNELS
-const char* name_of(dq::WaitResult r) {
-    switch (r) {
-        case dq::WaitResult::done: return "done";
-        case dq::WaitResult::timed_out: return "timed out";
-        case dq::WaitResult::peer_failed: return "peer failed";
-        case dq::WaitResult::queue_closed: return "queue closed";
-        case dq::WaitResult::refused: return "refused";
-    }
-    return "?";
-}
+using example::name_of;
 
 /// The GPU half: every rank's kernel on this GPU, the host doing the NIC's part for every ring.
 int gpu_half(const Args& a) {
